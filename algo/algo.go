@@ -1,0 +1,246 @@
+// Package algo is the arithmetic of txlimit: a limit's stored state, its
+// configuration, the current instant and a requested count go in; the new
+// state and the decision come out. Nothing here does I/O or reads a clock, so
+// every rule of the library can be tested with fixed instants.
+//
+// All instants are microseconds since the Unix epoch and all durations are
+// microseconds: the stores keep time at that precision (PostgreSQL timestamptz,
+// SQLite INTEGER), so doing the arithmetic at the same precision means a value
+// computed here and a value read back from the database agree exactly.
+//
+// The functions take and return values; none of them mutates its arguments.
+package algo
+
+import (
+	"cmp"
+	"math"
+	"slices"
+)
+
+// Kind selects the refill rule.
+type Kind uint8
+
+const (
+	// TokenBucket refills continuously at Rate/Period tokens per microsecond.
+	TokenBucket Kind = iota + 1
+	// FixedWindow grants Rate tokens at the start of each window of Period.
+	FixedWindow
+)
+
+// Config is the configuration of one bucket (one shard of a limit). The
+// caller has validated it: Rate > 0, Period > 0, Capacity > 0,
+// MaxReserved >= 0, all finite.
+type Config struct {
+	Kind        Kind
+	Rate        float64 // tokens per Period
+	Period      int64   // microseconds
+	Capacity    float64 // the most tokens the bucket holds
+	MaxReserved float64 // how far below zero a reservation may go; 0 = no cap
+}
+
+// State is the stored state of one bucket. Value may be negative while
+// reservations are outstanding. TS is the time of the last update for a token
+// bucket and the start of the current window for a fixed window.
+type State struct {
+	Value float64
+	TS    int64
+}
+
+// Decision is the outcome of Take.
+type Decision struct {
+	// OK reports whether the tokens were granted. A denied Take leaves the
+	// state as it was.
+	OK bool
+	// RetryAfter is, for a denial, the time until the whole count fits; for
+	// a granted reservation (OK with the value below zero), the time until
+	// the reserved tokens exist, when the reserved work may run. It is 0 for
+	// an ordinary grant and never negative.
+	RetryAfter int64
+}
+
+// tolerance absorbs floating-point rounding so that, say, ten refills of 0.1
+// tokens are enough for a request of 1. It is far below any count a caller
+// can meaningfully ask for.
+func tolerance(c Config) float64 {
+	return 1e-9 * math.Max(1, c.Capacity)
+}
+
+// Full returns a state that is full at every instant: what a missing row
+// means. For a fixed window its TS is the window origin, so that advancing it
+// to any instant lands on a window boundary aligned to origin.
+func Full(c Config, origin int64) State {
+	if c.Kind == FixedWindow {
+		return State{Value: c.Capacity, TS: floorMod(origin, c.Period)}
+	}
+	return State{Value: c.Capacity, TS: 0}
+}
+
+// Project advances s to now without consuming anything. Time running
+// backwards (now before s.TS) adds nothing and never moves TS back, so no
+// stretch of time is ever credited twice.
+func Project(c Config, s State, now int64) State {
+	elapsed := now - s.TS
+	if elapsed <= 0 {
+		return s
+	}
+	switch c.Kind {
+	case FixedWindow:
+		windows := elapsed / c.Period
+		if windows == 0 {
+			return s
+		}
+		v := s.Value + c.Rate*float64(windows)
+		return State{Value: math.Min(v, c.Capacity), TS: s.TS + windows*c.Period}
+	default:
+		v := s.Value + float64(elapsed)*c.Rate/float64(c.Period)
+		return State{Value: math.Min(v, c.Capacity), TS: now}
+	}
+}
+
+// Take consumes count tokens from one bucket at now: TakeShards with a
+// single shard.
+func Take(c Config, s State, now int64, count float64, reserve bool) (State, Decision) {
+	next, d := TakeShards(c, []State{s}, now, count, reserve)
+	return next[0], d
+}
+
+// TakeShards consumes count tokens from a limit split into len(states)
+// shards, each configured by c (one shard's share of rate, capacity and
+// MaxReserved). The shards are pooled: the request fits when their projected
+// values add up to count. When it does not and reserve is set, the tokens are
+// granted anyway as a reservation (the pooled value goes below zero) unless
+// the debt would exceed the pooled MaxReserved.
+//
+// A grant returns new states that spread what is left evenly over the shards
+// (so that each one reaches zero at the same instant, which makes the
+// reservation's RetryAfter exactly that of one unsharded bucket). A denial
+// returns the states unchanged (the same slice) with the time until the
+// request would be granted.
+func TakeShards(c Config, states []State, now int64, count float64, reserve bool) ([]State, Decision) {
+	n := float64(len(states))
+	pooled, ts := pool(c, states, now)
+	left := pooled - count
+	tol := tolerance(c) * n
+	switch {
+	case left >= -tol:
+		return spread(len(states), max(left, 0), ts), Decision{OK: true}
+	case reserve && (c.MaxReserved == 0 || -left <= c.MaxReserved*n+tol):
+		next := spread(len(states), left, ts)
+		return next, Decision{OK: true, RetryAfter: RetryAfter(c, next[0], now)}
+	}
+	target := count
+	if reserve {
+		target -= c.MaxReserved * n
+	}
+	return states, Decision{RetryAfter: timeUntil(c, states, now, target)}
+}
+
+// Pooled returns the sum of the shards' values projected to now.
+func Pooled(c Config, states []State, now int64) float64 {
+	v, _ := pool(c, states, now)
+	return v
+}
+
+// CreditShards gives count tokens back to a limit split into shards, never
+// lifting the pooled value above the pooled capacity, and spreads the result
+// evenly.
+func CreditShards(c Config, states []State, now int64, count float64) []State {
+	pooled, ts := pool(c, states, now)
+	return spread(len(states), math.Min(pooled+count, c.Capacity*float64(len(states))), ts)
+}
+
+// pool projects every shard to now and returns the sum of their values and
+// the latest of their timestamps (so that a shard whose clock ran ahead is
+// never credited the same stretch of time twice).
+func pool(c Config, states []State, now int64) (float64, int64) {
+	var sum float64
+	ts := int64(math.MinInt64)
+	for _, s := range states {
+		p := Project(c, s, now)
+		sum += p.Value
+		ts = max(ts, p.TS)
+	}
+	return sum, ts
+}
+
+func spread(n int, total float64, ts int64) []State {
+	out := make([]State, n)
+	for i := range out {
+		out[i] = State{Value: total / float64(n), TS: ts}
+	}
+	return out
+}
+
+// RetryAfter returns how long from now until the state p, projected to now,
+// holds at least zero tokens. It rounds up, so waiting exactly that long is
+// never too early.
+func RetryAfter(c Config, p State, now int64) int64 {
+	return timeUntil(c, []State{p}, now, 0)
+}
+
+// timeUntil returns how long from now until the shards' pooled value reaches
+// target, each shard refilling on its own and stopping at its capacity.
+// target must not exceed the pooled capacity.
+func timeUntil(c Config, states []State, now int64, target float64) int64 {
+	pooled, ts := pool(c, states, now)
+	if pooled >= target-tolerance(c)*float64(len(states)) {
+		return 0
+	}
+	// refill is the smallest amount x such that every shard, given x more
+	// tokens but never more than its capacity, pools to target.
+	gaps := make([]float64, len(states))
+	for i, s := range states {
+		gaps[i] = c.Capacity - Project(c, s, now).Value
+	}
+	slices.SortFunc(gaps, func(a, b float64) int { return cmp.Compare(b, a) })
+	slack := c.Capacity*float64(len(states)) - target
+	refill := gaps[0]
+	var sum float64
+	for k, g := range gaps {
+		// With the k+1 largest gaps still open, the missing total at refill
+		// x is sum+g - (k+1)x; solve for slack.
+		sum += g
+		x := (sum - slack) / float64(k+1)
+		next := 0.0
+		if k+1 < len(gaps) {
+			next = gaps[k+1]
+		}
+		if x >= next {
+			refill = x
+			break
+		}
+	}
+	switch c.Kind {
+	case FixedWindow:
+		windows := math.Ceil(refill/c.Rate - 1e-12)
+		return clampDuration(float64(ts) + float64(c.Period)*windows - float64(now))
+	default:
+		// Refill resumes only once now passes ts (a clock that stepped back).
+		ahead := float64(max(ts-now, 0))
+		return clampDuration(ahead + math.Ceil(refill*float64(c.Period)/c.Rate))
+	}
+}
+
+// WindowStart returns the start of the fixed window that contains now, for
+// windows of period aligned to origin.
+func WindowStart(origin, period, now int64) int64 {
+	return now - floorMod(now-origin, period)
+}
+
+func floorMod(a, m int64) int64 {
+	r := a % m
+	if r < 0 {
+		r += m
+	}
+	return r
+}
+
+func clampDuration(us float64) int64 {
+	switch {
+	case us <= 0 || math.IsNaN(us):
+		return 0
+	case us >= math.MaxInt64/2:
+		return math.MaxInt64 / 2
+	}
+	return int64(math.Ceil(us))
+}

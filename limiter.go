@@ -1,0 +1,642 @@
+package txlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/txlimit/txlimit/algo"
+)
+
+// Kind is the refill rule of a limit.
+type Kind uint8
+
+const (
+	// TokenBucket adds Rate tokens per Period continuously, up to Capacity.
+	TokenBucket Kind = Kind(algo.TokenBucket)
+	// FixedWindow adds Rate tokens at the start of each window of Period,
+	// up to Capacity.
+	FixedWindow Kind = Kind(algo.FixedWindow)
+)
+
+func (k Kind) String() string {
+	switch k {
+	case TokenBucket:
+		return "token bucket"
+	case FixedWindow:
+		return "fixed window"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// MaxShards is the largest Shards a Config may have.
+const MaxShards = 1024
+
+// Config defines one limit.
+type Config struct {
+	// Kind is TokenBucket or FixedWindow. Required.
+	Kind Kind
+	// Rate is the number of tokens added per Period. Required, > 0.
+	Rate float64
+	// Period is the time over which Rate tokens are added. Required, at
+	// least one microsecond (state is kept at microsecond precision).
+	Period time.Duration
+	// Capacity is the most tokens the limit holds: the largest burst.
+	// Defaults to Rate.
+	Capacity float64
+	// MaxReserved caps how deep a reservation (the Reserve option) may put
+	// the limit into debt. Defaults to 0, which means no cap.
+	MaxReserved float64
+	// Shards spreads the limit over this many rows so that concurrent
+	// transactions do not queue on one row lock. Each shard holds
+	// Rate/Shards, Capacity/Shards and MaxReserved/Shards. Defaults to 1;
+	// at most MaxShards.
+	Shards int
+	// Start aligns the windows of a FixedWindow limit: windows begin at
+	// Start plus whole multiples of Period. When zero, each (name, key) gets
+	// a stable offset in [0, Period) derived from a hash of the two, which
+	// spreads the resets of many keys over the period. Must be zero for a
+	// TokenBucket.
+	Start time.Time
+}
+
+// normalized fills defaults and validates c. name is only used in errors.
+func (c Config) normalized(name string) (Config, error) {
+	bad := func(field, problem string, args ...any) (Config, error) {
+		return Config{}, &InvalidError{Limit: name, Field: field, Problem: fmt.Sprintf(problem, args...)}
+	}
+	if c.Kind != TokenBucket && c.Kind != FixedWindow {
+		return bad("Kind", "must be txlimit.TokenBucket or txlimit.FixedWindow, got %v", c.Kind)
+	}
+	if !finite(c.Rate) || c.Rate <= 0 {
+		return bad("Rate", "must be a finite number > 0, got %v", c.Rate)
+	}
+	if c.Period < time.Microsecond {
+		return bad("Period", "must be at least 1µs, got %v", c.Period)
+	}
+	if c.Capacity == 0 {
+		c.Capacity = c.Rate
+	}
+	if !finite(c.Capacity) || c.Capacity < 0 {
+		return bad("Capacity", "must be a finite number > 0 (or 0 for the default, Rate), got %v", c.Capacity)
+	}
+	if !finite(c.MaxReserved) || c.MaxReserved < 0 {
+		return bad("MaxReserved", "must be a finite number >= 0 (0 means no cap), got %v", c.MaxReserved)
+	}
+	if c.Shards == 0 {
+		c.Shards = 1
+	}
+	if c.Shards < 1 || c.Shards > MaxShards {
+		return bad("Shards", "must be between 1 and %d (0 means 1), got %d", MaxShards, c.Shards)
+	}
+	if c.Kind == TokenBucket && !c.Start.IsZero() {
+		return bad("Start", "applies to FixedWindow only; leave it zero for a TokenBucket")
+	}
+	c.Period = c.Period.Truncate(time.Microsecond)
+	return c, nil
+}
+
+// shard returns the configuration of one of c's shards.
+func (c Config) shard() algo.Config {
+	n := float64(c.Shards)
+	return algo.Config{
+		Kind:        algo.Kind(c.Kind),
+		Rate:        c.Rate / n,
+		Period:      c.Period.Microseconds(),
+		Capacity:    c.Capacity / n,
+		MaxReserved: c.MaxReserved / n,
+	}
+}
+
+// origin returns the instant (µs since the epoch) that the windows of a
+// fixed-window limit are aligned to.
+func (c Config) origin(name, key string) int64 {
+	if !c.Start.IsZero() {
+		return c.Start.UnixMicro()
+	}
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	return int64(h.Sum64() % uint64(c.Period.Microseconds()))
+}
+
+// Options configures a Limiter. The zero value is ready to use.
+type Options struct {
+	// Clock, when set, is read once per call and replaces the database
+	// server's clock. Meant for tests; in production the database clock
+	// keeps application servers with skewed clocks in agreement.
+	Clock func() time.Time
+}
+
+// Limiter checks and consumes named limits whose state lives in a database.
+// TTx is the store's transaction type (pgx.Tx for pgstore, *sql.Tx for
+// sqlitestore) and is inferred from the store given to New.
+//
+// Every operation has two forms, following River: XTx runs in a transaction
+// the caller owns, so the tokens are spent if and only if that transaction
+// commits; X runs in a short transaction of its own on the store's pool.
+//
+// A Limiter is safe for concurrent use.
+type Limiter[TTx any] struct {
+	store  Store[TTx]
+	limits map[string]Config
+	clock  func() time.Time
+}
+
+// New returns a Limiter on store with the named limits. Every config is
+// validated; the first invalid one is returned as an *InvalidError. opts may
+// be nil.
+func New[TTx any](store Store[TTx], limits map[string]Config, opts *Options) (*Limiter[TTx], error) {
+	if store == nil {
+		return nil, &InvalidError{Field: "store", Problem: "is nil; pass pgstore.New(pool) or sqlitestore.New(db)"}
+	}
+	l := &Limiter[TTx]{store: store, limits: make(map[string]Config, len(limits))}
+	for name, c := range limits {
+		if err := validName(name); err != nil {
+			return nil, err
+		}
+		nc, err := c.normalized(name)
+		if err != nil {
+			return nil, err
+		}
+		l.limits[name] = nc
+	}
+	if opts != nil {
+		l.clock = opts.Clock
+	}
+	return l, nil
+}
+
+// Config returns the normalized configuration of the named limit (defaults
+// filled in) and whether the Limiter has it.
+func (l *Limiter[TTx]) Config(name string) (Config, bool) {
+	c, ok := l.limits[name]
+	return c, ok
+}
+
+// Option modifies one call.
+type Option func(*callOptions)
+
+type callOptions struct {
+	count   float64
+	reserve bool
+	config  *Config
+}
+
+// Count sets the number of tokens a call consumes, checks or credits.
+// Defaults to 1. It may be fractional; it must be finite and >= 0.
+func Count(n float64) Option { return func(o *callOptions) { o.count = n } }
+
+// Reserve lets Limit take the tokens even when the limit lacks them, as a
+// reservation: the result is OK with RetryAfter > 0, meaning the tokens are
+// yours and the work should run after RetryAfter without checking the limit
+// again. Config.MaxReserved caps the debt.
+func Reserve() Option { return func(o *callOptions) { o.reserve = true } }
+
+// WithConfig gives the limit's configuration inline. It is required for a
+// name that was not given to New and replaces the configuration of one that
+// was.
+func WithConfig(c Config) Option { return func(o *callOptions) { cc := c; o.config = &cc } }
+
+// Result is the outcome of Limit or Check.
+type Result struct {
+	Name string
+	Key  string
+	// OK reports whether the tokens were granted (or, for Check, would be).
+	OK bool
+	// RetryAfter is, when OK is false, the time until the same request
+	// would be granted. When OK is true and RetryAfter > 0, the tokens were
+	// reserved: run the work after RetryAfter, without checking again.
+	RetryAfter time.Duration
+	// At is the clock reading the decision was made at.
+	At time.Time
+}
+
+// Reserved reports whether the tokens were granted as a reservation for
+// later.
+func (r Result) Reserved() bool { return r.OK && r.RetryAfter > 0 }
+
+// Err returns nil when the result is OK (a reservation included) and a
+// *RateLimitedError otherwise, for code that prefers the error style.
+func (r Result) Err() error {
+	if r.OK {
+		return nil
+	}
+	return &RateLimitedError{Name: r.Name, Key: r.Key, RetryAfter: r.RetryAfter}
+}
+
+// Snapshot is the state of a limit for display, returned by Value.
+type Snapshot struct {
+	// Value is the number of tokens available now, summed over all shards,
+	// in the limit's own units (not per shard). Negative while reservations
+	// are outstanding.
+	Value float64
+	// At is the clock reading Value was projected to.
+	At time.Time
+	// Config is the limit's normalized configuration.
+	Config Config
+}
+
+var (
+	// ErrRateLimited matches (errors.Is) every *RateLimitedError.
+	ErrRateLimited = errors.New("txlimit: rate limited")
+	// ErrInvalid matches (errors.Is) every *InvalidError.
+	ErrInvalid = errors.New("txlimit: invalid argument")
+	// ErrUnknownLimit matches the *InvalidError for a name that New was not
+	// given, in a call without WithConfig.
+	ErrUnknownLimit = errors.New("txlimit: unknown limit")
+	// ErrNoPool is returned by the forms without Tx when the store has no
+	// pool or database.
+	ErrNoPool = errors.New("txlimit: the store has no pool or database; use the ...Tx forms or pass one to the store's New")
+)
+
+// RateLimitedError is the error form of a denied Result.
+type RateLimitedError struct {
+	Name       string
+	Key        string
+	RetryAfter time.Duration
+}
+
+func (e *RateLimitedError) Error() string {
+	return fmt.Sprintf("txlimit: limit %q key %q: rate limited, retry after %v", e.Name, e.Key, e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrRateLimited) true.
+func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimited }
+
+// InvalidError reports bad input: a config, a name, a key or a count. When it
+// is returned nothing was written.
+type InvalidError struct {
+	Limit   string // the limit's name, when known
+	Field   string // the offending field or argument
+	Problem string // what is wrong and how to fix it
+	unknown bool
+}
+
+func (e *InvalidError) Error() string {
+	var b strings.Builder
+	b.WriteString("txlimit: ")
+	if e.Limit != "" {
+		fmt.Fprintf(&b, "limit %q: ", e.Limit)
+	}
+	b.WriteString(e.Field)
+	b.WriteString(" ")
+	b.WriteString(e.Problem)
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrInvalid) true, and errors.Is(err,
+// ErrUnknownLimit) for an unknown name.
+func (e *InvalidError) Is(target error) bool {
+	return target == ErrInvalid || (e.unknown && target == ErrUnknownLimit)
+}
+
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
+func validName(name string) error {
+	if name == "" {
+		return &InvalidError{Field: "name", Problem: "is empty; every limit needs a name"}
+	}
+	return validText("name", name, name)
+}
+
+func validText(field, limit, s string) error {
+	if strings.IndexByte(s, 0) >= 0 {
+		return &InvalidError{Limit: limit, Field: field, Problem: "contains a NUL byte, which PostgreSQL text cannot hold; encode it (hex, base64) first"}
+	}
+	if !utf8.ValidString(s) {
+		return &InvalidError{Limit: limit, Field: field, Problem: "is not valid UTF-8; encode it (hex, base64) first"}
+	}
+	return nil
+}
+
+// request is one validated call.
+type request struct {
+	name    string
+	key     string
+	count   float64
+	reserve bool
+	config  Config
+	shard   algo.Config
+	origin  int64
+}
+
+func (l *Limiter[TTx]) newRequest(name, key string, opts []Option) (request, error) {
+	o := callOptions{count: 1}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := validName(name); err != nil {
+		return request{}, err
+	}
+	if err := validText("key", name, key); err != nil {
+		return request{}, err
+	}
+	var cfg Config
+	if o.config != nil {
+		c, err := o.config.normalized(name)
+		if err != nil {
+			return request{}, err
+		}
+		cfg = c
+	} else {
+		c, ok := l.limits[name]
+		if !ok {
+			return request{}, &InvalidError{Limit: name, Field: "name", unknown: true,
+				Problem: "is not a limit given to txlimit.New; add it there or pass txlimit.WithConfig"}
+		}
+		cfg = c
+	}
+	if !finite(o.count) || o.count < 0 {
+		return request{}, &InvalidError{Limit: name, Field: "Count", Problem: fmt.Sprintf("must be a finite number >= 0, got %v", o.count)}
+	}
+	r := request{name: name, key: key, count: o.count, reserve: o.reserve, config: cfg, shard: cfg.shard()}
+	if cfg.Kind == FixedWindow {
+		r.origin = cfg.origin(name, key)
+	}
+	return r, nil
+}
+
+// checkCount rejects a count that no amount of waiting would grant.
+func (r request) checkCount() error {
+	c := r.config
+	switch {
+	case !r.reserve && r.count > c.Capacity:
+		return &InvalidError{Limit: r.name, Field: "Count", Problem: fmt.Sprintf(
+			"%v exceeds Capacity %v and could never be granted; raise Capacity or use Reserve", r.count, c.Capacity)}
+	case r.reserve && c.MaxReserved > 0 && r.count > c.Capacity+c.MaxReserved:
+		return &InvalidError{Limit: r.name, Field: "Count", Problem: fmt.Sprintf(
+			"%v exceeds Capacity+MaxReserved %v and could never be reserved; raise MaxReserved", r.count, c.Capacity+c.MaxReserved)}
+	}
+	return nil
+}
+
+func (l *Limiter[TTx]) now() *time.Time {
+	if l.clock == nil {
+		return nil
+	}
+	t := time.UnixMicro(l.clock().UnixMicro())
+	return &t
+}
+
+func (l *Limiter[TTx]) inTx(ctx context.Context, fn func(tx TTx) error) error {
+	return l.store.InTx(ctx, fn)
+}
+
+// Limit is LimitTx in a short transaction of its own.
+func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Option) (Result, error) {
+	r, err := l.newRequest(name, key, opts)
+	if err == nil {
+		err = r.checkCount()
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	var res Result
+	err = l.inTx(ctx, func(tx TTx) (err error) {
+		res, err = l.limit(ctx, tx, r)
+		return err
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// LimitTx checks the limit name for key and, when the tokens are there (or
+// the Reserve option allows a reservation), consumes them in tx. The tokens
+// are spent if and only if tx commits; a rollback gives them back. A denied
+// call writes nothing. The rows of the limit stay locked until tx ends, so
+// keep the transaction short, or use Shards for a limit many transactions
+// share.
+//
+// A denial is a Result with OK false, not an error; call Result.Err for the
+// error style. Errors are bad input (*InvalidError, nothing written) or the
+// database's own; a serialization failure under REPEATABLE READ or
+// SERIALIZABLE is retryable like any other.
+func (l *Limiter[TTx]) LimitTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Result, error) {
+	r, err := l.newRequest(name, key, opts)
+	if err == nil {
+		err = r.checkCount()
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	return l.limit(ctx, tx, r)
+}
+
+func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, error) {
+	now := l.now()
+	n := r.config.Shards
+	if n > 1 && l.store.SkipsLocked() && r.count <= r.shard.Capacity {
+		res, done, err := l.limitOneShard(ctx, tx, r, now)
+		if err != nil || done {
+			return res, err
+		}
+	}
+	if n > 1 && !r.reserve {
+		// Before queueing on every shard, see whether the committed state
+		// already rules the request out. Concurrent transactions can only
+		// lower it further (a concurrent Credit or Reset is ordered after
+		// this call), so such a denial is right without any lock.
+		rows, at, err := l.store.ReadShards(ctx, tx, KeyParams{Name: r.name, Key: r.key, Now: now})
+		if err != nil {
+			return Result{}, err
+		}
+		states := r.states(rows)
+		if _, d := algo.TakeShards(r.shard, states, at.UnixMicro(), r.count, false); !d.OK {
+			return r.result(d, at), nil
+		}
+	}
+	rows, at, err := l.lockAll(ctx, tx, r, now)
+	if err != nil {
+		return Result{}, err
+	}
+	next, d := algo.TakeShards(r.shard, r.states(rows), at.UnixMicro(), r.count, r.reserve)
+	if d.OK {
+		if err := l.store.WriteShards(ctx, tx, r.writes(next)); err != nil {
+			return Result{}, err
+		}
+	}
+	return r.result(d, at), nil
+}
+
+// limitOneShard is the fast path of a sharded limit: take the first shard, in
+// a random order, that no other transaction holds, and consume from it alone
+// when it has enough. done is false when the caller must fall back to
+// locking every shard; the shard's lock has then been released.
+func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now *time.Time) (Result, bool, error) {
+	order := make([]int32, r.config.Shards)
+	for i, s := range rand.Perm(len(order)) {
+		order[i] = int32(s)
+	}
+	row, at, ok, err := l.store.TryLockShard(ctx, tx, TryLockParams{Name: r.name, Key: r.key, Order: order, Now: now})
+	if err != nil {
+		return Result{}, false, err
+	}
+	if ok {
+		st := algo.State{Value: row.Value, TS: row.TS.UnixMicro()}
+		next, d := algo.Take(r.shard, st, at.UnixMicro(), r.count, false)
+		if d.OK {
+			err := l.store.KeepTry(ctx, tx, []ShardWrite{{
+				Name: r.name, Key: r.key, Shard: row.Shard, Value: next.Value, TS: time.UnixMicro(next.TS),
+			}})
+			if err != nil {
+				return Result{}, false, err
+			}
+			return r.result(d, at), true, nil
+		}
+	}
+	return Result{}, false, l.store.UndoTry(ctx, tx)
+}
+
+// lockAll locks every shard of r's limit in shard order, creating the
+// missing ones as full first.
+func (l *Limiter[TTx]) lockAll(ctx context.Context, tx TTx, r request, now *time.Time) ([]ShardRow, time.Time, error) {
+	p := KeyParams{Name: r.name, Key: r.key, Now: now}
+	rows, at, err := l.store.LockShards(ctx, tx, p)
+	if err != nil || len(rows) >= r.config.Shards {
+		return rows, at, err
+	}
+	full := algo.Full(r.shard, r.origin)
+	err = l.store.InsertShards(ctx, tx, InsertParams{
+		Name: r.name, Key: r.key, Shards: int32(r.config.Shards), Value: full.Value, TS: time.UnixMicro(full.TS),
+	})
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return l.store.LockShards(ctx, tx, p)
+}
+
+// states returns the state of every shard of r's limit: the stored row, or a
+// full state for a row that does not exist. Rows beyond the configured number
+// of shards (left by an earlier config with more) are ignored.
+func (r request) states(rows []ShardRow) []algo.State {
+	full := algo.Full(r.shard, r.origin)
+	states := make([]algo.State, r.config.Shards)
+	for i := range states {
+		states[i] = full
+	}
+	for _, row := range rows {
+		if int(row.Shard) < len(states) {
+			states[row.Shard] = algo.State{Value: row.Value, TS: row.TS.UnixMicro()}
+		}
+	}
+	return states
+}
+
+func (r request) writes(states []algo.State) []ShardWrite {
+	w := make([]ShardWrite, len(states))
+	for i, s := range states {
+		w[i] = ShardWrite{Name: r.name, Key: r.key, Shard: int32(i), Value: s.Value, TS: time.UnixMicro(s.TS)}
+	}
+	return w
+}
+
+func (r request) result(d algo.Decision, at time.Time) Result {
+	return Result{
+		Name: r.name, Key: r.key, OK: d.OK,
+		RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
+		At:         at,
+	}
+}
+
+// Check is CheckTx in a short transaction of its own.
+func (l *Limiter[TTx]) Check(ctx context.Context, name, key string, opts ...Option) (Result, error) {
+	var res Result
+	err := l.inTx(ctx, func(tx TTx) (err error) {
+		res, err = l.CheckTx(ctx, tx, name, key, opts...)
+		return err
+	})
+	return res, err
+}
+
+// CheckTx returns the decision LimitTx would make now, consuming nothing,
+// writing nothing and locking nothing. Under concurrency the answer may be
+// stale by the time it is used; only LimitTx consumes atomically.
+func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Result, error) {
+	r, err := l.newRequest(name, key, opts)
+	if err == nil {
+		err = r.checkCount()
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	rows, at, err := l.store.ReadShards(ctx, tx, KeyParams{Name: r.name, Key: r.key, Now: l.now()})
+	if err != nil {
+		return Result{}, err
+	}
+	_, d := algo.TakeShards(r.shard, r.states(rows), at.UnixMicro(), r.count, r.reserve)
+	return r.result(d, at), nil
+}
+
+// Reset is ResetTx in a short transaction of its own.
+func (l *Limiter[TTx]) Reset(ctx context.Context, name, key string) error {
+	return l.inTx(ctx, func(tx TTx) error { return l.ResetTx(ctx, tx, name, key) })
+}
+
+// ResetTx deletes the state of (name, key), all shards, so that the limit is
+// full again. It needs no config, so it also clears limits no longer defined.
+func (l *Limiter[TTx]) ResetTx(ctx context.Context, tx TTx, name, key string) error {
+	if err := validName(name); err != nil {
+		return err
+	}
+	if err := validText("key", name, key); err != nil {
+		return err
+	}
+	return l.store.DeleteKey(ctx, tx, name, key)
+}
+
+// Value is ValueTx in a short transaction of its own.
+func (l *Limiter[TTx]) Value(ctx context.Context, name, key string, opts ...Option) (Snapshot, error) {
+	var s Snapshot
+	err := l.inTx(ctx, func(tx TTx) (err error) {
+		s, err = l.ValueTx(ctx, tx, name, key, opts...)
+		return err
+	})
+	return s, err
+}
+
+// ValueTx returns the tokens of (name, key) projected to now and summed over
+// all shards, with the time of the reading and the config: what a UI needs to
+// draw the limit. It locks and writes nothing. Only WithConfig is used among
+// opts.
+func (l *Limiter[TTx]) ValueTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Snapshot, error) {
+	r, err := l.newRequest(name, key, opts)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	rows, at, err := l.store.ReadShards(ctx, tx, KeyParams{Name: r.name, Key: r.key, Now: l.now()})
+	if err != nil {
+		return Snapshot{}, err
+	}
+	return Snapshot{Value: algo.Pooled(r.shard, r.states(rows), at.UnixMicro()), At: at, Config: r.config}, nil
+}
+
+// Credit is CreditTx in a short transaction of its own.
+func (l *Limiter[TTx]) Credit(ctx context.Context, name, key string, count float64, opts ...Option) error {
+	return l.inTx(ctx, func(tx TTx) error { return l.CreditTx(ctx, tx, name, key, count, opts...) })
+}
+
+// CreditTx gives count tokens back to (name, key), for example those of a
+// reservation whose work was cancelled, never lifting the limit above its
+// Capacity. Only WithConfig is used among opts.
+func (l *Limiter[TTx]) CreditTx(ctx context.Context, tx TTx, name, key string, count float64, opts ...Option) error {
+	r, err := l.newRequest(name, key, append(opts[:len(opts):len(opts)], Count(count)))
+	if err != nil {
+		return err
+	}
+	rows, at, err := l.lockAll(ctx, tx, r, l.now())
+	if err != nil {
+		return err
+	}
+	next := algo.CreditShards(r.shard, r.states(rows), at.UnixMicro(), r.count)
+	return l.store.WriteShards(ctx, tx, r.writes(next))
+}
