@@ -1,19 +1,42 @@
+-- SQLite has one writer at a time and no row locks: "locking" the rows of a
+-- (name, key) means holding the database's write lock, which the transaction
+-- then keeps until it ends. Every operation that reads in order to write takes
+-- that lock first (TouchKey), so that no other connection can change the rows
+-- between the read and the write. ts is microseconds since the Unix epoch.
+-- SQLite has no server clock: the store supplies it.
+
 -- name: TouchKey :exec
--- A write that changes nothing but takes SQLite's write lock first, so that
--- no other connection can change the rows between our read and our write.
+-- A write that matches no row but still makes the transaction a write
+-- transaction: SQLite takes its write lock when a write statement starts,
+-- whatever the statement changes. It waits (busy_timeout) or fails with
+-- SQLITE_BUSY; it never lets two transactions hold the lock at once.
 UPDATE txlimit SET value = value WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND 0;
 
 -- name: LockShards :many
+-- The rows of (name, key) in ascending shard order. Run after TouchKey, in
+-- the same transaction, so that they are read under the write lock.
+SELECT shard, value, ts FROM txlimit
+WHERE name = sqlc.arg(name) AND key = sqlc.arg(key)
+ORDER BY shard;
+
+-- name: ReadShards :many
+-- The rows of (name, key) as the transaction sees them (its own snapshot),
+-- without taking the write lock.
 SELECT shard, value, ts FROM txlimit
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key)
 ORDER BY shard;
 
 -- name: InsertShard :exec
+-- Creates one row of (name, key) unless it exists. The store runs it once
+-- per shard, in shard order, where PostgreSQL's InsertShards is one
+-- statement: sqlc's SQLite engine rejects a recursive CTE, and json_each
+-- would make the parameter untyped. Statements are in-process calls here.
 INSERT INTO txlimit (name, key, shard, value, ts)
 VALUES (sqlc.arg(name), sqlc.arg(key), sqlc.arg(shard), sqlc.arg(value), sqlc.arg(ts))
 ON CONFLICT (name, key, shard) DO NOTHING;
 
 -- name: WriteShard :exec
+-- Stores the new state of one row the transaction holds.
 UPDATE txlimit SET value = sqlc.arg(value), ts = sqlc.arg(ts)
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 

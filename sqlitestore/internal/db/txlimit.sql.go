@@ -37,6 +37,10 @@ type InsertShardParams struct {
 	Ts    int64
 }
 
+// Creates one row of (name, key) unless it exists. The store runs it once
+// per shard, in shard order, where PostgreSQL's InsertShards is one
+// statement: sqlc's SQLite engine rejects a recursive CTE, and json_each
+// would make the parameter untyped. Statements are in-process calls here.
 func (q *Queries) InsertShard(ctx context.Context, db DBTX, arg InsertShardParams) error {
 	_, err := db.ExecContext(ctx, insertShard,
 		arg.Name,
@@ -65,6 +69,8 @@ type LockShardsRow struct {
 	Ts    int64
 }
 
+// The rows of (name, key) in ascending shard order. Run after TouchKey, in
+// the same transaction, so that they are read under the write lock.
 func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams) ([]LockShardsRow, error) {
 	rows, err := db.QueryContext(ctx, lockShards, arg.Name, arg.Key)
 	if err != nil {
@@ -88,7 +94,50 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 	return items, nil
 }
 
+const readShards = `-- name: ReadShards :many
+SELECT shard, value, ts FROM txlimit
+WHERE name = ?1 AND key = ?2
+ORDER BY shard
+`
+
+type ReadShardsParams struct {
+	Name string
+	Key  string
+}
+
+type ReadShardsRow struct {
+	Shard int64
+	Value float64
+	Ts    int64
+}
+
+// The rows of (name, key) as the transaction sees them (its own snapshot),
+// without taking the write lock.
+func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams) ([]ReadShardsRow, error) {
+	rows, err := db.QueryContext(ctx, readShards, arg.Name, arg.Key)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ReadShardsRow
+	for rows.Next() {
+		var i ReadShardsRow
+		if err := rows.Scan(&i.Shard, &i.Value, &i.Ts); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const touchKey = `-- name: TouchKey :exec
+
 UPDATE txlimit SET value = value WHERE name = ?1 AND key = ?2 AND 0
 `
 
@@ -97,8 +146,16 @@ type TouchKeyParams struct {
 	Key  string
 }
 
-// A write that changes nothing but takes SQLite's write lock first, so that
-// no other connection can change the rows between our read and our write.
+// SQLite has one writer at a time and no row locks: "locking" the rows of a
+// (name, key) means holding the database's write lock, which the transaction
+// then keeps until it ends. Every operation that reads in order to write takes
+// that lock first (TouchKey), so that no other connection can change the rows
+// between the read and the write. ts is microseconds since the Unix epoch.
+// SQLite has no server clock: the store supplies it.
+// A write that matches no row but still makes the transaction a write
+// transaction: SQLite takes its write lock when a write statement starts,
+// whatever the statement changes. It waits (busy_timeout) or fails with
+// SQLITE_BUSY; it never lets two transactions hold the lock at once.
 func (q *Queries) TouchKey(ctx context.Context, db DBTX, arg TouchKeyParams) error {
 	_, err := db.ExecContext(ctx, touchKey, arg.Name, arg.Key)
 	return err
@@ -117,6 +174,7 @@ type WriteShardParams struct {
 	Shard int64
 }
 
+// Stores the new state of one row the transaction holds.
 func (q *Queries) WriteShard(ctx context.Context, db DBTX, arg WriteShardParams) error {
 	_, err := db.ExecContext(ctx, writeShard,
 		arg.Value,
