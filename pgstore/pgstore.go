@@ -74,8 +74,8 @@ func (s *Store) InsertShards(ctx context.Context, tx pgx.Tx, p txlimit.InsertPar
 }
 
 const (
-	savepoint         = "SAVEPOINT txlimit_try"
-	releaseSavepoint  = "RELEASE SAVEPOINT txlimit_try"
+	savepoint        = "SAVEPOINT txlimit_try"
+	releaseSavepoint = "RELEASE SAVEPOINT txlimit_try"
 )
 
 // TryLockShard implements txlimit.Store. The savepoint and the query go to
