@@ -6,9 +6,11 @@ package txlimit_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,7 +25,10 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
+	"github.com/txlimit/txlimit/sqlitestore"
+	_ "modernc.org/sqlite"
 )
 
 // harness adapts one store to the suite.
@@ -740,4 +745,53 @@ func TestPostgresPoolErrors(t *testing.T) {
 	require.Error(t, err)
 	_, err = l.Value(ctx, name, "k")
 	require.Error(t, err)
+}
+
+// --- SQLite ---
+
+// sqliteDSN is the configuration sqlitestore documents: WAL, a busy timeout
+// and BEGIN IMMEDIATE.
+const sqliteDSN = "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+
+func openSQLite(t *testing.T) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "txlimit.db")+sqliteDSN)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(16)
+	require.NoError(t, migrations.Up(context.Background(), db, migrations.SQLite))
+	return db
+}
+
+func sqliteHarness(t *testing.T, db *sql.DB) harness[*sql.Tx] {
+	return harness[*sql.Tx]{
+		store: sqlitestore.New(db),
+		begin: func(t *testing.T) *sql.Tx {
+			tx, err := db.Begin()
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = tx.Rollback() })
+			return tx
+		},
+		commit:   func(tx *sql.Tx) error { return tx.Commit() },
+		rollback: func(tx *sql.Tx) { _ = tx.Rollback() },
+		rows: func(t *testing.T, name, key string) []string {
+			rows, err := db.Query(`SELECT printf('%d %!.17g %d %s', shard, value, ts, typeof(value))
+				FROM txlimit WHERE name = ? AND key = ? ORDER BY shard`, name, key)
+			require.NoError(t, err)
+			defer rows.Close()
+			var out []string
+			for rows.Next() {
+				var s string
+				require.NoError(t, rows.Scan(&s))
+				out = append(out, s)
+			}
+			require.NoError(t, rows.Err())
+			return out
+		},
+		conns: 15,
+	}
+}
+
+func TestSQLite(t *testing.T) {
+	runConformance(t, sqliteHarness(t, openSQLite(t)))
 }

@@ -386,10 +386,6 @@ func (l *Limiter[TTx]) now() *time.Time {
 	return &t
 }
 
-func (l *Limiter[TTx]) inTx(ctx context.Context, fn func(tx TTx) error) error {
-	return l.store.InTx(ctx, fn)
-}
-
 // Limit is LimitTx in a short transaction of its own.
 func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Option) (Result, error) {
 	r, err := l.newRequest(name, key, opts)
@@ -400,7 +396,7 @@ func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Opti
 		return Result{}, err
 	}
 	var res Result
-	err = l.inTx(ctx, func(tx TTx) (err error) {
+	err = l.store.InTx(ctx, false, func(tx TTx) (err error) {
 		res, err = l.limit(ctx, tx, r)
 		return err
 	})
@@ -441,11 +437,13 @@ func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, er
 			return res, err
 		}
 	}
-	if n > 1 && !r.reserve {
+	if n > 1 && !r.reserve && l.store.SkipsLocked() {
 		// Before queueing on every shard, see whether the committed state
 		// already rules the request out. Concurrent transactions can only
 		// lower it further (a concurrent Credit or Reset is ordered after
-		// this call), so such a denial is right without any lock.
+		// this call), so such a denial is right without any lock. (A store
+		// with one writer at a time has no queue per row to avoid, and a
+		// read before the write lock would only hold a stale snapshot.)
 		rows, at, err := l.store.ReadShards(ctx, tx, KeyParams{Name: r.name, Key: r.key, Now: now})
 		if err != nil {
 			return Result{}, err
@@ -551,7 +549,7 @@ func (r request) result(d algo.Decision, at time.Time) Result {
 // Check is CheckTx in a short transaction of its own.
 func (l *Limiter[TTx]) Check(ctx context.Context, name, key string, opts ...Option) (Result, error) {
 	var res Result
-	err := l.inTx(ctx, func(tx TTx) (err error) {
+	err := l.store.InTx(ctx, true, func(tx TTx) (err error) {
 		res, err = l.CheckTx(ctx, tx, name, key, opts...)
 		return err
 	})
@@ -579,7 +577,7 @@ func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, op
 
 // Reset is ResetTx in a short transaction of its own.
 func (l *Limiter[TTx]) Reset(ctx context.Context, name, key string) error {
-	return l.inTx(ctx, func(tx TTx) error { return l.ResetTx(ctx, tx, name, key) })
+	return l.store.InTx(ctx, false, func(tx TTx) error { return l.ResetTx(ctx, tx, name, key) })
 }
 
 // ResetTx deletes the state of (name, key), all shards, so that the limit is
@@ -597,7 +595,7 @@ func (l *Limiter[TTx]) ResetTx(ctx context.Context, tx TTx, name, key string) er
 // Value is ValueTx in a short transaction of its own.
 func (l *Limiter[TTx]) Value(ctx context.Context, name, key string, opts ...Option) (Snapshot, error) {
 	var s Snapshot
-	err := l.inTx(ctx, func(tx TTx) (err error) {
+	err := l.store.InTx(ctx, true, func(tx TTx) (err error) {
 		s, err = l.ValueTx(ctx, tx, name, key, opts...)
 		return err
 	})
@@ -622,7 +620,7 @@ func (l *Limiter[TTx]) ValueTx(ctx context.Context, tx TTx, name, key string, op
 
 // Credit is CreditTx in a short transaction of its own.
 func (l *Limiter[TTx]) Credit(ctx context.Context, name, key string, count float64, opts ...Option) error {
-	return l.inTx(ctx, func(tx TTx) error { return l.CreditTx(ctx, tx, name, key, count, opts...) })
+	return l.store.InTx(ctx, false, func(tx TTx) error { return l.CreditTx(ctx, tx, name, key, count, opts...) })
 }
 
 // CreditTx gives count tokens back to (name, key), for example those of a

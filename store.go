@@ -14,8 +14,10 @@ import (
 type Store[TTx any] interface {
 	// InTx runs fn in a new short transaction on the store's pool or
 	// database and commits it when fn returns nil, rolling back otherwise.
-	// It returns ErrNoPool when the store was built without one.
-	InTx(ctx context.Context, fn func(tx TTx) error) error
+	// readOnly is set for operations that only read (Check, Value), so that
+	// a store may begin a transaction that takes no write lock. It returns
+	// ErrNoPool when the store was built without a pool.
+	InTx(ctx context.Context, readOnly bool, fn func(tx TTx) error) error
 
 	// LockShards locks every existing row of (Name, Key), waiting for other
 	// transactions, in ascending shard order, and returns them in that
@@ -39,7 +41,8 @@ type Store[TTx any] interface {
 	// UndoTry rolls back to before TryLockShard, releasing its lock.
 	UndoTry(ctx context.Context, tx TTx) error
 
-	// ReadShards returns the committed rows of (Name, Key) without locking
+	// ReadShards returns the rows of (Name, Key) as the transaction sees
+	// them (what others committed, plus its own writes) without locking
 	// anything, and the clock.
 	ReadShards(ctx context.Context, tx TTx, p KeyParams) ([]ShardRow, time.Time, error)
 

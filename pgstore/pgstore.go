@@ -42,11 +42,15 @@ func New(pool *pgxpool.Pool) *Store {
 }
 
 // InTx implements txlimit.Store.
-func (s *Store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) error) error {
 	if s.pool == nil {
 		return txlimit.ErrNoPool
 	}
-	return pgx.BeginFunc(ctx, s.pool, fn)
+	opts := pgx.TxOptions{}
+	if readOnly {
+		opts.AccessMode = pgx.ReadOnly
+	}
+	return pgx.BeginTxFunc(ctx, s.pool, opts, fn)
 }
 
 // SkipsLocked implements txlimit.Store: PostgreSQL has FOR UPDATE SKIP

@@ -131,15 +131,21 @@ func clock(now *time.Time) time.Time {
 	return time.UnixMicro(time.Now().UnixMicro())
 }
 
-// InTx implements txlimit.Store. The transaction is begun with db.BeginTx
-// and default options, so the DSN's _txlock decides whether it is IMMEDIATE.
-// It is rolled back when fn returns an error or panics (the panic then
-// continues) and committed otherwise.
-func (s *Store) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+// InTx implements txlimit.Store. A transaction that will write is begun
+// with default options, so the DSN's _txlock decides whether it is
+// IMMEDIATE; one that only reads (Check, Value) is begun read-only, which
+// modernc.org/sqlite begins without taking the write lock. It is rolled back
+// when fn returns an error or panics (the panic then continues) and
+// committed otherwise.
+func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
 	if s.db == nil {
 		return txlimit.ErrNoPool
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	var opts *sql.TxOptions
+	if readOnly {
+		opts = &sql.TxOptions{ReadOnly: true}
+	}
+	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
 		return wrap("begin", err)
 	}

@@ -61,7 +61,7 @@ func requireBusy(t *testing.T, err error) {
 // inTx runs fn in a transaction of store and fails the test on error.
 func inTx(t *testing.T, s *sqlitestore.Store, fn func(tx *sql.Tx)) {
 	t.Helper()
-	require.NoError(t, s.InTx(context.Background(), func(tx *sql.Tx) error { fn(tx); return nil }))
+	require.NoError(t, s.InTx(context.Background(), false, func(tx *sql.Tx) error { fn(tx); return nil }))
 }
 
 func TestRoundTrip(t *testing.T) {
@@ -110,7 +110,7 @@ func TestRoundTrip(t *testing.T) {
 	// ts is INTEGER microseconds and value REAL, as the migration says.
 	var tsType, valueType string
 	var tsRaw int64
-	require.NoError(t, s.InTx(ctx, func(tx *sql.Tx) error {
+	require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
 		return tx.QueryRow(`SELECT typeof(ts), typeof(value), ts FROM txlimit WHERE shard = 0`).Scan(&tsType, &valueType, &tsRaw)
 	}))
 	require.Equal(t, "integer", tsType)
@@ -218,7 +218,7 @@ func TestInTx(t *testing.T) {
 	ctx := context.Background()
 	s := sqlitestore.New(openDB(t, recommended))
 	count := func() (n int) {
-		require.NoError(t, s.InTx(ctx, func(tx *sql.Tx) error {
+		require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
 			return tx.QueryRow(`SELECT count(*) FROM txlimit`).Scan(&n)
 		}))
 		return n
@@ -231,16 +231,16 @@ func TestInTx(t *testing.T) {
 	require.Equal(t, 1, count())
 
 	boom := errors.New("boom")
-	err := s.InTx(ctx, func(tx *sql.Tx) error { insert(tx, "error"); return boom })
+	err := s.InTx(ctx, false, func(tx *sql.Tx) error { insert(tx, "error"); return boom })
 	require.ErrorIs(t, err, boom)
 	require.Equal(t, 1, count(), "an error rolls back")
 
 	require.PanicsWithValue(t, "panic", func() {
-		_ = s.InTx(ctx, func(tx *sql.Tx) error { insert(tx, "panic"); panic("panic") })
+		_ = s.InTx(ctx, false, func(tx *sql.Tx) error { insert(tx, "panic"); panic("panic") })
 	})
 	require.Equal(t, 1, count(), "a panic rolls back")
 
-	err = sqlitestore.New(nil).InTx(ctx, func(*sql.Tx) error { t.Fatal("fn called without a database"); return nil })
+	err = sqlitestore.New(nil).InTx(ctx, false, func(*sql.Tx) error { t.Fatal("fn called without a database"); return nil })
 	require.ErrorIs(t, err, txlimit.ErrNoPool)
 }
 
