@@ -1,0 +1,98 @@
+// Package txlimit provides rate limits whose state lives in the application's
+// own SQL database (PostgreSQL or SQLite) and is checked and consumed inside
+// the caller's transaction.
+//
+// Call LimitTx in the same transaction as the work the limit protects:
+//
+//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		res, err := limiter.LimitTx(ctx, tx, "sendMessage", userID)
+//		if err != nil {
+//			return err // bad input, or the database failed
+//		}
+//		if err := res.Err(); err != nil {
+//			return err // *RateLimitedError, errors.Is(err, ErrRateLimited)
+//		}
+//		_, err = tx.Exec(ctx, "INSERT INTO messages (user_id, body) VALUES ($1, $2)", userID, body)
+//		return err
+//	})
+//
+// If the transaction rolls back, the tokens come back; if it commits, they
+// are spent. There is no second system (a Redis counter) whose state can drift
+// from the data it guards.
+//
+// # Limits
+//
+// A limit has a name, configured once with New (or inline with WithConfig),
+// and is applied per key: a user ID, an API key, an IP address; the empty key
+// is one global limit for the name. Two kinds:
+//
+//   - TokenBucket adds Rate tokens per Period continuously, up to Capacity.
+//     Smooth; Capacity above Rate allows bursts after idle time.
+//   - FixedWindow adds Rate tokens at the start of each window of Period, up to
+//     Capacity. Windows align to Config.Start, or, when it is zero, to an
+//     offset derived from a hash of the name and key, so that the resets of
+//     many keys do not all fall on the same instant.
+//
+// A call consumes Count tokens (default 1). When they are there, the result is
+// OK. When they are not, the result is a denial with RetryAfter, the time until
+// the same request would succeed, and nothing is written. A count that could
+// never succeed (above Capacity) is an *InvalidError, not a denial.
+//
+// # Reservations
+//
+// With the Reserve option a call that lacks tokens takes them anyway, into
+// debt: the result is OK with RetryAfter > 0, meaning the tokens are yours and
+// the work should run after RetryAfter without checking the limit again.
+// Schedule the work (a job queue row, for example a River job with
+// ScheduledAt) in the same transaction, so that the reservation and the job
+// commit or roll back together. Config.MaxReserved caps the debt; Credit gives
+// back the tokens of work that was cancelled. A reservation is never an error:
+// Result.Err is nil for it.
+//
+// # Transactions and locks
+//
+// Every operation X has a form XTx that runs in a transaction the caller owns,
+// and a form X that runs in a short transaction of its own on the store's pool
+// (or database). LimitTx locks the limit's row (SELECT … FOR UPDATE on
+// PostgreSQL) until the caller's transaction ends: two transactions cannot both
+// spend the same tokens, and a limit that many transactions share serializes
+// them. Keep such transactions short, or give the limit Shards: a sharded limit
+// keeps its tokens in several rows, and a call takes a row no other
+// transaction holds (FOR UPDATE SKIP LOCKED), falling back to all rows, locked
+// in order, when one row alone lacks the tokens. Across all shards never more
+// is admitted than one unsharded limit of the same configuration would admit.
+//
+// On PostgreSQL LimitTx works under READ COMMITTED. Under REPEATABLE READ or
+// SERIALIZABLE a concurrent update of the same limit makes the database
+// return a serialization failure (SQLSTATE 40001), which is retryable: run
+// the whole transaction again. It never admits wrongly.
+//
+// # Time
+//
+// Each call reads one clock once. By default it is the database server's
+// (clock_timestamp() on PostgreSQL; the process clock for SQLite, which has no
+// server), so application servers with skewed clocks agree. Options.Clock
+// replaces it, for tests. State is kept at microsecond precision. A clock
+// that steps backwards adds no tokens, and the time it went back is never
+// credited twice.
+//
+// # Stores
+//
+// A Limiter is generic over the store's transaction type and is built from a
+// store: pgstore.New(pool) for pgx (TTx is pgx.Tx), sqlitestore.New(db) for
+// database/sql on SQLite (TTx is *sql.Tx). The schema is a goose migration in
+// package migrations, which the application runs at setup with
+// migrations.Up.
+//
+// # Errors
+//
+// A denial is not an error: LimitTx returns a Result with OK false, and
+// Result.Err converts it to a *RateLimitedError for code that prefers errors.
+// Errors returned by the methods are bad input (*InvalidError, which names the
+// field and the fix; nothing was written) or the database's own, returned as
+// the driver returns them so that callers can classify them (pgconn.PgError
+// and its SQLSTATE, context errors). After an error inside a caller's
+// transaction, roll that transaction back.
+package txlimit
+
+//go:generate bash scripts/sqlc.sh generate
