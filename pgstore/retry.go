@@ -1,0 +1,49 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Retryable reports whether err, returned inside a transaction (by LimitTx or
+// any other statement before COMMIT), means that running the whole
+// transaction again from BEGIN is safe and may succeed:
+//
+//   - serialization failure (40001) under REPEATABLE READ or SERIALIZABLE,
+//     and deadlock (40P01);
+//   - lock_timeout (55P03) or statement_timeout (57014) hit while waiting
+//     for a busy limit;
+//   - the connection lost or the server shutting down or restarting (class
+//     08, 57P01–57P03, 53300 too many connections, a network error, or an
+//     error pgx reports as sent before anything reached the server).
+//
+// The transaction did not commit in any of these cases, so no token was
+// spent. Context cancellation and deadlines are not retryable: the caller
+// gave up. Bad input (txlimit.ErrInvalid) is not retryable.
+//
+// An error from COMMIT itself on a lost connection is different: the commit
+// may or may not have happened, and neither pgx nor txlimit can tell. Retry
+// such a transaction only when the business write is idempotent.
+func Retryable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "53300":
+			return true
+		}
+		return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08"
+	}
+	if pgconn.SafeToRetry(err) {
+		return true
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed)
+}
