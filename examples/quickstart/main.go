@@ -88,7 +88,7 @@ func run(ctx context.Context, w io.Writer) error {
 	fmt.Fprintf(w, "Limit %q: 3 messages per minute per user, bursts of up to 3 (token bucket).\n", limit)
 	fmt.Fprintf(w, "The limiter's clock stands at %s UTC and moves only when told to.\n\n", now.Format(time.DateTime))
 
-	fmt.Fprintln(w, "alice sends 4 messages at once; each send is one transaction:")
+	fmt.Fprintln(w, "alice sends 4 messages in a row; each send is one transaction:")
 	for i := 1; i <= 4; i++ {
 		res, err := send(ctx, db, limiter, "alice", fmt.Sprintf("hello %d", i))
 		if err != nil {

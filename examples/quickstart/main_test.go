@@ -14,7 +14,7 @@ import (
 const want = `Limit "sendMessage": 3 messages per minute per user, bursts of up to 3 (token bucket).
 The limiter's clock stands at 2026-03-01 12:00:00 UTC and moves only when told to.
 
-alice sends 4 messages at once; each send is one transaction:
+alice sends 4 messages in a row; each send is one transaction:
   message 1 sent, 2 tokens left
   message 2 sent, 1 token left
   message 3 sent, 0 tokens left
