@@ -1,0 +1,94 @@
+package migrations_test
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+	_ "modernc.org/sqlite"
+
+	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/migrations"
+)
+
+func sqliteDB(t *testing.T) *sql.DB {
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "m.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func postgresDB(t *testing.T) *sql.DB {
+	// A fresh schema with no migrations: testdb.Schema migrates, so build
+	// one by hand here.
+	schema := testdb.Schema(t)
+	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
+	_, err := pool.Exec(context.Background(), "DROP TABLE txlimit; DROP TABLE "+migrations.VersionTable)
+	require.NoError(t, err)
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func TestUpDownAndVersionTable(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		dialect migrations.Dialect
+		open    func(*testing.T) *sql.DB
+		goose   goose.Dialect
+	}{
+		{migrations.SQLite, sqliteDB, goose.DialectSQLite3},
+		{migrations.Postgres, postgresDB, goose.DialectPostgres},
+	} {
+		t.Run(string(tc.dialect), func(t *testing.T) {
+			db := tc.open(t)
+			// The application's own goose history, in goose's default table.
+			_, err := db.ExecContext(ctx, "CREATE TABLE goose_db_version (id integer, version_id bigint, is_applied boolean)")
+			require.NoError(t, err)
+
+			require.NoError(t, migrations.Up(ctx, db, tc.dialect))
+			require.NoError(t, migrations.Up(ctx, db, tc.dialect), "Up is idempotent")
+			_, err = db.ExecContext(ctx, "INSERT INTO txlimit (name, key, shard, value, ts) VALUES ('n', 'k', 0, 1, 0)")
+			if tc.dialect == migrations.Postgres {
+				_, err = db.ExecContext(ctx, "INSERT INTO txlimit (name, key, shard, value, ts) VALUES ('n', 'k', 0, 1, now())")
+			}
+			require.NoError(t, err)
+			var n int
+			require.NoError(t, db.QueryRowContext(ctx, "SELECT count(*) FROM goose_db_version").Scan(&n))
+			require.Zero(t, n, "the application's goose table is untouched")
+
+			p, err := migrations.Provider(db, tc.dialect)
+			require.NoError(t, err)
+			v, err := p.GetDBVersion(ctx)
+			require.NoError(t, err)
+			require.EqualValues(t, 1, v)
+			_, err = p.DownTo(ctx, 0)
+			require.NoError(t, err)
+			_, err = db.ExecContext(ctx, "SELECT 1 FROM txlimit")
+			require.Error(t, err, "down drops the table")
+
+			// The files work as plain goose migrations in the app's history.
+			fsys, err := migrations.FS(tc.dialect)
+			require.NoError(t, err)
+			_, err = db.ExecContext(ctx, "DROP TABLE goose_db_version")
+			require.NoError(t, err)
+			plain, err := goose.NewProvider(tc.goose, db, fsys)
+			require.NoError(t, err)
+			_, err = plain.Up(ctx)
+			require.NoError(t, err)
+			_, err = db.ExecContext(ctx, "SELECT 1 FROM txlimit")
+			require.NoError(t, err)
+		})
+	}
+}
+
+func TestUnknownDialect(t *testing.T) {
+	_, err := migrations.FS("mysql")
+	require.ErrorContains(t, err, "migrations.Postgres or migrations.SQLite")
+	require.Error(t, migrations.Up(context.Background(), sqliteDB(t), "mysql"))
+}
