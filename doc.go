@@ -62,6 +62,16 @@
 // in order, when one row alone lacks the tokens. Across all shards never more
 // is admitted than one unsharded limit of the same configuration would admit.
 //
+// Locks taken by LimitTx are the caller's transaction's own locks, and the
+// usual rule for row locks applies: two transactions that lock the same rows
+// in different orders can deadlock (PostgreSQL detects it after
+// deadlock_timeout and aborts one with SQLSTATE 40P01, retryable). Within one
+// call txlimit always locks in one canonical order. Across calls in one
+// transaction, the order is the caller's: to consume several limits, or the
+// same sharded limit several times, in one transaction, use a single call
+// (Count(n) for n tokens of one limit) rather than a sequence of calls in
+// varying orders.
+//
 // On PostgreSQL LimitTx works under READ COMMITTED. Under REPEATABLE READ or
 // SERIALIZABLE a concurrent update of the same limit makes the database
 // return a serialization failure (SQLSTATE 40001), which is retryable: run
