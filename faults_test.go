@@ -46,6 +46,11 @@ func newFaultEnv(t *testing.T, maxConns int32) faultEnv {
 // acquired and no lock held on the txlimit table by anyone.
 func (e faultEnv) settled(t *testing.T) {
 	t.Helper()
+	// pgxpool releases a connection that died with its context in the
+	// background; wait for that event rather than for a fixed time.
+	for i := 0; i < 500 && e.pool.Stat().AcquiredConns() > 0; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
 	require.Zero(t, e.pool.Stat().AcquiredConns(), "connections still acquired")
 	var locks int
 	require.NoError(t, e.admin.QueryRow(context.Background(),
