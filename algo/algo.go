@@ -77,17 +77,18 @@ func Full(c Config, origin int64) State {
 
 // Project advances s to now without consuming anything. Time running
 // backwards (now before s.TS) adds nothing and never moves TS back, so no
-// stretch of time is ever credited twice.
+// stretch of time is ever credited twice. The value is capped at Capacity
+// even when no time has passed (a row written under a larger capacity).
 func Project(c Config, s State, now int64) State {
 	elapsed := now - s.TS
 	if elapsed <= 0 {
-		return s
+		return State{Value: math.Min(s.Value, c.Capacity), TS: s.TS}
 	}
 	switch c.Kind {
 	case FixedWindow:
 		windows := elapsed / c.Period
 		if windows == 0 {
-			return s
+			return State{Value: math.Min(s.Value, c.Capacity), TS: s.TS}
 		}
 		v := s.Value + c.Rate*float64(windows)
 		return State{Value: math.Min(v, c.Capacity), TS: s.TS + windows*c.Period}
@@ -121,16 +122,20 @@ func TakeShards(c Config, states []State, now int64, count float64, reserve bool
 	pooled, ts := pool(c, states, now)
 	left := pooled - count
 	tol := tolerance(c) * n
-	switch {
-	case left >= -tol:
-		return spread(len(states), max(left, 0), ts), Decision{OK: true}
-	case reserve && (c.MaxReserved == 0 || -left <= c.MaxReserved*n+tol):
-		next := spread(len(states), left, ts)
-		return next, Decision{OK: true, RetryAfter: RetryAfter(c, next[0], now)}
-	}
+	// target is what the pooled value must reach for a grant (as a
+	// reservation, when reserving). The tests below are written exactly as
+	// timeUntil's, so that a denial never gets a RetryAfter of 0 from a
+	// rounding difference at the edge of the tolerance.
 	target := count
 	if reserve {
 		target -= c.MaxReserved * n
+	}
+	switch {
+	case left >= -tol:
+		return spread(len(states), max(left, 0), ts), Decision{OK: true}
+	case reserve && (c.MaxReserved == 0 || pooled-target >= -tol):
+		next := spread(len(states), left, ts)
+		return next, Decision{OK: true, RetryAfter: RetryAfter(c, next[0], now)}
 	}
 	return states, Decision{RetryAfter: timeUntil(c, states, now, target)}
 }
@@ -183,7 +188,7 @@ func RetryAfter(c Config, p State, now int64) int64 {
 // target must not exceed the pooled capacity.
 func timeUntil(c Config, states []State, now int64, target float64) int64 {
 	pooled, ts := pool(c, states, now)
-	if pooled >= target-tolerance(c)*float64(len(states)) {
+	if pooled-target >= -(tolerance(c) * float64(len(states))) {
 		return 0
 	}
 	// refill is the smallest amount x such that every shard, given x more
@@ -212,8 +217,13 @@ func timeUntil(c Config, states []State, now int64, target float64) int64 {
 	}
 	switch c.Kind {
 	case FixedWindow:
-		windows := math.Ceil(refill/c.Rate - 1e-12)
-		return clampDuration(float64(ts) + float64(c.Period)*windows - float64(now))
+		// The pooled value is short by more than the tolerance here, so at
+		// least one window is needed. Rounding may leave half a tolerance
+		// per shard short (an epsilon relative to refill/Rate instead can
+		// exceed the tolerance when Rate is far above Capacity).
+		windows := math.Max(1, math.Ceil((refill-tolerance(c)/2)/c.Rate))
+		// ts-now in int64: instants beyond 2^53 µs do not survive float64.
+		return clampDuration(float64(ts-now) + float64(c.Period)*windows)
 	default:
 		// Refill resumes only once now passes ts (a clock that stepped back).
 		ahead := float64(max(ts-now, 0))
