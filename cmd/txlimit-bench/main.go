@@ -1,0 +1,204 @@
+// Command txlimit-bench measures txlimit's LimitTx against the SQL it
+// replaces, the hand-written floor (BEGIN; SELECT value, ts … FOR UPDATE;
+// UPDATE; COMMIT), in one run on one PostgreSQL database, and on a SQLite
+// file:
+//
+//	go run ./cmd/txlimit-bench -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' -out docs/bench
+//
+// It needs only the DSN: it creates a schema of its own (txlimit_bench_…),
+// runs txlimit's migrations and the floor's table into it, and drops it at
+// the end. For every client count (-clients, default 1, 8 and 32; each client
+// a goroutine with its own connection from a pool of that size) it measures
+// three scenarios, txlimit and the floor alike:
+//
+//   - distinct: each client consumes its own key;
+//   - hot: every client consumes one key;
+//   - hot-shardsN: every client consumes one key spread over N shards
+//     (-shards, default 4, 16 and 64). The floor of these is the hot floor:
+//     the hand-written SQL has one row.
+//
+// Each operation is one transaction that takes one token: for txlimit
+// pgx.BeginFunc around LimitTx, for the floor the four statements above with
+// the token bucket computed in Go. Each cell runs -duration (default 2s)
+// -repeat times (default 3); the repeats of all cells of a client count are
+// interleaved, in an order rotated at every repeat, so that a drift of the
+// machine does not bias a ratio, and every number reported is the median of
+// the repeats. With -sqlite (default on) the same is done for distinct and hot
+// on a WAL file in a temporary directory, at 1 and 8 clients.
+//
+// The output is a table (ops/s, p50 and p99 latency, the ratio to the floor
+// of the same scenario and client count, and for the hot scenarios the ratio
+// to txlimit on distinct keys at the same client count), and with -out the
+// same as results.csv, results.json and results.svg in that directory.
+//
+// # Admission checks
+//
+// A fast wrong answer must not pass, so the command counts what it admits and
+// checks it against the limit:
+//
+//   - every timed run uses a limit of capacity 1e9 refilled at 1 token an
+//     hour on the real clock, so every operation must be admitted, and after
+//     the run the tokens left must be capacity - admitted, plus at most the
+//     refill of the time elapsed (a lost update would leave more);
+//   - on a frozen clock, with a capacity of 100 and clients that call until
+//     they are denied, exactly 100 must be admitted per key;
+//   - on the real clock, with a capacity of 128 refilled at 256 tokens a
+//     second and clients that call for a while, capacity <= admitted <=
+//     capacity + rate * elapsed.
+//
+// The last two run for every scenario, txlimit and floor, at the largest
+// client count. Each check is printed; when one fails the command exits with
+// status 1 (after writing its files, so that they show the failure).
+//
+// -quick is a smoke run of well under 30 s: short cells, one repeat.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/txlimit/txlimit"
+)
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "txlimit-bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	_, err = run(ctx, cfg, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "txlimit-bench:", err)
+		os.Exit(1)
+	}
+}
+
+// config is what the flags set.
+type config struct {
+	DSN           string
+	SQLite        bool
+	Duration      time.Duration // of one timed cell
+	Repeats       int
+	Clients       []int // PostgreSQL client counts
+	SQLiteClients []int
+	Shards        []int
+	Out           string // directory for results.{csv,json,svg}; "" writes none
+	Quick         bool
+	// CheckDuration is how long each real-clock admission check runs.
+	CheckDuration time.Duration
+	// Command is the command line, recorded in the results.
+	Command string
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("txlimit-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		cfg                          config
+		clients, sqliteClients, shds string
+	)
+	fs.StringVar(&cfg.DSN, "dsn", "", "PostgreSQL connection string (required), e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	fs.BoolVar(&cfg.SQLite, "sqlite", true, "also measure SQLite, on a WAL file in a temporary directory")
+	fs.DurationVar(&cfg.Duration, "duration", 2*time.Second, "how long each timed cell runs")
+	fs.IntVar(&cfg.Repeats, "repeat", 3, "how many times each cell runs; the median is reported")
+	fs.StringVar(&clients, "clients", "1,8,32", "PostgreSQL client counts, comma-separated")
+	fs.StringVar(&sqliteClients, "sqlite-clients", "1,8", "SQLite client counts, comma-separated")
+	fs.StringVar(&shds, "shards", "4,16,64", "shard counts of the hot-shards scenarios, comma-separated")
+	fs.StringVar(&cfg.Out, "out", "", "write results.csv, results.json and results.svg to this directory")
+	fs.BoolVar(&cfg.Quick, "quick", false, "smoke run: 250ms cells, one repeat (well under 30s in all)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: txlimit-bench -dsn postgres://... [-sqlite] [-duration 2s] [-repeat 3] [-out docs/bench] [-quick]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected argument %q; every setting is a flag (see -h)", fs.Arg(0))
+	}
+	var err error
+	if cfg.Clients, err = parseCounts("-clients", clients, 1, 512); err != nil {
+		return config{}, err
+	}
+	if cfg.SQLiteClients, err = parseCounts("-sqlite-clients", sqliteClients, 1, 512); err != nil {
+		return config{}, err
+	}
+	if cfg.Shards, err = parseCounts("-shards", shds, 2, txlimit.MaxShards); err != nil {
+		return config{}, err
+	}
+	cfg.Command = "txlimit-bench " + strings.Join(redactDSN(args), " ")
+	cfg.CheckDuration = time.Second
+	if cfg.Quick {
+		cfg.Duration = 250 * time.Millisecond
+		cfg.Repeats = 1
+		cfg.CheckDuration = 250 * time.Millisecond
+	}
+	return cfg, cfg.validate()
+}
+
+func (c config) validate() error {
+	switch {
+	case c.DSN == "":
+		return errors.New("-dsn is required, e.g. -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'")
+	case c.Duration <= 0:
+		return fmt.Errorf("-duration must be > 0, got %v", c.Duration)
+	case c.Repeats < 1:
+		return fmt.Errorf("-repeat must be at least 1, got %d", c.Repeats)
+	case len(c.Clients) == 0:
+		return errors.New("-clients needs at least one client count, e.g. -clients 1,8,32")
+	case c.SQLite && len(c.SQLiteClients) == 0:
+		return errors.New("-sqlite-clients needs at least one client count, e.g. -sqlite-clients 1,8 (or pass -sqlite=false)")
+	}
+	return nil
+}
+
+// parseCounts parses a comma-separated list of integers in [lo, hi], sorted
+// and without duplicates.
+func parseCounts(flagName, s string, lo, hi int) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < lo || n > hi {
+			return nil, fmt.Errorf("%s: %q is not a whole number between %d and %d", flagName, f, lo, hi)
+		}
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// redactDSN hides the value of -dsn, which may hold a password, from the
+// command line recorded in the results.
+func redactDSN(args []string) []string {
+	out := slices.Clone(args)
+	for i, a := range out {
+		switch {
+		case a == "-dsn" || a == "--dsn":
+			if i+1 < len(out) {
+				out[i+1] = "…"
+			}
+		case strings.HasPrefix(a, "-dsn=") || strings.HasPrefix(a, "--dsn="):
+			out[i] = a[:strings.IndexByte(a, '=')+1] + "…"
+		}
+	}
+	return out
+}

@@ -1,0 +1,367 @@
+package main
+
+import (
+	"bytes"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"html"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Row is one measured cell: the medians of its runs.
+type Row struct {
+	DB        string  `json:"db"`
+	Scenario  string  `json:"scenario"`
+	Impl      string  `json:"impl"`
+	Shards    int     `json:"shards"`
+	Clients   int     `json:"clients"`
+	OpsPerSec float64 `json:"ops_per_sec"`
+	P50Ms     float64 `json:"p50_ms"`
+	P99Ms     float64 `json:"p99_ms"`
+	// VsFloor is txlimit's throughput over the floor's, same scenario (the
+	// hot floor for hot-shards) and client count. 0 for the floor itself.
+	VsFloor float64 `json:"vs_floor,omitempty"`
+	// VsDistinct is, for txlimit on a hot key, its throughput over
+	// txlimit's on distinct keys at the same client count.
+	VsDistinct float64 `json:"vs_distinct,omitempty"`
+	// RoundTrips is the queries and batches sent per call, BEGIN and
+	// COMMIT included (PostgreSQL only).
+	RoundTrips float64 `json:"round_trips_per_op,omitempty"`
+	// Fallback is the share of calls on a sharded limit whose fast path
+	// gave up its shard and locked every shard instead.
+	Fallback float64   `json:"fallback_share"`
+	Runs     []float64 `json:"runs_ops_per_sec"`
+}
+
+// Target is one of the issue's goals, evaluated.
+type Target struct {
+	Name string  `json:"name"`
+	Want float64 `json:"want_ratio"`
+	Got  float64 `json:"got_ratio"`
+	Met  bool    `json:"met"`
+}
+
+// Report is everything one run of the command measured.
+type Report struct {
+	Generated time.Time `json:"generated"`
+	Command   string    `json:"command"`
+	Go        string    `json:"go"`
+	Platform  string    `json:"platform"`
+	CPUs      int       `json:"cpus"`
+	Postgres  string    `json:"postgres"`
+	SQLite    string    `json:"sqlite,omitempty"`
+	Duration  string    `json:"duration_per_run"`
+	Repeats   int       `json:"repeats"`
+	LoadStart string    `json:"loadavg_start,omitempty"`
+	LoadEnd   string    `json:"loadavg_end,omitempty"`
+	Rows      []Row     `json:"rows"`
+	Targets   []Target  `json:"targets"`
+	Checks    []check   `json:"checks"`
+
+	schema string // the PostgreSQL schema the run used (and dropped)
+}
+
+func (r *Report) checksOK() bool {
+	for _, c := range r.Checks {
+		if !c.OK {
+			return false
+		}
+	}
+	return true
+}
+
+func ratio(f float64) string {
+	if f == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.2fx", f)
+}
+
+func share(r Row) string {
+	if r.Shards <= 1 || r.DB != "postgres" {
+		return ""
+	}
+	return fmt.Sprintf("%.0f%%", 100*r.Fallback)
+}
+
+func roundTrips(r Row) string {
+	if r.RoundTrips == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.2f", r.RoundTrips)
+}
+
+// spread is how far apart the runs of a row were, relative to the median.
+func spread(r Row) string {
+	if len(r.Runs) < 2 || r.OpsPerSec == 0 {
+		return ""
+	}
+	return fmt.Sprintf("±%.0f%%", 50*(slices.Max(r.Runs)-slices.Min(r.Runs))/r.OpsPerSec)
+}
+
+func writeTable(w io.Writer, rep *Report) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "db\tscenario\timpl\tclients\tops/s\tspread\tp50 ms\tp99 ms\tvs floor\tvs distinct\trt/op\tfallback\t")
+	for _, r := range rep.Rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t%s\t\n",
+			r.DB, r.Scenario, r.Impl, r.Clients, r.OpsPerSec, spread(r), r.P50Ms, r.P99Ms,
+			ratio(r.VsFloor), ratio(r.VsDistinct), roundTrips(r), share(r))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nvs floor: txlimit / the hand-written floor, same scenario (hot floor for hot-shards) and clients.")
+	fmt.Fprintln(w, "vs distinct: txlimit on the hot key / txlimit on distinct keys, same clients.")
+	fmt.Fprintln(w, "spread: half the range of the runs over the median. rt/op: queries + batches sent per call, BEGIN and COMMIT included.")
+	fmt.Fprintln(w, "fallback: share of calls whose fast path gave its shard back and locked every shard.")
+	if rep.LoadStart != "" {
+		fmt.Fprintf(w, "load average: %s at the start, %s at the end (%d CPUs)\n", rep.LoadStart, rep.LoadEnd, rep.CPUs)
+	}
+
+	failed := 0
+	for _, c := range rep.Checks {
+		if !c.OK {
+			failed++
+			fmt.Fprintf(w, "CHECK FAILED %s: %s\n", c.Name, c.Detail)
+		}
+	}
+	fmt.Fprintf(w, "\nadmission checks: %d passed, %d failed\n", len(rep.Checks)-failed, failed)
+	if len(rep.Targets) > 0 {
+		fmt.Fprintln(w, "\ntargets:")
+		for _, t := range rep.Targets {
+			verdict := "met"
+			if !t.Met {
+				verdict = "NOT met"
+			}
+			fmt.Fprintf(w, "  %s: %.2fx, %s\n", t.Name, t.Got, verdict)
+		}
+	}
+}
+
+// write writes results.csv, results.json and results.svg into dir.
+func (r *Report) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var c bytes.Buffer
+	if err := r.csv(&c); err != nil {
+		return err
+	}
+	j, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{
+		"results.csv":  c.Bytes(),
+		"results.json": append(j, '\n'),
+		"results.svg":  []byte(r.svg()),
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Report) csv(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	f := func(v float64, prec int) string {
+		if v == 0 {
+			return ""
+		}
+		return strconv.FormatFloat(v, 'f', prec, 64)
+	}
+	_ = cw.Write([]string{"db", "scenario", "impl", "shards", "clients", "ops_per_sec", "p50_ms", "p99_ms",
+		"vs_floor", "vs_distinct", "round_trips_per_op", "fallback_share", "runs_ops_per_sec"})
+	for _, row := range r.Rows {
+		runs := make([]string, len(row.Runs))
+		for i, v := range row.Runs {
+			runs[i] = strconv.FormatFloat(v, 'f', 0, 64)
+		}
+		fallback := ""
+		if row.Shards > 1 && row.DB == "postgres" {
+			fallback = strconv.FormatFloat(row.Fallback, 'f', 3, 64)
+		}
+		_ = cw.Write([]string{row.DB, row.Scenario, row.Impl, strconv.Itoa(row.Shards), strconv.Itoa(row.Clients),
+			strconv.FormatFloat(row.OpsPerSec, 'f', 0, 64), f(row.P50Ms, 3), f(row.P99Ms, 3),
+			f(row.VsFloor, 3), f(row.VsDistinct, 3), f(row.RoundTrips, 2), fallback, strings.Join(runs, ";")})
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// The chart: one panel per database, a group of bars per scenario and
+// implementation, one bar per client count.
+const (
+	svgWidth    = 1000
+	panelHeight = 340
+	plotLeft    = 80
+	plotRight   = 20
+	plotTop     = 50
+	plotBottom  = 70
+)
+
+var barColors = []string{"#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948"}
+
+func (r *Report) svg() string {
+	var dbs []string
+	for _, row := range r.Rows {
+		if !slices.Contains(dbs, row.DB) {
+			dbs = append(dbs, row.DB)
+		}
+	}
+	height := panelHeight*len(dbs) + 40
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n",
+		svgWidth, height, svgWidth, height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="16" font-weight="bold">%s</text>`+"\n", plotLeft,
+		html.EscapeString(fmt.Sprintf("txlimit LimitTx vs the hand-written floor: ops/s, %s", runsOf(r.Repeats, r.Duration))))
+	for i, db := range dbs {
+		r.panel(&b, db, 40+i*panelHeight)
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+// panel draws the bars of one database with its top edge at y0.
+func (r *Report) panel(b *strings.Builder, db string, y0 int) {
+	type group struct{ scenario, impl string }
+	var groups []group
+	var clients []int
+	peak := 0.0
+	values := map[group]map[int]float64{}
+	for _, row := range r.Rows {
+		if row.DB != db {
+			continue
+		}
+		g := group{row.Scenario, row.Impl}
+		if values[g] == nil {
+			values[g] = map[int]float64{}
+			groups = append(groups, g)
+		}
+		values[g][row.Clients] = row.OpsPerSec
+		if !slices.Contains(clients, row.Clients) {
+			clients = append(clients, row.Clients)
+		}
+		peak = max(peak, row.OpsPerSec)
+	}
+	// Order the groups as the table does: scenarios, floor before txlimit.
+	order := func(g group) int {
+		switch {
+		case g.scenario == "distinct":
+			return 0
+		case g.scenario == "hot":
+			return 1
+		}
+		n, _ := strconv.Atoi(strings.TrimPrefix(g.scenario, "hot-shards"))
+		return 2 + n
+	}
+	slices.SortStableFunc(groups, func(a, c group) int {
+		if d := order(a) - order(c); d != 0 {
+			return d
+		}
+		return strings.Compare(a.impl, c.impl)
+	})
+	slices.Sort(clients)
+
+	plotH := panelHeight - plotTop - plotBottom
+	plotW := svgWidth - plotLeft - plotRight
+	base := y0 + plotTop + plotH
+	top := niceCeil(peak)
+	title := "PostgreSQL"
+	if db == "sqlite" {
+		title = "SQLite (WAL file)"
+	}
+	fmt.Fprintf(b, `<text x="%d" y="%d" font-size="14" font-weight="bold">%s</text>`+"\n", plotLeft, y0+plotTop-22, title)
+	// Y axis, grid and ticks.
+	for i := 0; i <= 5; i++ {
+		v := top * float64(i) / 5
+		y := base - int(math.Round(float64(plotH)*float64(i)/5))
+		fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#ddd"/>`+"\n", plotLeft, y, plotLeft+plotW, y)
+		fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", plotLeft-6, y+4, humanInt(v))
+	}
+	fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>`+"\n", plotLeft, base, plotLeft+plotW, base)
+	fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>`+"\n", plotLeft, y0+plotTop, plotLeft, base)
+	fmt.Fprintf(b, `<text transform="translate(%d,%d) rotate(-90)" text-anchor="middle">ops/s (higher is better)</text>`+"\n",
+		18, y0+plotTop+plotH/2)
+	// Bars.
+	if len(groups) == 0 {
+		return
+	}
+	groupW := float64(plotW) / float64(len(groups))
+	barW := groupW * 0.8 / float64(len(clients))
+	for gi, g := range groups {
+		gx := float64(plotLeft) + groupW*float64(gi) + groupW*0.1
+		for ci, n := range clients {
+			v, ok := values[g][n]
+			if !ok {
+				continue
+			}
+			h := 0.0
+			if top > 0 {
+				h = float64(plotH) * v / top
+			}
+			x := gx + barW*float64(ci)
+			fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s</title></rect>`+"\n",
+				x, float64(base)-h, barW-1, h, barColors[ci%len(barColors)],
+				html.EscapeString(fmt.Sprintf("%s %s %s, %d clients: %.0f ops/s", db, g.scenario, g.impl, n, v)))
+			fmt.Fprintf(b, `<text x="%.1f" y="%.1f" font-size="9" text-anchor="middle">%s</text>`+"\n",
+				x+barW/2, float64(base)-h-3, humanInt(v))
+		}
+		cx := gx + groupW*0.4
+		fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", cx, base+16, html.EscapeString(g.scenario))
+		fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle" fill="#555">%s</text>`+"\n", cx, base+30, html.EscapeString(g.impl))
+	}
+	fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle">scenario / implementation</text>`+"\n", plotLeft+plotW/2, base+50)
+	// Legend.
+	lx := plotLeft + plotW - 110*len(clients)
+	for ci, n := range clients {
+		x := lx + ci*110
+		fmt.Fprintf(b, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/>`+"\n", x, y0+plotTop-34, barColors[ci%len(barColors)])
+		label := fmt.Sprintf("%d clients", n)
+		if n == 1 {
+			label = "1 client"
+		}
+		fmt.Fprintf(b, `<text x="%d" y="%d">%s</text>`+"\n", x+16, y0+plotTop-24, label)
+	}
+}
+
+func runsOf(repeats int, d string) string {
+	if repeats == 1 {
+		return "one run of " + d
+	}
+	return fmt.Sprintf("median of %d runs of %s", repeats, d)
+}
+
+// niceCeil rounds v up to 1, 2 or 5 times a power of ten, for the axis.
+func niceCeil(v float64) float64 {
+	if v <= 0 {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if v <= m*p {
+			return m * p
+		}
+	}
+	return 10 * p
+}
+
+func humanInt(v float64) string {
+	switch {
+	case v >= 10000:
+		return fmt.Sprintf("%.0fk", v/1000)
+	case v >= 1000:
+		return fmt.Sprintf("%.1fk", v/1000)
+	}
+	return fmt.Sprintf("%.0f", v)
+}

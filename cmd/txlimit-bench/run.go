@@ -1,0 +1,385 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// errChecks is returned by run when an admission check failed.
+var errChecks = errors.New("an admission check failed: txlimit or the floor admitted a wrong number of calls (see above)")
+
+// scenario is one way of spreading the clients over keys.
+type scenario struct {
+	name   string
+	hot    bool // every client on one key
+	shards int
+}
+
+func (s scenario) keys(clients int) []string {
+	keys := make([]string, clients)
+	for i := range keys {
+		if s.hot {
+			keys[i] = "hot"
+		} else {
+			keys[i] = fmt.Sprintf("client%d", i)
+		}
+	}
+	return keys
+}
+
+// cell is one measured combination.
+type cell struct {
+	db       string // "postgres" or "sqlite"
+	scenario scenario
+	impl     string // "floor" or "txlimit"
+	clients  int
+}
+
+// sample is one run of a cell.
+type sample struct {
+	opsPerSec, p50, p99 float64 // p50 and p99 in ms
+	roundTrips          float64 // per call, BEGIN and COMMIT included; 0 when not traced
+	fallback            float64 // share of calls that fell back to locking every shard
+}
+
+// Limits. The timed runs admit everything; the checks run out on purpose.
+const (
+	timedCapacity = 1e9
+	exactCapacity = 100
+)
+
+var frozenAt = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func timedSpec(name string, shards int) limitSpec {
+	return limitSpec{Name: name, Capacity: timedCapacity, Rate: 1, Period: time.Hour, Shards: shards}
+}
+
+func exactSpec(name string, shards int) limitSpec {
+	return limitSpec{Name: name, Capacity: exactCapacity, Rate: 1, Period: time.Hour, Shards: shards,
+		Clock: func() time.Time { return frozenAt }}
+}
+
+// boundedSpec refills a quarter of its capacity a second. The capacity is
+// small, so that one client on its own key outruns the limit, and at least
+// two tokens a shard, so that the fast path of a sharded limit is taken. The
+// refill is slow enough that the clients outrun it even where the limit is
+// slowest: a sharded limit short of tokens, where every grant locks every
+// shard.
+func boundedSpec(name string, shards int) limitSpec {
+	c := float64(max(8, 2*shards))
+	return limitSpec{Name: name, Capacity: c, Rate: c / 4, Period: time.Second, Shards: shards}
+}
+
+// bench holds the state of one run of the command.
+type bench struct {
+	cfg     config
+	w       io.Writer
+	samples map[cell][]sample
+	order   []cell // cells in the order they were first measured
+	checks  []check
+}
+
+func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
+	b := &bench{cfg: cfg, w: w, samples: map[cell][]sample{}}
+	rep := &Report{
+		Generated: time.Now().UTC().Truncate(time.Second),
+		Command:   cfg.Command,
+		Go:        runtime.Version(),
+		Platform:  runtime.GOOS + "/" + runtime.GOARCH,
+		CPUs:      runtime.NumCPU(),
+		Duration:  cfg.Duration.String(),
+		Repeats:   cfg.Repeats,
+		LoadStart: loadAvg(),
+	}
+
+	env, drop, err := openPostgres(ctx, cfg.DSN)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	rep.Postgres, rep.schema = env.version, env.schema
+	fmt.Fprintf(w, "PostgreSQL: %s\nschema %s (dropped at the end); %v per cell, median of %d interleaved runs\n\n",
+		env.version, env.schema, cfg.Duration, cfg.Repeats)
+	if err := b.postgres(ctx, env); err != nil {
+		return nil, err
+	}
+	if cfg.SQLite {
+		senv, cleanup, err := openSQLite(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer cleanup()
+		rep.SQLite = senv.version
+		fmt.Fprintf(w, "\nSQLite %s: WAL file, BEGIN IMMEDIATE\n\n", senv.version)
+		if err := b.sqlite(ctx, senv); err != nil {
+			return nil, err
+		}
+	}
+	rep.LoadEnd = loadAvg()
+	rep.Rows = b.rows()
+	rep.Checks = b.checks
+	rep.Targets = targets(rep.Rows)
+
+	fmt.Fprintln(w)
+	writeTable(w, rep)
+	if cfg.Out != "" {
+		if err := rep.write(cfg.Out); err != nil {
+			return rep, err
+		}
+		fmt.Fprintf(w, "\nwrote %s\n", strings.Join([]string{
+			filepath.Join(cfg.Out, "results.csv"), filepath.Join(cfg.Out, "results.json"), filepath.Join(cfg.Out, "results.svg"),
+		}, ", "))
+	}
+	if !rep.checksOK() {
+		return rep, errChecks
+	}
+	return rep, nil
+}
+
+func (b *bench) postgres(ctx context.Context, env *pgEnv) error {
+	scenarios := []scenario{{name: "distinct", shards: 1}, {name: "hot", hot: true, shards: 1}}
+	for _, n := range b.cfg.Shards {
+		scenarios = append(scenarios, scenario{name: fmt.Sprintf("hot-shards%d", n), hot: true, shards: n})
+	}
+	subjects := func(p *pgPool) map[string]subject {
+		return map[string]subject{"floor": pgFloor{p}, "txlimit": pgLimit{p}}
+	}
+	for _, clients := range b.cfg.Clients {
+		p, err := env.pool(ctx, clients)
+		if err != nil {
+			return err
+		}
+		var cells []cell
+		for _, s := range scenarios {
+			if s.shards == 1 {
+				cells = append(cells, cell{"postgres", s, "floor", clients})
+			}
+			cells = append(cells, cell{"postgres", s, "txlimit", clients})
+		}
+		err = b.measure(ctx, cells, subjects(p), p.trace)
+		p.close()
+		if err != nil {
+			return err
+		}
+	}
+	clients := slices.Max(b.cfg.Clients)
+	p, err := env.pool(ctx, clients)
+	if err != nil {
+		return err
+	}
+	defer p.close()
+	return b.checkLimits("postgres", scenarios, clients, subjects(p))
+}
+
+func (b *bench) sqlite(ctx context.Context, env *sqliteEnv) error {
+	scenarios := []scenario{{name: "distinct", shards: 1}, {name: "hot", hot: true, shards: 1}}
+	subjects := map[string]subject{"floor": sqliteFloor{env.db}, "txlimit": sqliteLimit{env.db}}
+	for _, clients := range b.cfg.SQLiteClients {
+		env.db.SetMaxOpenConns(clients)
+		var cells []cell
+		for _, s := range scenarios {
+			cells = append(cells, cell{"sqlite", s, "floor", clients}, cell{"sqlite", s, "txlimit", clients})
+		}
+		if err := b.measure(ctx, cells, subjects, nil); err != nil {
+			return err
+		}
+	}
+	clients := slices.Max(b.cfg.SQLiteClients)
+	env.db.SetMaxOpenConns(clients)
+	return b.checkLimits("sqlite", scenarios, clients, subjects)
+}
+
+// measure runs every cell cfg.Repeats times, the cells of one repeat after
+// another, starting each repeat one cell further on.
+func (b *bench) measure(ctx context.Context, cells []cell, subjects map[string]subject, trace *tracer) error {
+	for r := range b.cfg.Repeats {
+		for i := range cells {
+			c := cells[(i+r)%len(cells)]
+			name := fmt.Sprintf("%s/%s/%s/c%d/r%d", c.db, c.scenario.name, c.impl, c.clients, r)
+			spec := timedSpec(name, c.scenario.shards)
+			var queries, batches, undos int64
+			st, err := drive(ctx, subjects[c.impl], spec, workload{
+				keys:     c.scenario.keys(c.clients),
+				duration: b.cfg.Duration,
+				warmUp:   true,
+				started: func() {
+					if trace != nil {
+						trace.reset()
+					}
+				},
+				finished: func() {
+					if trace != nil {
+						queries, batches, undos = trace.queries.Load(), trace.batches.Load(), trace.undos.Load()
+					}
+				},
+			})
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			s := sample{
+				opsPerSec: st.opsPerSec(),
+				p50:       ms(percentile(st.lat, 0.50)),
+				p99:       ms(percentile(st.lat, 0.99)),
+			}
+			if trace != nil && st.ops > 0 {
+				s.roundTrips = float64(queries+batches) / float64(st.ops)
+				s.fallback = float64(undos) / float64(st.ops)
+			}
+			if _, seen := b.samples[c]; !seen {
+				b.order = append(b.order, c)
+			}
+			b.samples[c] = append(b.samples[c], s)
+			b.checks = append(b.checks, checkAllAdmitted(name, spec, st))
+			fmt.Fprintf(b.w, "  %-8s %-13s %-7s %3d clients  run %d/%d: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms\n",
+				c.db, c.scenario.name, c.impl, c.clients, r+1, b.cfg.Repeats, s.opsPerSec, s.p50, s.p99)
+		}
+	}
+	return nil
+}
+
+// checkLimits runs the two saturating admission checks of every scenario
+// and implementation at the given client count.
+func (b *bench) checkLimits(db string, scenarios []scenario, clients int, subjects map[string]subject) error {
+	ctx := context.Background()
+	for _, s := range scenarios {
+		impls := []string{"txlimit"}
+		if s.shards == 1 {
+			impls = []string{"floor", "txlimit"}
+		}
+		for _, impl := range impls {
+			name := fmt.Sprintf("%s/%s/%s/c%d", db, s.name, impl, clients)
+			spec := exactSpec("exact/"+name, s.shards)
+			st, err := drive(ctx, subjects[impl], spec, workload{keys: s.keys(clients), maxOps: 10 * exactCapacity})
+			if err != nil {
+				return fmt.Errorf("%s: %w", spec.Name, err)
+			}
+			b.addCheck(checkExact(spec.Name, spec, st))
+
+			spec = boundedSpec("bounded/"+name, s.shards)
+			st, err = drive(ctx, subjects[impl], spec, workload{keys: s.keys(clients), duration: b.cfg.CheckDuration, untilDenied: true})
+			if err != nil {
+				return fmt.Errorf("%s: %w", spec.Name, err)
+			}
+			b.addCheck(checkBounded(spec.Name, spec, st))
+		}
+	}
+	return nil
+}
+
+func (b *bench) addCheck(c check) {
+	b.checks = append(b.checks, c)
+	status := "ok  "
+	if !c.OK {
+		status = "FAIL"
+	}
+	fmt.Fprintf(b.w, "  check %s %s: %s\n", status, c.Name, c.Detail)
+}
+
+// rows reduces the samples of every cell to its medians and ratios.
+func (b *bench) rows() []Row {
+	rows := make([]Row, 0, len(b.order))
+	byCell := map[cell]*Row{}
+	for _, c := range b.order {
+		ss := b.samples[c]
+		r := Row{
+			DB: c.db, Scenario: c.scenario.name, Impl: c.impl, Shards: c.scenario.shards, Clients: c.clients,
+			OpsPerSec:  median(ss, func(s sample) float64 { return s.opsPerSec }),
+			P50Ms:      median(ss, func(s sample) float64 { return s.p50 }),
+			P99Ms:      median(ss, func(s sample) float64 { return s.p99 }),
+			RoundTrips: median(ss, func(s sample) float64 { return s.roundTrips }),
+			Fallback:   median(ss, func(s sample) float64 { return s.fallback }),
+		}
+		for _, s := range ss {
+			r.Runs = append(r.Runs, s.opsPerSec)
+		}
+		rows = append(rows, r)
+	}
+	for i := range rows {
+		r := &rows[i]
+		byCell[cell{r.DB, scenario{name: r.Scenario}, r.Impl, r.Clients}] = r
+	}
+	for i := range rows {
+		r := &rows[i]
+		if r.Impl != "txlimit" {
+			continue
+		}
+		floorScenario := r.Scenario
+		if strings.HasPrefix(floorScenario, "hot") {
+			floorScenario = "hot"
+		}
+		if f := byCell[cell{r.DB, scenario{name: floorScenario}, "floor", r.Clients}]; f != nil && f.OpsPerSec > 0 {
+			r.VsFloor = r.OpsPerSec / f.OpsPerSec
+		}
+		if r.Scenario != "distinct" {
+			if d := byCell[cell{r.DB, scenario{name: "distinct"}, "txlimit", r.Clients}]; d != nil && d.OpsPerSec > 0 {
+				r.VsDistinct = r.OpsPerSec / d.OpsPerSec
+			}
+		}
+	}
+	slices.SortStableFunc(rows, func(a, b Row) int {
+		if a.DB != b.DB {
+			return strings.Compare(a.DB, b.DB) // postgres, then sqlite
+		}
+		return a.Clients - b.Clients
+	})
+	return rows
+}
+
+func median(ss []sample, f func(sample) float64) float64 {
+	v := make([]float64, len(ss))
+	for i, s := range ss {
+		v[i] = f(s)
+	}
+	slices.Sort(v)
+	if len(v) == 0 {
+		return 0
+	}
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// targets evaluates the goals against the rows that exist.
+func targets(rows []Row) []Target {
+	var out []Target
+	for _, r := range rows {
+		switch {
+		case r.DB == "postgres" && r.Impl == "txlimit" && r.Scenario == "distinct":
+			out = append(out, Target{
+				Name: fmt.Sprintf("postgres distinct keys, %d clients: txlimit >= 0.9x the floor", r.Clients),
+				Want: 0.9, Got: r.VsFloor, Met: r.VsFloor >= 0.9,
+			})
+		case r.DB == "postgres" && r.Impl == "txlimit" && r.Scenario == "hot-shards16" && r.Clients == 32:
+			out = append(out, Target{
+				Name: "postgres hot key over 16 shards, 32 clients: >= 0.8x txlimit on distinct keys",
+				Want: 0.8, Got: r.VsDistinct, Met: r.VsDistinct >= 0.8,
+			})
+		}
+	}
+	return out
+}
+
+// loadAvg is the machine's load average, for the record: other work on the
+// machine moves every number.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}

@@ -1,0 +1,380 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite" // the pure-Go SQLite driver, registered as "sqlite"
+
+	"github.com/txlimit/txlimit/migrations"
+	"github.com/txlimit/txlimit/pgstore"
+	"github.com/txlimit/txlimit/sqlitestore"
+)
+
+// The floor's table has the columns of txlimit's own, keyed by one text.
+const (
+	pgFloorDDL    = `CREATE TABLE floor_table (k text PRIMARY KEY, value double precision NOT NULL, ts timestamptz NOT NULL)`
+	pgFloorInsert = `INSERT INTO floor_table (k, value, ts) VALUES ($1, $2, $3) ON CONFLICT (k) DO NOTHING`
+	pgFloorSelect = `SELECT value, ts FROM floor_table WHERE k = $1 FOR UPDATE`
+	pgFloorUpdate = `UPDATE floor_table SET value = $2, ts = $3 WHERE k = $1`
+
+	sqliteFloorDDL    = `CREATE TABLE floor_table (k TEXT PRIMARY KEY, value REAL NOT NULL, ts INTEGER NOT NULL) WITHOUT ROWID`
+	sqliteFloorInsert = `INSERT INTO floor_table (k, value, ts) VALUES (?, ?, ?) ON CONFLICT (k) DO NOTHING`
+	sqliteFloorSelect = `SELECT value, ts FROM floor_table WHERE k = ?`
+	sqliteFloorUpdate = `UPDATE floor_table SET value = ?, ts = ? WHERE k = ?`
+)
+
+// floorKey is the floor's row of key in a run.
+func floorKey(spec limitSpec, key string) string { return spec.Name + "/" + key }
+
+// --- PostgreSQL ---
+
+// pgEnv is the bench's schema on the PostgreSQL server.
+type pgEnv struct {
+	dsn     string
+	schema  string
+	version string
+}
+
+// openPostgres creates a schema of its own on the server of dsn with
+// txlimit's migrations and the floor's table in it. drop removes it.
+func openPostgres(ctx context.Context, dsn string) (env *pgEnv, drop func(), err error) {
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to -dsn: %w", err)
+	}
+	defer admin.Close(ctx)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	env = &pgEnv{dsn: dsn, schema: "txlimit_bench_" + hex.EncodeToString(b)}
+	if err := admin.QueryRow(ctx, "SELECT version()").Scan(&env.version); err != nil {
+		return nil, nil, err
+	}
+	ident := pgx.Identifier{env.schema}.Sanitize()
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+ident); err != nil {
+		return nil, nil, fmt.Errorf("create schema %s: %w", env.schema, err)
+	}
+	drop = func() {
+		// The run's context may be cancelled by now; the schema goes anyway.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "txlimit-bench: could not drop schema %s: %v\n", env.schema, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+ident+" CASCADE"); err != nil {
+			fmt.Fprintf(os.Stderr, "txlimit-bench: could not drop schema %s: %v\n", env.schema, err)
+		}
+	}
+	pool, err := env.pool(ctx, 2)
+	if err != nil {
+		drop()
+		return nil, nil, err
+	}
+	defer pool.close()
+	db := stdlib.OpenDBFromPool(pool.pool)
+	defer db.Close()
+	if err := migrations.Up(ctx, db, migrations.Postgres); err != nil {
+		drop()
+		return nil, nil, err
+	}
+	if _, err := pool.pool.Exec(ctx, pgFloorDDL); err != nil {
+		drop()
+		return nil, nil, fmt.Errorf("create the floor's table: %w", err)
+	}
+	return env, drop, nil
+}
+
+// pgPool is a pool on the bench's schema with a tracer that counts what its
+// connections send.
+type pgPool struct {
+	pool  *pgxpool.Pool
+	trace *tracer
+}
+
+func (e *pgEnv) pool(ctx context.Context, conns int) (*pgPool, error) {
+	cfg, err := pgxpool.ParseConfig(e.dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse -dsn: %w", err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = e.schema
+	cfg.MaxConns = int32(conns)
+	t := &tracer{}
+	cfg.ConnConfig.Tracer = t
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &pgPool{pool: pool, trace: t}, nil
+}
+
+func (p *pgPool) close() { p.pool.Close() }
+
+// tracer counts the queries and batches (each one round trip once the
+// statements are cached) that a pool's connections send, and how many times
+// pgstore rolled a sharded limit's fast path back to its savepoint, that is
+// how many calls went on to lock every shard.
+type tracer struct {
+	queries, batches, undos atomic.Int64
+}
+
+func (t *tracer) reset() {
+	t.queries.Store(0)
+	t.batches.Store(0)
+	t.undos.Store(0)
+}
+
+func (t *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	t.queries.Add(1)
+	return ctx
+}
+
+func (t *tracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (t *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	t.batches.Add(1)
+	return ctx
+}
+
+func (t *tracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if strings.HasPrefix(d.SQL, "ROLLBACK TO SAVEPOINT") {
+		t.undos.Add(1)
+	}
+}
+
+func (t *tracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// pgLimit is txlimit on PostgreSQL: pgx.BeginFunc around LimitTx.
+type pgLimit struct{ p *pgPool }
+
+type pgLimitClient struct {
+	conn *pgxpool.Conn
+	call func(ctx context.Context, tx pgx.Tx) (bool, error)
+}
+
+func (s pgLimit) newClient(ctx context.Context, spec limitSpec, key string) (client, error) {
+	l, err := newLimiter(pgstore.New(s.p.pool), spec)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := s.p.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &pgLimitClient{conn: conn, call: func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		res, err := l.LimitTx(ctx, tx, spec.Name, key)
+		return res.OK, err
+	}}, nil
+}
+
+func (c *pgLimitClient) take(ctx context.Context) (ok bool, err error) {
+	err = pgx.BeginFunc(ctx, c.conn, func(tx pgx.Tx) (err error) {
+		ok, err = c.call(ctx, tx)
+		return err
+	})
+	return ok, err
+}
+
+func (c *pgLimitClient) close() { c.conn.Release() }
+
+func (s pgLimit) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
+	l, err := newLimiter(pgstore.New(s.p.pool), spec)
+	if err != nil {
+		return 0, err
+	}
+	snap, err := l.Value(ctx, spec.Name, key)
+	return snap.Value, err
+}
+
+// pgFloor is the hand-written floor on PostgreSQL.
+type pgFloor struct{ p *pgPool }
+
+type pgFloorClient struct {
+	conn *pgxpool.Conn
+	spec limitSpec
+	k    string
+}
+
+func (s pgFloor) newClient(ctx context.Context, spec limitSpec, key string) (client, error) {
+	conn, err := s.p.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	k := floorKey(spec, key)
+	if _, err := conn.Exec(ctx, pgFloorInsert, k, spec.Capacity, spec.now()); err != nil {
+		conn.Release()
+		return nil, err
+	}
+	return &pgFloorClient{conn: conn, spec: spec, k: k}, nil
+}
+
+func (c *pgFloorClient) take(ctx context.Context) (ok bool, err error) {
+	err = pgx.BeginFunc(ctx, c.conn, func(tx pgx.Tx) error {
+		var value float64
+		var ts time.Time
+		if err := tx.QueryRow(ctx, pgFloorSelect, c.k).Scan(&value, &ts); err != nil {
+			return err
+		}
+		now := c.spec.now()
+		left := c.spec.project(value, ts, now) - 1
+		if left < 0 {
+			return nil
+		}
+		ok = true
+		_, err := tx.Exec(ctx, pgFloorUpdate, c.k, left, now)
+		return err
+	})
+	return ok, err
+}
+
+func (c *pgFloorClient) close() { c.conn.Release() }
+
+func (s pgFloor) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
+	var value float64
+	var ts time.Time
+	if err := s.p.pool.QueryRow(ctx, `SELECT value, ts FROM floor_table WHERE k = $1`, floorKey(spec, key)).Scan(&value, &ts); err != nil {
+		return 0, err
+	}
+	return spec.project(value, ts, spec.now()), nil
+}
+
+// --- SQLite ---
+
+// sqliteEnv is a WAL database file in a temporary directory.
+type sqliteEnv struct {
+	db      *sql.DB
+	version string
+}
+
+// sqliteDSN is the configuration sqlitestore documents: wait for the write
+// lock (busy_timeout), WAL, and BEGIN IMMEDIATE for every transaction.
+const sqliteDSN = "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+
+func openSQLite(ctx context.Context) (env *sqliteEnv, cleanup func(), err error) {
+	dir, err := os.MkdirTemp("", "txlimit-bench-")
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "bench.db")+sqliteDSN)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	cleanup = func() {
+		_ = db.Close()
+		_ = os.RemoveAll(dir)
+	}
+	env = &sqliteEnv{db: db}
+	if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&env.version); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	if err := migrations.Up(ctx, db, migrations.SQLite); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	if _, err := db.ExecContext(ctx, sqliteFloorDDL); err != nil {
+		cleanup()
+		return nil, nil, fmt.Errorf("create the floor's table: %w", err)
+	}
+	return env, cleanup, nil
+}
+
+// sqliteLimit is txlimit on SQLite: BeginTx (IMMEDIATE), LimitTx, Commit.
+type sqliteLimit struct{ db *sql.DB }
+
+type sqliteClient struct {
+	conn *sql.Conn
+	call func(ctx context.Context, tx *sql.Tx) (bool, error)
+}
+
+func (c *sqliteClient) take(ctx context.Context) (bool, error) {
+	tx, err := c.conn.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	ok, err := c.call(ctx, tx)
+	if err != nil {
+		_ = tx.Rollback()
+		return false, err
+	}
+	return ok, tx.Commit()
+}
+
+func (c *sqliteClient) close() { _ = c.conn.Close() }
+
+func (s sqliteLimit) newClient(ctx context.Context, spec limitSpec, key string) (client, error) {
+	l, err := newLimiter(sqlitestore.New(s.db), spec)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &sqliteClient{conn: conn, call: func(ctx context.Context, tx *sql.Tx) (bool, error) {
+		res, err := l.LimitTx(ctx, tx, spec.Name, key)
+		return res.OK, err
+	}}, nil
+}
+
+func (s sqliteLimit) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
+	l, err := newLimiter(sqlitestore.New(s.db), spec)
+	if err != nil {
+		return 0, err
+	}
+	snap, err := l.Value(ctx, spec.Name, key)
+	return snap.Value, err
+}
+
+// sqliteFloor is the hand-written floor on SQLite: BEGIN IMMEDIATE (from the
+// DSN's _txlock), SELECT, UPDATE, COMMIT.
+type sqliteFloor struct{ db *sql.DB }
+
+func (s sqliteFloor) newClient(ctx context.Context, spec limitSpec, key string) (client, error) {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	k := floorKey(spec, key)
+	if _, err := conn.ExecContext(ctx, sqliteFloorInsert, k, spec.Capacity, spec.now().UnixMicro()); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return &sqliteClient{conn: conn, call: func(ctx context.Context, tx *sql.Tx) (bool, error) {
+		var value float64
+		var ts int64
+		if err := tx.QueryRowContext(ctx, sqliteFloorSelect, k).Scan(&value, &ts); err != nil {
+			return false, err
+		}
+		now := spec.now()
+		left := spec.project(value, time.UnixMicro(ts), now) - 1
+		if left < 0 {
+			return false, nil
+		}
+		_, err := tx.ExecContext(ctx, sqliteFloorUpdate, left, now.UnixMicro(), k)
+		return err == nil, err
+	}}, nil
+}
+
+func (s sqliteFloor) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
+	var value float64
+	var ts int64
+	if err := s.db.QueryRowContext(ctx, `SELECT value, ts FROM floor_table WHERE k = ?`, floorKey(spec, key)).Scan(&value, &ts); err != nil {
+		return 0, err
+	}
+	return spec.project(value, time.UnixMicro(ts), spec.now()), nil
+}
