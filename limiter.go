@@ -148,6 +148,7 @@ type Limiter[TTx any] struct {
 	store  Store[TTx]
 	limits map[string]Config
 	clock  func() time.Time
+	prune  pruneCursor
 }
 
 // New returns a Limiter on store with the named limits. Every config is
@@ -217,6 +218,24 @@ type Result struct {
 	RetryAfter time.Duration
 	// At is the clock reading the decision was made at.
 	At time.Time
+	// Remaining is the number of tokens the limit holds after the call,
+	// summed over all shards and projected to At: what later calls may
+	// take. After a denial (or a Check), nothing was taken and it is what
+	// the limit holds; it is negative while reservations are outstanding.
+	// It is read under the call's locks, except where the call locked
+	// nothing or not every shard (a denial decided on committed state, a
+	// sharded limit served from one free shard on PostgreSQL): there the
+	// other shards count as last committed, and transactions that hold them
+	// may be changing them.
+	Remaining float64
+	// NextToken is the time from At until the limit holds one whole token
+	// more than floor(Remaining) (at least one), if no call takes or gives
+	// back tokens meanwhile: for that long a caller told it has
+	// floor(Remaining) whole tokens cannot get more. It is what the HTTP
+	// RateLimit header calls the effective window (package httplimit sends
+	// it as t). It is 0 when the limit will never hold that many (its
+	// Capacity is lower).
+	NextToken time.Duration
 }
 
 // Reserved reports whether the tokens were granted as a reservation for
@@ -431,11 +450,17 @@ func (l *Limiter[TTx]) LimitTx(ctx context.Context, tx TTx, name, key string, op
 func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, error) {
 	now := l.now()
 	n := r.config.Shards
+	// committed is every row as last committed, when the call has read
+	// them without a lock.
+	var committed []ShardRow
+	var committedAt time.Time
+	read := false
 	if n > 1 && l.store.SkipsLocked() && r.count <= r.shard.Capacity {
-		res, done, err := l.limitOneShard(ctx, tx, r, now)
-		if err != nil || done {
+		res, tried, err := l.limitOneShard(ctx, tx, r, now)
+		if err != nil || tried.Locked {
 			return res, err
 		}
+		committed, committedAt, read = tried.All, tried.Now, true
 	}
 	if n > 1 && !r.reserve && l.store.SkipsLocked() {
 		// Before queueing on every shard, see whether the committed state
@@ -444,55 +469,64 @@ func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, er
 		// this call), so such a denial is right without any lock. (A store
 		// with one writer at a time has no queue per row to avoid, and a
 		// read before the write lock would only hold a stale snapshot.)
-		rows, at, err := l.store.ReadShards(ctx, tx, KeyParams{Name: r.name, Key: r.key, Now: now})
-		if err != nil {
-			return Result{}, err
+		if !read {
+			var err error
+			committed, committedAt, err = l.store.ReadShards(ctx, tx, KeyParams{Name: r.name, Key: r.key, Now: now})
+			if err != nil {
+				return Result{}, err
+			}
 		}
-		states := r.states(rows)
-		if _, d := algo.TakeShards(r.shard, states, at.UnixMicro(), r.count, false); !d.OK {
-			return r.result(d, at), nil
+		states := r.states(committed)
+		if _, d := algo.TakeShards(r.shard, states, committedAt.UnixMicro(), r.count, false); !d.OK {
+			return r.result(d, committedAt, states), nil
 		}
 	}
 	rows, at, err := l.lockAll(ctx, tx, r, now)
 	if err != nil {
 		return Result{}, err
 	}
-	next, d := algo.TakeShards(r.shard, r.states(rows), at.UnixMicro(), r.count, r.reserve)
+	states := r.states(rows)
+	next, d := algo.TakeShards(r.shard, states, at.UnixMicro(), r.count, r.reserve)
 	if d.OK {
 		if err := l.store.WriteShards(ctx, tx, r.writes(next)); err != nil {
 			return Result{}, err
 		}
 	}
-	return r.result(d, at), nil
+	return r.result(d, at, next), nil
 }
 
 // limitOneShard is the fast path of a sharded limit: take the first shard, in
 // a random order, that no other transaction holds, and consume from it alone
-// when it has enough. done is false when the caller must fall back to
-// locking every shard; the shard's lock has then been released.
-func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now *time.Time) (Result, bool, error) {
+// when it has enough. When tried.Locked is false, the caller must fall back
+// to locking every shard, and the shard's lock has been released; tried.All
+// then holds every row as last committed.
+func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now *time.Time) (Result, TryLockResult, error) {
 	order := make([]int32, r.config.Shards)
 	for i, s := range rand.Perm(len(order)) {
 		order[i] = int32(s)
 	}
-	row, at, ok, err := l.store.TryLockShard(ctx, tx, TryLockParams{Name: r.name, Key: r.key, Order: order, Now: now})
+	tried, err := l.store.TryLockShard(ctx, tx, TryLockParams{Name: r.name, Key: r.key, Order: order, Now: now})
 	if err != nil {
-		return Result{}, false, err
+		return Result{}, TryLockResult{}, err
 	}
-	if ok {
-		st := algo.State{Value: row.Value, TS: row.TS.UnixMicro()}
+	if tried.Locked && int(tried.Row.Shard) < r.config.Shards {
+		at := tried.Now
+		st := algo.State{Value: tried.Row.Value, TS: tried.Row.TS.UnixMicro()}
 		next, d := algo.Take(r.shard, st, at.UnixMicro(), r.count, false)
 		if d.OK {
 			err := l.store.KeepTry(ctx, tx, []ShardWrite{{
-				Name: r.name, Key: r.key, Shard: row.Shard, Value: next.Value, TS: time.UnixMicro(next.TS),
+				Name: r.name, Key: r.key, Shard: tried.Row.Shard, Value: next.Value, TS: time.UnixMicro(next.TS),
 			}})
 			if err != nil {
-				return Result{}, false, err
+				return Result{}, TryLockResult{}, err
 			}
-			return r.result(d, at), true, nil
+			states := r.states(tried.All)
+			states[tried.Row.Shard] = next
+			return r.result(d, at, states), tried, nil
 		}
 	}
-	return Result{}, false, l.store.UndoTry(ctx, tx)
+	tried.Locked = false
+	return Result{}, tried, l.store.UndoTry(ctx, tx)
 }
 
 // lockAll locks every shard of r's limit in shard order, creating the
@@ -538,12 +572,32 @@ func (r request) writes(states []algo.State) []ShardWrite {
 	return w
 }
 
-func (r request) result(d algo.Decision, at time.Time) Result {
+// result is the Result of decision d made at at, where states are the
+// shards after the call (unchanged when nothing was taken).
+func (r request) result(d algo.Decision, at time.Time, states []algo.State) Result {
+	now := at.UnixMicro()
+	remaining := algo.Pooled(r.shard, states, now)
 	return Result{
 		Name: r.name, Key: r.key, OK: d.OK,
 		RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
 		At:         at,
+		Remaining:  remaining,
+		NextToken:  r.nextToken(states, now, remaining),
 	}
+}
+
+// nextToken returns the time until the shards, left alone, pool one whole
+// token more than floor(remaining) (at least one), or 0 when that exceeds
+// the limit's capacity.
+func (r request) nextToken(states []algo.State, now int64, remaining float64) time.Duration {
+	target := math.Floor(max(remaining, 0)) + 1
+	if target > r.config.Capacity {
+		return 0
+	}
+	// The time until a request of target tokens would fit is exactly the
+	// time until the limit holds target tokens.
+	_, d := algo.TakeShards(r.shard, states, now, target, false)
+	return time.Duration(d.RetryAfter) * time.Microsecond
 }
 
 // Check is CheckTx in a short transaction of its own.
@@ -571,8 +625,9 @@ func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, op
 	if err != nil {
 		return Result{}, err
 	}
-	_, d := algo.TakeShards(r.shard, r.states(rows), at.UnixMicro(), r.count, r.reserve)
-	return r.result(d, at), nil
+	states := r.states(rows)
+	next, d := algo.TakeShards(r.shard, states, at.UnixMicro(), r.count, r.reserve)
+	return r.result(d, at, next), nil
 }
 
 // Reset is ResetTx in a short transaction of its own.

@@ -25,16 +25,19 @@ type Store[TTx any] interface {
 	LockShards(ctx context.Context, tx TTx, p KeyParams) ([]ShardRow, time.Time, error)
 
 	// InsertShards creates the rows 0..Shards-1 of (Name, Key) that do not
-	// exist, each with the given initial (full) state, in ascending shard
-	// order, without waiting on rows that exist.
+	// exist, each with the given initial (full) state, and locks the ones
+	// that do, going through the rows in ascending shard order and waiting
+	// for rows other transactions hold. Taking every lock of a key in shard
+	// order is what keeps two transactions from deadlocking on it.
 	InsertShards(ctx context.Context, tx TTx, p InsertParams) error
 
 	// TryLockShard locks the first row of (Name, Key) in Order that no
-	// other transaction holds, without waiting, and returns it; ok is false
-	// when every listed row is held or missing. The lock is taken inside a
-	// savepoint the Limiter later ends with KeepTry or UndoTry, so that a
-	// lock it does not use can be let go.
-	TryLockShard(ctx context.Context, tx TTx, p TryLockParams) (row ShardRow, now time.Time, ok bool, err error)
+	// other transaction holds, without waiting, and reads every row of
+	// (Name, Key) as ReadShards does. Locked is false when every listed row
+	// is held or missing. The lock is taken inside a savepoint the Limiter
+	// later ends with KeepTry or UndoTry, so that a lock it does not use can
+	// be let go.
+	TryLockShard(ctx context.Context, tx TTx, p TryLockParams) (TryLockResult, error)
 	// KeepTry writes rows (as WriteShards) and releases the savepoint of
 	// TryLockShard, keeping its lock.
 	KeepTry(ctx context.Context, tx TTx, rows []ShardWrite) error
@@ -51,6 +54,30 @@ type Store[TTx any] interface {
 
 	// DeleteKey deletes every row of (Name, Key).
 	DeleteKey(ctx context.Context, tx TTx, name, key string) error
+
+	// LockKeys is the lock of LimitAll: it creates the missing rows
+	// 0..Shards-1 of every key in p.Keys with the given initial (full)
+	// state and locks all of them, waiting for rows other transactions
+	// hold, in one canonical order whatever the order of p.Keys: by name,
+	// then key, both compared byte by byte, then shard. It returns the rows
+	// 0..Shards-1 of each key (in p.Keys' order, each in shard order), the
+	// rows it created, and the clock, read once every lock is held.
+	LockKeys(ctx context.Context, tx TTx, p LockKeysParams) (LockedKeys, error)
+
+	// DeleteShards deletes the listed rows, which the transaction holds,
+	// and returns how many it deleted.
+	DeleteShards(ctx context.Context, tx TTx, rows []ShardKey) (int, error)
+
+	// ScanKeys returns up to Max (name, key) pairs that have rows, the
+	// first ones after (AfterName, AfterKey) in the store's own order
+	// (where ("", "") comes before every pair), without locking anything.
+	ScanKeys(ctx context.Context, tx TTx, p ScanKeysParams) ([]KeyRef, error)
+
+	// LockIdle locks the rows of keys that no other transaction holds,
+	// without ever waiting, and returns them per key with the number of
+	// rows the key has in all (locked or not), and the clock. Keys whose
+	// rows are all held elsewhere may be missing from the result.
+	LockIdle(ctx context.Context, tx TTx, keys []KeyRef, now *time.Time) ([]IdleKey, time.Time, error)
 
 	// SkipsLocked reports whether TryLockShard can pass over rows that
 	// other transactions hold. A store whose database has one writer at a
@@ -83,6 +110,65 @@ type TryLockParams struct {
 	Key   string
 	Order []int32
 	Now   *time.Time
+}
+
+// TryLockResult is what TryLockShard found.
+type TryLockResult struct {
+	// Row is the row it locked, when Locked.
+	Row    ShardRow
+	Locked bool
+	// All is every row of the key as ReadShards returns them, read after
+	// the lock was taken.
+	All []ShardRow
+	Now time.Time
+}
+
+// LockKeysParams lists the keys of one LimitAll call. Keys must not hold
+// the same (Name, Key) twice.
+type LockKeysParams struct {
+	Keys []InsertParams
+	Now  *time.Time
+}
+
+// LockedKeys is what LockKeys locked.
+type LockedKeys struct {
+	// Rows holds, for each key of LockKeysParams.Keys in that order, its
+	// rows 0..Shards-1 in shard order.
+	Rows [][]ShardRow
+	// Created lists the rows LockKeys inserted.
+	Created []ShardKey
+	Now     time.Time
+}
+
+// ShardKey names one row.
+type ShardKey struct {
+	Name  string
+	Key   string
+	Shard int32
+}
+
+// KeyRef names a (name, key).
+type KeyRef struct {
+	Name string
+	Key  string
+}
+
+// ScanKeysParams is a page of ScanKeys.
+type ScanKeysParams struct {
+	AfterName string
+	AfterKey  string
+	Max       int
+}
+
+// IdleKey is a key whose rows LockIdle locked.
+type IdleKey struct {
+	Name string
+	Key  string
+	// Rows are the rows this transaction locked, in shard order.
+	Rows []ShardRow
+	// Total is the number of rows the key has, including rows other
+	// transactions hold.
+	Total int
 }
 
 // ShardRow is one stored row.

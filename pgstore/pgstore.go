@@ -82,28 +82,39 @@ const (
 	releaseSavepoint = "RELEASE SAVEPOINT txlimit_try"
 )
 
-// TryLockShard implements txlimit.Store. The savepoint and the query go to
-// the server in one round trip.
-func (s *Store) TryLockShard(ctx context.Context, tx pgx.Tx, p txlimit.TryLockParams) (txlimit.ShardRow, time.Time, bool, error) {
+// TryLockShard implements txlimit.Store. The savepoint, the lock and the
+// read of every row go to the server in one round trip.
+func (s *Store) TryLockShard(ctx context.Context, tx pgx.Tx, p txlimit.TryLockParams) (txlimit.TryLockResult, error) {
 	b := &pgx.Batch{}
 	b.Queue(savepoint)
 	b.Queue(db.TryLockShard, p.Now, p.Name, p.Key, p.Order) // as db.Queries.TryLockShard
+	b.Queue(db.ReadShards, p.Now, p.Name, p.Key)            // as db.Queries.ReadShards
 	res := tx.SendBatch(ctx, b)
-	var r db.TryLockShardRow
+	var out txlimit.TryLockResult
 	_, err := res.Exec()
 	if err == nil {
+		var r db.TryLockShardRow
 		err = res.QueryRow().Scan(&r.Shard, &r.Value, &r.Ts, &r.Clock)
+		if err == nil {
+			out.Row, out.Locked = txlimit.ShardRow{Shard: r.Shard, Value: r.Value, TS: r.Ts}, true
+		} else if err == pgx.ErrNoRows {
+			err = nil
+		}
+	}
+	if err == nil {
+		var rows pgx.Rows
+		rows, err = res.Query()
+		if err == nil {
+			out.All, out.Now, err = readRows(rows)
+		}
 	}
 	if cerr := res.Close(); err == nil {
 		err = cerr
 	}
-	switch {
-	case err == pgx.ErrNoRows:
-		return txlimit.ShardRow{}, time.Time{}, false, nil
-	case err != nil:
-		return txlimit.ShardRow{}, time.Time{}, false, err
+	if err != nil {
+		return txlimit.TryLockResult{}, err
 	}
-	return txlimit.ShardRow{Shard: r.Shard, Value: r.Value, TS: r.Ts}, r.Clock, true, nil
+	return out, nil
 }
 
 // KeepTry implements txlimit.Store: the write and the release of the
@@ -127,17 +138,30 @@ func (s *Store) UndoTry(ctx context.Context, tx pgx.Tx) error {
 
 // ReadShards implements txlimit.Store.
 func (s *Store) ReadShards(ctx context.Context, tx pgx.Tx, p txlimit.KeyParams) ([]txlimit.ShardRow, time.Time, error) {
-	rows, err := s.queries.ReadShards(ctx, tx, db.ReadShardsParams{Name: p.Name, Key: p.Key, Now: p.Now})
+	rows, err := tx.Query(ctx, db.ReadShards, p.Now, p.Name, p.Key) // as db.Queries.ReadShards
 	if err != nil {
 		return nil, time.Time{}, err
 	}
+	return readRows(rows)
+}
+
+// readRows collects the result of db.ReadShards: one row per shard, or a
+// single row of NULLs with the clock when the key has none.
+func readRows(rows pgx.Rows) ([]txlimit.ShardRow, time.Time, error) {
 	var out []txlimit.ShardRow
-	for _, r := range rows {
+	var clock time.Time
+	var r db.ReadShardsRow
+	_, err := pgx.ForEachRow(rows, []any{&r.Shard, &r.Value, &r.Ts, &r.Clock}, func() error {
+		clock = r.Clock
 		if r.Shard != nil {
 			out = append(out, txlimit.ShardRow{Shard: *r.Shard, Value: *r.Value, TS: *r.Ts})
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, time.Time{}, err
 	}
-	return out, rows[0].Clock, nil
+	return out, clock, nil
 }
 
 // WriteShards implements txlimit.Store.
@@ -162,4 +186,108 @@ func writeParams(rows []txlimit.ShardWrite) db.WriteShardsParams {
 // DeleteKey implements txlimit.Store.
 func (s *Store) DeleteKey(ctx context.Context, tx pgx.Tx, name, key string) error {
 	return s.queries.DeleteKey(ctx, tx, db.DeleteKeyParams{Name: name, Key: key})
+}
+
+// LockKeys implements txlimit.Store: the insert that takes the locks in the
+// canonical order and the read of the locked rows go to the server in one
+// round trip.
+func (s *Store) LockKeys(ctx context.Context, tx pgx.Tx, p txlimit.LockKeysParams) (txlimit.LockedKeys, error) {
+	n := len(p.Keys)
+	ins := db.InsertKeysParams{
+		Names: make([]string, n), Keys: make([]string, n), ShardCounts: make([]int32, n),
+		Vals: make([]float64, n), Tss: make([]time.Time, n),
+	}
+	index := make(map[txlimit.KeyRef]int, n)
+	for i, k := range p.Keys {
+		ins.Names[i], ins.Keys[i], ins.ShardCounts[i], ins.Vals[i], ins.Tss[i] = k.Name, k.Key, k.Shards, k.Value, k.TS
+		index[txlimit.KeyRef{Name: k.Name, Key: k.Key}] = i
+	}
+	b := &pgx.Batch{}
+	b.Queue(db.InsertKeys, ins.Names, ins.Keys, ins.ShardCounts, ins.Vals, ins.Tss) // as db.Queries.InsertKeys
+	b.Queue(db.LockKeys, p.Now, ins.Names, ins.Keys, ins.ShardCounts)               // as db.Queries.LockKeys
+	res := tx.SendBatch(ctx, b)
+	out := txlimit.LockedKeys{Rows: make([][]txlimit.ShardRow, n)}
+	rows, err := res.Query()
+	if err == nil {
+		var r db.InsertKeysRow
+		_, err = pgx.ForEachRow(rows, []any{&r.Name, &r.Key, &r.Shard}, func() error {
+			out.Created = append(out.Created, txlimit.ShardKey{Name: r.Name, Key: r.Key, Shard: r.Shard})
+			return nil
+		})
+	}
+	if err == nil {
+		rows, err = res.Query()
+	}
+	if err == nil {
+		var r db.LockKeysRow
+		_, err = pgx.ForEachRow(rows, []any{&r.Name, &r.Key, &r.Shard, &r.Value, &r.Ts, &r.Clock}, func() error {
+			i := index[txlimit.KeyRef{Name: r.Name, Key: r.Key}]
+			out.Rows[i] = append(out.Rows[i], txlimit.ShardRow{Shard: r.Shard, Value: r.Value, TS: r.Ts})
+			if out.Now.IsZero() {
+				out.Now = r.Clock // clock_timestamp() is read per row, after every lock is held
+			}
+			return nil
+		})
+	}
+	if cerr := res.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return txlimit.LockedKeys{}, err
+	}
+	return out, nil
+}
+
+// DeleteShards implements txlimit.Store.
+func (s *Store) DeleteShards(ctx context.Context, tx pgx.Tx, rows []txlimit.ShardKey) (int, error) {
+	p := db.DeleteShardsParams{
+		Names: make([]string, len(rows)), Keys: make([]string, len(rows)), Shards: make([]int32, len(rows)),
+	}
+	for i, r := range rows {
+		p.Names[i], p.Keys[i], p.Shards[i] = r.Name, r.Key, r.Shard
+	}
+	n, err := s.queries.DeleteShards(ctx, tx, p)
+	return int(n), err
+}
+
+// ScanKeys implements txlimit.Store, in the order of the primary key (the
+// database's collation).
+func (s *Store) ScanKeys(ctx context.Context, tx pgx.Tx, p txlimit.ScanKeysParams) ([]txlimit.KeyRef, error) {
+	rows, err := s.queries.ScanKeys(ctx, tx, db.ScanKeysParams{AfterName: p.AfterName, AfterKey: p.AfterKey, MaxKeys: int32(p.Max)})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]txlimit.KeyRef, len(rows))
+	for i, r := range rows {
+		out[i] = txlimit.KeyRef{Name: r.Name, Key: r.Key}
+	}
+	return out, nil
+}
+
+// LockIdle implements txlimit.Store with FOR UPDATE SKIP LOCKED: it never
+// waits for a row that live traffic holds.
+func (s *Store) LockIdle(ctx context.Context, tx pgx.Tx, keys []txlimit.KeyRef, now *time.Time) ([]txlimit.IdleKey, time.Time, error) {
+	p := db.LockIdleParams{Now: now, Names: make([]string, len(keys)), Keys: make([]string, len(keys))}
+	for i, k := range keys {
+		p.Names[i], p.Keys[i] = k.Name, k.Key
+	}
+	rows, err := s.queries.LockIdle(ctx, tx, p)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	var out []txlimit.IdleKey
+	var clock time.Time
+	for _, r := range rows {
+		if len(out) == 0 || out[len(out)-1].Name != r.Name || out[len(out)-1].Key != r.Key {
+			out = append(out, txlimit.IdleKey{Name: r.Name, Key: r.Key, Total: int(r.Total)})
+		}
+		last := &out[len(out)-1]
+		last.Rows = append(last.Rows, txlimit.ShardRow{Shard: r.Shard, Value: r.Value, TS: r.Ts})
+		if clock.IsZero() || r.Clock.Before(clock) {
+			// clock_timestamp() is read per row. Judging every row at the
+			// earliest reading is safe: a row full then is full later.
+			clock = r.Clock
+		}
+	}
+	return out, clock, nil
 }

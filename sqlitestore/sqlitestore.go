@@ -94,6 +94,7 @@ import (
 	"database/sql"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/txlimit/txlimit"
@@ -196,38 +197,50 @@ func (s *Store) LockShards(ctx context.Context, tx *sql.Tx, p txlimit.KeyParams)
 
 // InsertShards implements txlimit.Store, one INSERT … ON CONFLICT DO NOTHING
 // per shard in ascending order, all under the write lock the first one
-// takes (or the transaction holds already).
+// takes (or the transaction holds already), which locks every row.
 func (s *Store) InsertShards(ctx context.Context, tx *sql.Tx, p txlimit.InsertParams) error {
+	_, err := s.insertShards(ctx, tx, p)
+	return err
+}
+
+// insertShards is InsertShards, returning the rows it created.
+func (s *Store) insertShards(ctx context.Context, tx *sql.Tx, p txlimit.InsertParams) ([]txlimit.ShardKey, error) {
 	ts := p.TS.UnixMicro()
+	var created []txlimit.ShardKey
 	for shard := range int64(max(p.Shards, 0)) {
-		err := s.queries.InsertShard(ctx, tx, gen.InsertShardParams{
+		n, err := s.queries.InsertShard(ctx, tx, gen.InsertShardParams{
 			Name: p.Name, Key: p.Key, Shard: shard, Value: p.Value, Ts: ts,
 		})
 		if err != nil {
-			return wrap("insert shards", err)
+			return nil, wrap("insert shards", err)
+		}
+		if n > 0 {
+			created = append(created, txlimit.ShardKey{Name: p.Name, Key: p.Key, Shard: int32(shard)})
 		}
 	}
-	return nil
+	return created, nil
 }
 
 // TryLockShard implements txlimit.Store for completeness; the Limiter does
 // not call it, since SkipsLocked is false. SQLite cannot skip what another
 // transaction holds, so it waits for the write lock like LockShards and
-// returns the first row in p.Order that exists (ok is false when none does).
-// The lock cannot be given back before the transaction ends: UndoTry leaves
-// it held, which is always correct, only not concurrent.
-func (s *Store) TryLockShard(ctx context.Context, tx *sql.Tx, p txlimit.TryLockParams) (txlimit.ShardRow, time.Time, bool, error) {
+// locks the first row in p.Order that exists (Locked is false when none
+// does). The lock cannot be given back before the transaction ends: UndoTry
+// leaves it held, which is always correct, only not concurrent.
+func (s *Store) TryLockShard(ctx context.Context, tx *sql.Tx, p txlimit.TryLockParams) (txlimit.TryLockResult, error) {
 	rows, now, err := s.LockShards(ctx, tx, txlimit.KeyParams{Name: p.Name, Key: p.Key, Now: p.Now})
 	if err != nil {
-		return txlimit.ShardRow{}, time.Time{}, false, err
+		return txlimit.TryLockResult{}, err
 	}
+	out := txlimit.TryLockResult{All: rows, Now: now}
 	for _, shard := range p.Order {
 		i, found := slices.BinarySearchFunc(rows, shard, func(r txlimit.ShardRow, s int32) int { return int(r.Shard) - int(s) })
 		if found {
-			return rows[i], now, true, nil
+			out.Row, out.Locked = rows[i], true
+			break
 		}
 	}
-	return txlimit.ShardRow{}, now, false, nil
+	return out, nil
 }
 
 // KeepTry implements txlimit.Store: it writes rows as WriteShards does.
@@ -271,4 +284,97 @@ func (s *Store) WriteShards(ctx context.Context, tx *sql.Tx, rows []txlimit.Shar
 // DeleteKey implements txlimit.Store.
 func (s *Store) DeleteKey(ctx context.Context, tx *sql.Tx, name, key string) error {
 	return wrap("delete key", s.queries.DeleteKey(ctx, tx, gen.DeleteKeyParams{Name: name, Key: key}))
+}
+
+// LockKeys implements txlimit.Store. The write lock locks every row at once,
+// so the order does not matter here; the keys are still gone through in the
+// canonical order, each one as InsertShards and LockShards do.
+func (s *Store) LockKeys(ctx context.Context, tx *sql.Tx, p txlimit.LockKeysParams) (txlimit.LockedKeys, error) {
+	out := txlimit.LockedKeys{Rows: make([][]txlimit.ShardRow, len(p.Keys))}
+	order := make([]int, len(p.Keys))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		ka, kb := p.Keys[a], p.Keys[b]
+		if c := strings.Compare(ka.Name, kb.Name); c != 0 {
+			return c
+		}
+		return strings.Compare(ka.Key, kb.Key)
+	})
+	for _, i := range order {
+		k := p.Keys[i]
+		if err := s.lock(ctx, tx, k.Name, k.Key); err != nil {
+			return txlimit.LockedKeys{}, err
+		}
+		created, err := s.insertShards(ctx, tx, k)
+		if err != nil {
+			return txlimit.LockedKeys{}, err
+		}
+		out.Created = append(out.Created, created...)
+		rows, err := s.queries.LockShards(ctx, tx, gen.LockShardsParams{Name: k.Name, Key: k.Key})
+		if err != nil {
+			return txlimit.LockedKeys{}, wrap("lock keys", err)
+		}
+		for _, r := range rows {
+			if r.Shard < int64(k.Shards) {
+				out.Rows[i] = append(out.Rows[i], shardRow(r.Shard, r.Value, r.Ts))
+			}
+		}
+	}
+	out.Now = clock(p.Now)
+	return out, nil
+}
+
+// DeleteShards implements txlimit.Store, one DELETE per row.
+func (s *Store) DeleteShards(ctx context.Context, tx *sql.Tx, rows []txlimit.ShardKey) (int, error) {
+	deleted := 0
+	for _, r := range rows {
+		n, err := s.queries.DeleteShard(ctx, tx, gen.DeleteShardParams{Name: r.Name, Key: r.Key, Shard: int64(r.Shard)})
+		if err != nil {
+			return deleted, wrap("delete shards", err)
+		}
+		deleted += int(n)
+	}
+	return deleted, nil
+}
+
+// ScanKeys implements txlimit.Store, in primary-key order (SQLite's BINARY
+// collation: byte by byte).
+func (s *Store) ScanKeys(ctx context.Context, tx *sql.Tx, p txlimit.ScanKeysParams) ([]txlimit.KeyRef, error) {
+	rows, err := s.queries.ScanKeys(ctx, tx, gen.ScanKeysParams{AfterName: p.AfterName, AfterKey: p.AfterKey, MaxKeys: int64(p.Max)})
+	if err != nil {
+		return nil, wrap("scan keys", err)
+	}
+	out := make([]txlimit.KeyRef, len(rows))
+	for i, r := range rows {
+		out[i] = txlimit.KeyRef{Name: r.Name, Key: r.Key}
+	}
+	return out, nil
+}
+
+// LockIdle implements txlimit.Store. SQLite cannot pass over rows that
+// another transaction holds: it takes the write lock, waiting up to
+// busy_timeout like every writer, and then holds every row, so each key's
+// Total is the number of its rows.
+func (s *Store) LockIdle(ctx context.Context, tx *sql.Tx, keys []txlimit.KeyRef, now *time.Time) ([]txlimit.IdleKey, time.Time, error) {
+	var out []txlimit.IdleKey
+	for _, k := range keys {
+		if err := s.lock(ctx, tx, k.Name, k.Key); err != nil {
+			return nil, time.Time{}, err
+		}
+		rows, err := s.queries.LockShards(ctx, tx, gen.LockShardsParams{Name: k.Name, Key: k.Key})
+		if err != nil {
+			return nil, time.Time{}, wrap("lock idle", err)
+		}
+		if len(rows) == 0 {
+			continue
+		}
+		ik := txlimit.IdleKey{Name: k.Name, Key: k.Key, Total: len(rows)}
+		for _, r := range rows {
+			ik.Rows = append(ik.Rows, shardRow(r.Shard, r.Value, r.Ts))
+		}
+		out = append(out, ik)
+	}
+	return out, clock(now), nil
 }

@@ -28,12 +28,17 @@ LEFT JOIN txlimit AS t ON t.name = sqlc.arg(name) AND t.key = sqlc.arg(key)
 ORDER BY t.shard;
 
 -- name: InsertShards :exec
--- Creates the missing rows 0..shards-1 of (name, key) in shard order.
+-- Creates the missing rows 0..shards-1 of (name, key) and locks the existing
+-- ones, one row after the other in shard order, waiting for rows other
+-- transactions hold. DO UPDATE … WHERE false updates nothing but locks the
+-- conflicting row (DO NOTHING would pass over it unlocked), so that every
+-- lock is taken in ascending order: a transaction never holds a higher shard
+-- while it waits for a lower one.
 INSERT INTO txlimit (name, key, shard, value, ts)
 SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts)
 FROM generate_series(0, sqlc.arg(shards)::integer - 1) AS s
 ORDER BY s
-ON CONFLICT (name, key, shard) DO NOTHING;
+ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false;
 
 -- name: WriteShards :exec
 -- Stores the new state of rows the transaction holds.
@@ -49,4 +54,84 @@ FROM (
 WHERE t.name = u.name AND t.key = u.key AND t.shard = u.shard;
 
 -- name: DeleteKey :exec
-DELETE FROM txlimit WHERE name = sqlc.arg(name) AND key = sqlc.arg(key);
+-- Deletes every row of (name, key), locking them first in shard order like
+-- every other statement that waits for rows of a key.
+DELETE FROM txlimit
+WHERE (name, key, shard) IN (
+    SELECT l.name, l.key, l.shard FROM txlimit AS l
+    WHERE l.name = sqlc.arg(name) AND l.key = sqlc.arg(key)
+    ORDER BY l.shard
+    FOR UPDATE
+);
+
+-- name: InsertKeys :many
+-- Creates the missing rows 0..shards-1 of several keys and locks the existing
+-- ones, one row after the other in the canonical order of LimitAll: name,
+-- then key, compared byte by byte (COLLATE "C", as Go compares strings),
+-- then shard. It waits for rows other transactions hold, and since every
+-- transaction goes through the rows in the same order, none can hold a later
+-- row while it waits for an earlier one. Returns the rows it created.
+INSERT INTO txlimit (name, key, shard, value, ts)
+SELECT k.name, k.key, s.shard, k.value, k.ts
+FROM (
+    SELECT unnest(sqlc.arg(names)::text[]) AS name,
+           unnest(sqlc.arg(keys)::text[]) AS key,
+           unnest(sqlc.arg(shard_counts)::integer[]) AS shards,
+           unnest(sqlc.arg(vals)::double precision[]) AS value,
+           unnest(sqlc.arg(tss)::timestamptz[]) AS ts
+) AS k
+CROSS JOIN LATERAL generate_series(0, k.shards - 1) AS s(shard)
+ORDER BY k.name COLLATE "C", k.key COLLATE "C", s.shard
+ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
+RETURNING name, key, shard;
+
+-- name: LockKeys :many
+-- Returns rows 0..shards-1 of several keys, which InsertKeys has locked in
+-- this transaction (so it does not wait), with the clock, read now that every
+-- lock is held. FOR UPDATE makes a REPEATABLE READ transaction fail with a
+-- serialization error rather than read a stale row.
+SELECT t.name, t.key, t.shard, t.value, t.ts,
+       CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+FROM txlimit AS t
+JOIN (
+    SELECT unnest(sqlc.arg(names)::text[]) AS name,
+           unnest(sqlc.arg(keys)::text[]) AS key,
+           unnest(sqlc.arg(shard_counts)::integer[]) AS shards
+) AS k
+    ON t.name = k.name AND t.key = k.key AND t.shard < k.shards
+ORDER BY t.name COLLATE "C", t.key COLLATE "C", t.shard
+FOR UPDATE OF t;
+
+-- name: DeleteShards :execrows
+-- Deletes the listed rows, which the transaction holds.
+DELETE FROM txlimit AS t
+USING (
+    SELECT unnest(sqlc.arg(names)::text[]) AS name,
+           unnest(sqlc.arg(keys)::text[]) AS key,
+           unnest(sqlc.arg(shards)::integer[]) AS shard
+) AS u
+WHERE t.name = u.name AND t.key = u.key AND t.shard = u.shard;
+
+-- name: ScanKeys :many
+-- The next (name, key) pairs after a cursor, in index order, for Prune. It
+-- locks nothing.
+SELECT DISTINCT name, key FROM txlimit
+WHERE (name, key) > (sqlc.arg(after_name)::text, sqlc.arg(after_key)::text)
+ORDER BY name, key
+LIMIT sqlc.arg(max_keys);
+
+-- name: LockIdle :many
+-- Locks the rows of the given keys that no other transaction holds, without
+-- waiting (SKIP LOCKED), for Prune, with the number of rows each key has in
+-- all, so that Prune can tell whether it holds every row of a key.
+SELECT t.name, t.key, t.shard, t.value, t.ts,
+       (SELECT count(*) FROM txlimit AS c WHERE c.name = t.name AND c.key = t.key) AS total,
+       CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+FROM txlimit AS t
+JOIN (
+    SELECT unnest(sqlc.arg(names)::text[]) AS name,
+           unnest(sqlc.arg(keys)::text[]) AS key
+) AS k
+    ON t.name = k.name AND t.key = k.key
+ORDER BY t.name, t.key, t.shard
+FOR UPDATE OF t SKIP LOCKED;

@@ -26,7 +26,7 @@ SELECT shard, value, ts FROM txlimit
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key)
 ORDER BY shard;
 
--- name: InsertShard :exec
+-- name: InsertShard :execrows
 -- Creates one row of (name, key) unless it exists. The store runs it once
 -- per shard, in shard order, where PostgreSQL's InsertShards is one
 -- statement: sqlc's SQLite engine rejects a recursive CTE, and json_each
@@ -42,3 +42,16 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 
 -- name: DeleteKey :exec
 DELETE FROM txlimit WHERE name = sqlc.arg(name) AND key = sqlc.arg(key);
+
+-- name: DeleteShard :execrows
+-- Deletes one row; the transaction holds the write lock.
+DELETE FROM txlimit
+WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
+
+-- name: ScanKeys :many
+-- The next (name, key) pairs after a cursor, in primary-key order, for
+-- Prune.
+SELECT DISTINCT name, key FROM txlimit
+WHERE name > sqlc.arg(after_name) OR (name = sqlc.arg(after_name) AND key > sqlc.arg(after_key))
+ORDER BY name, key
+LIMIT sqlc.arg(max_keys);

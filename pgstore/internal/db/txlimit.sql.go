@@ -11,7 +11,13 @@ import (
 )
 
 const DeleteKey = `-- name: DeleteKey :exec
-DELETE FROM txlimit WHERE name = $1 AND key = $2
+DELETE FROM txlimit
+WHERE (name, key, shard) IN (
+    SELECT l.name, l.key, l.shard FROM txlimit AS l
+    WHERE l.name = $1 AND l.key = $2
+    ORDER BY l.shard
+    FOR UPDATE
+)
 `
 
 type DeleteKeyParams struct {
@@ -19,9 +25,98 @@ type DeleteKeyParams struct {
 	Key  string
 }
 
+// Deletes every row of (name, key), locking them first in shard order like
+// every other statement that waits for rows of a key.
 func (q *Queries) DeleteKey(ctx context.Context, db DBTX, arg DeleteKeyParams) error {
 	_, err := db.Exec(ctx, DeleteKey, arg.Name, arg.Key)
 	return err
+}
+
+const DeleteShards = `-- name: DeleteShards :execrows
+DELETE FROM txlimit AS t
+USING (
+    SELECT unnest($1::text[]) AS name,
+           unnest($2::text[]) AS key,
+           unnest($3::integer[]) AS shard
+) AS u
+WHERE t.name = u.name AND t.key = u.key AND t.shard = u.shard
+`
+
+type DeleteShardsParams struct {
+	Names  []string
+	Keys   []string
+	Shards []int32
+}
+
+// Deletes the listed rows, which the transaction holds.
+func (q *Queries) DeleteShards(ctx context.Context, db DBTX, arg DeleteShardsParams) (int64, error) {
+	result, err := db.Exec(ctx, DeleteShards, arg.Names, arg.Keys, arg.Shards)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const InsertKeys = `-- name: InsertKeys :many
+INSERT INTO txlimit (name, key, shard, value, ts)
+SELECT k.name, k.key, s.shard, k.value, k.ts
+FROM (
+    SELECT unnest($1::text[]) AS name,
+           unnest($2::text[]) AS key,
+           unnest($3::integer[]) AS shards,
+           unnest($4::double precision[]) AS value,
+           unnest($5::timestamptz[]) AS ts
+) AS k
+CROSS JOIN LATERAL generate_series(0, k.shards - 1) AS s(shard)
+ORDER BY k.name COLLATE "C", k.key COLLATE "C", s.shard
+ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
+RETURNING name, key, shard
+`
+
+type InsertKeysParams struct {
+	Names       []string
+	Keys        []string
+	ShardCounts []int32
+	Vals        []float64
+	Tss         []time.Time
+}
+
+type InsertKeysRow struct {
+	Name  string
+	Key   string
+	Shard int32
+}
+
+// Creates the missing rows 0..shards-1 of several keys and locks the existing
+// ones, one row after the other in the canonical order of LimitAll: name,
+// then key, compared byte by byte (COLLATE "C", as Go compares strings),
+// then shard. It waits for rows other transactions hold, and since every
+// transaction goes through the rows in the same order, none can hold a later
+// row while it waits for an earlier one. Returns the rows it created.
+func (q *Queries) InsertKeys(ctx context.Context, db DBTX, arg InsertKeysParams) ([]InsertKeysRow, error) {
+	rows, err := db.Query(ctx, InsertKeys,
+		arg.Names,
+		arg.Keys,
+		arg.ShardCounts,
+		arg.Vals,
+		arg.Tss,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []InsertKeysRow
+	for rows.Next() {
+		var i InsertKeysRow
+		if err := rows.Scan(&i.Name, &i.Key, &i.Shard); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const InsertShards = `-- name: InsertShards :exec
@@ -29,7 +124,7 @@ INSERT INTO txlimit (name, key, shard, value, ts)
 SELECT $1, $2, s, $3, $4
 FROM generate_series(0, $5::integer - 1) AS s
 ORDER BY s
-ON CONFLICT (name, key, shard) DO NOTHING
+ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
 `
 
 type InsertShardsParams struct {
@@ -40,7 +135,12 @@ type InsertShardsParams struct {
 	Shards int32
 }
 
-// Creates the missing rows 0..shards-1 of (name, key) in shard order.
+// Creates the missing rows 0..shards-1 of (name, key) and locks the existing
+// ones, one row after the other in shard order, waiting for rows other
+// transactions hold. DO UPDATE … WHERE false updates nothing but locks the
+// conflicting row (DO NOTHING would pass over it unlocked), so that every
+// lock is taken in ascending order: a transaction never holds a higher shard
+// while it waits for a lower one.
 func (q *Queries) InsertShards(ctx context.Context, db DBTX, arg InsertShardsParams) error {
 	_, err := db.Exec(ctx, InsertShards,
 		arg.Name,
@@ -50,6 +150,133 @@ func (q *Queries) InsertShards(ctx context.Context, db DBTX, arg InsertShardsPar
 		arg.Shards,
 	)
 	return err
+}
+
+const LockIdle = `-- name: LockIdle :many
+SELECT t.name, t.key, t.shard, t.value, t.ts,
+       (SELECT count(*) FROM txlimit AS c WHERE c.name = t.name AND c.key = t.key) AS total,
+       CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+FROM txlimit AS t
+JOIN (
+    SELECT unnest($2::text[]) AS name,
+           unnest($3::text[]) AS key
+) AS k
+    ON t.name = k.name AND t.key = k.key
+ORDER BY t.name, t.key, t.shard
+FOR UPDATE OF t SKIP LOCKED
+`
+
+type LockIdleParams struct {
+	Now   *time.Time
+	Names []string
+	Keys  []string
+}
+
+type LockIdleRow struct {
+	Name  string
+	Key   string
+	Shard int32
+	Value float64
+	Ts    time.Time
+	Total int64
+	Clock time.Time
+}
+
+// Locks the rows of the given keys that no other transaction holds, without
+// waiting (SKIP LOCKED), for Prune, with the number of rows each key has in
+// all, so that Prune can tell whether it holds every row of a key.
+func (q *Queries) LockIdle(ctx context.Context, db DBTX, arg LockIdleParams) ([]LockIdleRow, error) {
+	rows, err := db.Query(ctx, LockIdle, arg.Now, arg.Names, arg.Keys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LockIdleRow
+	for rows.Next() {
+		var i LockIdleRow
+		if err := rows.Scan(
+			&i.Name,
+			&i.Key,
+			&i.Shard,
+			&i.Value,
+			&i.Ts,
+			&i.Total,
+			&i.Clock,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const LockKeys = `-- name: LockKeys :many
+SELECT t.name, t.key, t.shard, t.value, t.ts,
+       CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+FROM txlimit AS t
+JOIN (
+    SELECT unnest($2::text[]) AS name,
+           unnest($3::text[]) AS key,
+           unnest($4::integer[]) AS shards
+) AS k
+    ON t.name = k.name AND t.key = k.key AND t.shard < k.shards
+ORDER BY t.name COLLATE "C", t.key COLLATE "C", t.shard
+FOR UPDATE OF t
+`
+
+type LockKeysParams struct {
+	Now         *time.Time
+	Names       []string
+	Keys        []string
+	ShardCounts []int32
+}
+
+type LockKeysRow struct {
+	Name  string
+	Key   string
+	Shard int32
+	Value float64
+	Ts    time.Time
+	Clock time.Time
+}
+
+// Returns rows 0..shards-1 of several keys, which InsertKeys has locked in
+// this transaction (so it does not wait), with the clock, read now that every
+// lock is held. FOR UPDATE makes a REPEATABLE READ transaction fail with a
+// serialization error rather than read a stale row.
+func (q *Queries) LockKeys(ctx context.Context, db DBTX, arg LockKeysParams) ([]LockKeysRow, error) {
+	rows, err := db.Query(ctx, LockKeys,
+		arg.Now,
+		arg.Names,
+		arg.Keys,
+		arg.ShardCounts,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LockKeysRow
+	for rows.Next() {
+		var i LockKeysRow
+		if err := rows.Scan(
+			&i.Name,
+			&i.Key,
+			&i.Shard,
+			&i.Value,
+			&i.Ts,
+			&i.Clock,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const LockShards = `-- name: LockShards :many
@@ -138,6 +365,46 @@ func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams)
 			&i.Ts,
 			&i.Clock,
 		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const ScanKeys = `-- name: ScanKeys :many
+SELECT DISTINCT name, key FROM txlimit
+WHERE (name, key) > ($1::text, $2::text)
+ORDER BY name, key
+LIMIT $3
+`
+
+type ScanKeysParams struct {
+	AfterName string
+	AfterKey  string
+	MaxKeys   int32
+}
+
+type ScanKeysRow struct {
+	Name string
+	Key  string
+}
+
+// The next (name, key) pairs after a cursor, in index order, for Prune. It
+// locks nothing.
+func (q *Queries) ScanKeys(ctx context.Context, db DBTX, arg ScanKeysParams) ([]ScanKeysRow, error) {
+	rows, err := db.Query(ctx, ScanKeys, arg.AfterName, arg.AfterKey, arg.MaxKeys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ScanKeysRow
+	for rows.Next() {
+		var i ScanKeysRow
+		if err := rows.Scan(&i.Name, &i.Key); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

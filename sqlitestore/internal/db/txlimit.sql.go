@@ -23,7 +23,27 @@ func (q *Queries) DeleteKey(ctx context.Context, db DBTX, arg DeleteKeyParams) e
 	return err
 }
 
-const insertShard = `-- name: InsertShard :exec
+const deleteShard = `-- name: DeleteShard :execrows
+DELETE FROM txlimit
+WHERE name = ?1 AND key = ?2 AND shard = ?3
+`
+
+type DeleteShardParams struct {
+	Name  string
+	Key   string
+	Shard int64
+}
+
+// Deletes one row; the transaction holds the write lock.
+func (q *Queries) DeleteShard(ctx context.Context, db DBTX, arg DeleteShardParams) (int64, error) {
+	result, err := db.ExecContext(ctx, deleteShard, arg.Name, arg.Key, arg.Shard)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected()
+}
+
+const insertShard = `-- name: InsertShard :execrows
 INSERT INTO txlimit (name, key, shard, value, ts)
 VALUES (?1, ?2, ?3, ?4, ?5)
 ON CONFLICT (name, key, shard) DO NOTHING
@@ -41,15 +61,18 @@ type InsertShardParams struct {
 // per shard, in shard order, where PostgreSQL's InsertShards is one
 // statement: sqlc's SQLite engine rejects a recursive CTE, and json_each
 // would make the parameter untyped. Statements are in-process calls here.
-func (q *Queries) InsertShard(ctx context.Context, db DBTX, arg InsertShardParams) error {
-	_, err := db.ExecContext(ctx, insertShard,
+func (q *Queries) InsertShard(ctx context.Context, db DBTX, arg InsertShardParams) (int64, error) {
+	result, err := db.ExecContext(ctx, insertShard,
 		arg.Name,
 		arg.Key,
 		arg.Shard,
 		arg.Value,
 		arg.Ts,
 	)
-	return err
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected()
 }
 
 const lockShards = `-- name: LockShards :many
@@ -123,6 +146,49 @@ func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams)
 	for rows.Next() {
 		var i ReadShardsRow
 		if err := rows.Scan(&i.Shard, &i.Value, &i.Ts); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const scanKeys = `-- name: ScanKeys :many
+SELECT DISTINCT name, key FROM txlimit
+WHERE name > ?1 OR (name = ?1 AND key > ?2)
+ORDER BY name, key
+LIMIT ?3
+`
+
+type ScanKeysParams struct {
+	AfterName string
+	AfterKey  string
+	MaxKeys   int64
+}
+
+type ScanKeysRow struct {
+	Name string
+	Key  string
+}
+
+// The next (name, key) pairs after a cursor, in primary-key order, for
+// Prune.
+func (q *Queries) ScanKeys(ctx context.Context, db DBTX, arg ScanKeysParams) ([]ScanKeysRow, error) {
+	rows, err := db.QueryContext(ctx, scanKeys, arg.AfterName, arg.AfterKey, arg.MaxKeys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ScanKeysRow
+	for rows.Next() {
+		var i ScanKeysRow
+		if err := rows.Scan(&i.Name, &i.Key); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

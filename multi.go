@@ -1,0 +1,214 @@
+package txlimit
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/txlimit/txlimit/algo"
+)
+
+// Request is one limit of a LimitAll call: the name and key of the limit and
+// the options LimitTx would take for it (Count, Reserve, WithConfig), with
+// the same defaults (Count defaults to 1).
+type Request struct {
+	Name    string
+	Key     string
+	Options []Option
+}
+
+// Req is shorthand for Request{Name: name, Key: key, Options: opts}.
+func Req(name, key string, opts ...Option) Request {
+	return Request{Name: name, Key: key, Options: opts}
+}
+
+// MultiResult is the outcome of LimitAll.
+type MultiResult struct {
+	// OK reports whether every limit granted its tokens, and so whether
+	// they were all taken. When it is false, nothing was taken from any
+	// limit.
+	OK bool
+	// RetryAfter is, when OK is false, the longest RetryAfter among the
+	// limits that denied: the time until every one of them would grant the
+	// same request. When OK is true, it is the longest RetryAfter among the
+	// reservations (0 when there is none): when the reserved work may run.
+	RetryAfter time.Duration
+	// Results has one Result per request, in the order of the requests.
+	// Results[i].OK reports whether that limit alone grants; when the
+	// MultiResult is not OK, none of them took anything, and each
+	// Remaining is what the limit holds.
+	Results []Result
+	// At is the clock reading every decision was made at.
+	At time.Time
+}
+
+// Denied returns the results of the limits that denied, in request order.
+func (m MultiResult) Denied() []Result {
+	var out []Result
+	for _, r := range m.Results {
+		if !r.OK {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Err returns nil when m is OK (reservations included) and otherwise the
+// *RateLimitedError of the denied limit with the longest RetryAfter (the
+// first of them in request order on a tie), whose RetryAfter is m's.
+func (m MultiResult) Err() error {
+	if m.OK {
+		return nil
+	}
+	worst := -1
+	for i, r := range m.Results {
+		if !r.OK && (worst < 0 || r.RetryAfter > m.Results[worst].RetryAfter) {
+			worst = i
+		}
+	}
+	if worst < 0 { // a MultiResult not made by LimitAll
+		return &RateLimitedError{RetryAfter: m.RetryAfter}
+	}
+	return m.Results[worst].Err()
+}
+
+// LimitAll is LimitAllTx in a short transaction of its own.
+func (l *Limiter[TTx]) LimitAll(ctx context.Context, reqs ...Request) (MultiResult, error) {
+	rs, err := l.newRequests(reqs)
+	if err != nil {
+		return MultiResult{}, err
+	}
+	var res MultiResult
+	err = l.store.InTx(ctx, false, func(tx TTx) (err error) {
+		res, err = l.limitAll(ctx, tx, rs)
+		return err
+	})
+	if err != nil {
+		return MultiResult{}, err
+	}
+	return res, nil
+}
+
+// LimitAllTx checks several limits at once and consumes all of them or none:
+// when every limit has the tokens (or grants them as a reservation), each
+// one's are taken in tx; when any limit denies, nothing is taken from any of
+// them, and the MultiResult names the limits that denied. As with LimitTx,
+// the tokens are spent if and only if tx commits, and a denial is a result,
+// not an error.
+//
+// Every row of every limit is locked, waiting for other transactions, in one
+// canonical order: by name, then key (compared byte by byte), then shard,
+// whatever the order of reqs. Two transactions that call LimitAllTx on the
+// same limits in different orders therefore never deadlock on them. A
+// sharded limit is always locked whole here (no shard is skipped for a free
+// one), so LimitAllTx suits limits that are not each other's hot spots; use
+// LimitTx for a single hot sharded limit. The locks are held until tx ends,
+// so do not then take the same limits in another order in the same
+// transaction (through LimitTx, say).
+//
+// Each (name, key) may appear once: give one request the sum of the counts
+// instead of two requests. Bad input in any request is an *InvalidError
+// before anything is read or written.
+func (l *Limiter[TTx]) LimitAllTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
+	rs, err := l.newRequests(reqs)
+	if err != nil {
+		return MultiResult{}, err
+	}
+	return l.limitAll(ctx, tx, rs)
+}
+
+// newRequests validates every request of a LimitAll call.
+func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
+	if len(reqs) == 0 {
+		return nil, &InvalidError{Field: "reqs", Problem: "is empty; LimitAll needs at least one Request"}
+	}
+	rs := make([]request, len(reqs))
+	seen := make(map[KeyRef]int, len(reqs))
+	for i, q := range reqs {
+		r, err := l.newRequest(q.Name, q.Key, q.Options)
+		if err == nil {
+			err = r.checkCount()
+		}
+		if err != nil {
+			return nil, err
+		}
+		k := KeyRef{Name: q.Name, Key: q.Key}
+		if j, dup := seen[k]; dup {
+			return nil, &InvalidError{Limit: q.Name, Field: "reqs", Problem: fmt.Sprintf(
+				"holds key %q twice (requests %d and %d); make them one request with the sum of their counts", q.Key, j, i)}
+		}
+		seen[k] = i
+		rs[i] = r
+	}
+	return rs, nil
+}
+
+func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request) (MultiResult, error) {
+	// The store locks in the canonical order whatever the order of the
+	// keys; passing them sorted keeps the SQL and the Go order visibly the
+	// same.
+	order := make([]int, len(rs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		if c := strings.Compare(rs[a].name, rs[b].name); c != 0 {
+			return c
+		}
+		return strings.Compare(rs[a].key, rs[b].key)
+	})
+	p := LockKeysParams{Keys: make([]InsertParams, len(rs)), Now: l.now()}
+	for i, j := range order {
+		r := rs[j]
+		full := algo.Full(r.shard, r.origin)
+		p.Keys[i] = InsertParams{
+			Name: r.name, Key: r.key, Shards: int32(r.config.Shards), Value: full.Value, TS: time.UnixMicro(full.TS),
+		}
+	}
+	locked, err := l.store.LockKeys(ctx, tx, p)
+	if err != nil {
+		return MultiResult{}, err
+	}
+	at := locked.Now
+	now := at.UnixMicro()
+
+	// Decide every limit before writing any.
+	current := make([][]algo.State, len(rs))
+	next := make([][]algo.State, len(rs))
+	decisions := make([]algo.Decision, len(rs))
+	out := MultiResult{OK: true, Results: make([]Result, len(rs)), At: at}
+	for i, j := range order {
+		r := rs[j]
+		current[j] = r.states(locked.Rows[i])
+		next[j], decisions[j] = algo.TakeShards(r.shard, current[j], now, r.count, r.reserve)
+		out.OK = out.OK && decisions[j].OK
+	}
+	var writes []ShardWrite
+	for j, r := range rs {
+		d := decisions[j]
+		states := current[j]
+		if out.OK {
+			states = next[j]
+			writes = append(writes, r.writes(next[j])...)
+		}
+		out.Results[j] = r.result(d, at, states)
+		if d.OK == out.OK {
+			// The longest wait among the denials, or among the
+			// reservations of a grant.
+			out.RetryAfter = max(out.RetryAfter, out.Results[j].RetryAfter)
+		}
+	}
+	if out.OK {
+		return out, l.store.WriteShards(ctx, tx, writes)
+	}
+	// A denied call writes nothing: the rows LockKeys created (full, so
+	// equal to no row) go again, and the limits are as they were.
+	if len(locked.Created) > 0 {
+		if _, err := l.store.DeleteShards(ctx, tx, locked.Created); err != nil {
+			return MultiResult{}, err
+		}
+	}
+	return out, nil
+}
