@@ -1,0 +1,214 @@
+package txlimit
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/txlimit/txlimit/algo"
+)
+
+// DefaultPruneBatchSize is the number of keys one Prune batch examines when
+// PruneOptions.BatchSize is 0.
+const DefaultPruneBatchSize = 1000
+
+// PruneOptions configures Prune. A nil *PruneOptions is the zero value,
+// which is ready to use.
+type PruneOptions struct {
+	// BatchSize is the number of (name, key) pairs one batch examines.
+	// Each batch is one short transaction. Defaults to
+	// DefaultPruneBatchSize.
+	BatchSize int
+	// MaxBatches bounds the work of one call: Prune stops after this many
+	// batches, and the next call on the same Limiter continues where this
+	// one stopped. Defaults to 0: go through every key once.
+	MaxBatches int
+	// Limits gives the configuration of names the Limiter was not given
+	// (limits used only with WithConfig), and replaces the Limiter's own
+	// for the names it lists. Prune must judge each limit by the
+	// configuration its calls use: a row that is full under a smaller
+	// Capacity is not full under a larger one.
+	Limits map[string]Config
+}
+
+// PruneResult reports what Prune did.
+type PruneResult struct {
+	// Deleted is the number of rows deleted.
+	Deleted int
+	// Keys is the number of (name, key) pairs examined.
+	Keys int
+	// Unknown is the number of (name, key) pairs left alone because their
+	// name has no configuration, neither in New nor in
+	// PruneOptions.Limits, so Prune cannot tell whether they are full.
+	// These are often limits that are no longer used; ResetTx deletes them.
+	Unknown int
+	// Batches is the number of transactions Prune ran.
+	Batches int
+	// Complete reports whether the call reached the last key. It is false
+	// when MaxBatches stopped it first.
+	Complete bool
+}
+
+// pruneCursor is where the next Prune call of a Limiter starts.
+type pruneCursor struct {
+	mu    sync.Mutex
+	after KeyRef
+}
+
+// Prune deletes the state of limits that have refilled to capacity. A full
+// limit and a limit with no row are the same (a missing row is read as
+// full), so Prune changes no decision; it keeps the table as small as the
+// set of limits that are actually depleted.
+//
+// Prune goes through the keys in batches of PruneOptions.BatchSize, each in
+// a short transaction of its own on the store's pool (it returns ErrNoPool
+// without one). It deletes the rows of a (name, key) only when it holds all
+// of them and every shard, projected to now, is exactly what a missing row
+// would be; it deletes the rows of one key together, never some shards of
+// it. On PostgreSQL the rows are locked with FOR UPDATE SKIP LOCKED, so Prune
+// never waits for a row that live traffic holds: a key in use is skipped and
+// pruned by a later run. On SQLite each batch takes the database's write
+// lock, like any writer, for the time of the batch.
+//
+// Rows whose name has no configuration are left alone and counted in
+// PruneResult.Unknown. Prune stops at the first error (a cancelled ctx
+// included) and returns it with what it had done.
+func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResult, error) {
+	var o PruneOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.BatchSize < 0 {
+		return PruneResult{}, &InvalidError{Field: "PruneOptions.BatchSize", Problem: fmt.Sprintf("must be >= 0 (0 means %d), got %d", DefaultPruneBatchSize, o.BatchSize)}
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = DefaultPruneBatchSize
+	}
+	if o.MaxBatches < 0 {
+		return PruneResult{}, &InvalidError{Field: "PruneOptions.MaxBatches", Problem: fmt.Sprintf("must be >= 0 (0 means no limit), got %d", o.MaxBatches)}
+	}
+	configs := l.limits
+	if len(o.Limits) > 0 {
+		configs = make(map[string]Config, len(l.limits)+len(o.Limits))
+		for name, c := range l.limits {
+			configs[name] = c
+		}
+		for name, c := range o.Limits {
+			if err := validName(name); err != nil {
+				return PruneResult{}, err
+			}
+			nc, err := c.normalized(name)
+			if err != nil {
+				return PruneResult{}, err
+			}
+			configs[name] = nc
+		}
+	}
+
+	l.prune.mu.Lock()
+	after := l.prune.after
+	l.prune.mu.Unlock()
+	var res PruneResult
+	defer func() {
+		l.prune.mu.Lock()
+		l.prune.after = after
+		l.prune.mu.Unlock()
+	}()
+	for o.MaxBatches == 0 || res.Batches < o.MaxBatches {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		var batch pruneBatch
+		err := l.store.InTx(ctx, false, func(tx TTx) (err error) {
+			batch, err = l.pruneBatch(ctx, tx, configs, after, o.BatchSize)
+			return err
+		})
+		if err != nil {
+			return res, err
+		}
+		res.Batches++
+		res.Keys += batch.keys
+		res.Unknown += batch.unknown
+		res.Deleted += batch.deleted
+		if batch.keys < o.BatchSize {
+			after = KeyRef{}
+			res.Complete = true
+			break
+		}
+		after = batch.last
+	}
+	return res, nil
+}
+
+type pruneBatch struct {
+	keys, unknown, deleted int
+	last                   KeyRef
+}
+
+// pruneBatch examines up to size keys after the cursor and deletes those
+// that are full.
+func (l *Limiter[TTx]) pruneBatch(ctx context.Context, tx TTx, configs map[string]Config, after KeyRef, size int) (pruneBatch, error) {
+	keys, err := l.store.ScanKeys(ctx, tx, ScanKeysParams{AfterName: after.Name, AfterKey: after.Key, Max: size})
+	if err != nil || len(keys) == 0 {
+		return pruneBatch{}, err
+	}
+	b := pruneBatch{keys: len(keys), last: keys[len(keys)-1]}
+	known := keys[:0:0]
+	for _, k := range keys {
+		if _, ok := configs[k.Name]; ok {
+			known = append(known, k)
+		} else {
+			b.unknown++
+		}
+	}
+	if len(known) == 0 {
+		return b, nil
+	}
+	idle, at, err := l.store.LockIdle(ctx, tx, known, l.now())
+	if err != nil {
+		return pruneBatch{}, err
+	}
+	var doomed []ShardKey
+	for _, k := range idle {
+		if len(k.Rows) != k.Total {
+			continue // another transaction holds a row: the key is in use
+		}
+		if !isFull(configs[k.Name], k.Name, k.Key, k.Rows, at.UnixMicro()) {
+			continue
+		}
+		for _, row := range k.Rows {
+			doomed = append(doomed, ShardKey{Name: k.Name, Key: k.Key, Shard: row.Shard})
+		}
+	}
+	if len(doomed) > 0 {
+		if b.deleted, err = l.store.DeleteShards(ctx, tx, doomed); err != nil {
+			return pruneBatch{}, err
+		}
+	}
+	return b, nil
+}
+
+// isFull reports whether the rows of (name, key) are, at now, the same as no
+// row: every shard the config has projects to exactly what a missing shard
+// projects to (algo.Full, which request.states puts in its place). Rows of
+// shards beyond the config's (left by a config with more) are read by no
+// call. Once equal, the two stay equal at every later instant, since Project
+// of a full state depends only on the window origin; a row whose time lies
+// after now (a clock that stepped back) is not equal, and is kept.
+func isFull(c Config, name, key string, rows []ShardRow, now int64) bool {
+	shard := c.shard()
+	var origin int64
+	if c.Kind == FixedWindow {
+		origin = c.origin(name, key)
+	}
+	empty := algo.Project(shard, algo.Full(shard, origin), now)
+	for _, row := range rows {
+		if int(row.Shard) >= c.Shards {
+			continue
+		}
+		if algo.Project(shard, algo.State{Value: row.Value, TS: row.TS.UnixMicro()}, now) != empty {
+			return false
+		}
+	}
+	return true
+}
