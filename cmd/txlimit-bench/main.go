@@ -51,6 +51,12 @@
 // status 1 (after writing its files, so that they show the failure).
 //
 // -quick is a smoke run of well under 30 s: short cells, one repeat.
+//
+// -profile times every PostgreSQL statement (as the client sees it: the round
+// trip and any lock wait included) and prints, per cell, the mean time per
+// call spent in each kind: BEGIN, each of txlimit's queries by its sqlc name,
+// each batch by its statements, COMMIT. The timing costs a little, so the
+// ops/s of a profiled run are not the ones to quote.
 package main
 
 import (
@@ -99,6 +105,7 @@ type config struct {
 	Shards        []int
 	Out           string // directory for results.{csv,json,svg}; "" writes none
 	Quick         bool
+	Profile       bool
 	// CheckDuration is how long each real-clock admission check runs.
 	CheckDuration time.Duration
 	// Command is the command line, recorded in the results.
@@ -121,6 +128,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&shds, "shards", "4,16,64", "shard counts of the hot-shards scenarios, comma-separated")
 	fs.StringVar(&cfg.Out, "out", "", "write results.csv, results.json and results.svg to this directory")
 	fs.BoolVar(&cfg.Quick, "quick", false, "smoke run: 250ms cells, one repeat (well under 30s in all)")
+	fs.BoolVar(&cfg.Profile, "profile", false, "time every PostgreSQL statement and print where each cell's calls spend their time")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: txlimit-bench -dsn postgres://... [-sqlite] [-duration 2s] [-repeat 3] [-out docs/bench] [-quick]")
 		fs.PrintDefaults()

@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"html"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -40,6 +42,10 @@ type Row struct {
 	// gave up its shard and locked every shard instead.
 	Fallback float64   `json:"fallback_share"`
 	Runs     []float64 `json:"runs_ops_per_sec"`
+	// Profile is, with -profile, the mean time per call spent in each kind
+	// of statement (µs, as the client sees it: round trip and lock waits
+	// included), PostgreSQL only.
+	Profile map[string]float64 `json:"profile_us_per_op,omitempty"`
 }
 
 // Target is one of the issue's goals, evaluated.
@@ -125,6 +131,8 @@ func writeTable(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "load average: %s at the start, %s at the end (%d CPUs)\n", rep.LoadStart, rep.LoadEnd, rep.CPUs)
 	}
 
+	writeProfile(w, rep)
+
 	failed := 0
 	for _, c := range rep.Checks {
 		if !c.OK {
@@ -142,6 +150,30 @@ func writeTable(w io.Writer, rep *Report) {
 			}
 			fmt.Fprintf(w, "  %s: %.2fx, %s\n", t.Name, t.Got, verdict)
 		}
+	}
+}
+
+// writeProfile prints the -profile breakdown: where each cell's time goes,
+// per call, statement by statement, slowest first.
+func writeProfile(w io.Writer, rep *Report) {
+	header := false
+	for _, r := range rep.Rows {
+		if len(r.Profile) == 0 {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(w, "\nprofile: mean µs per call in each statement as the client sees it (round trip and lock waits included)")
+			header = true
+		}
+		labels := slices.Collect(maps.Keys(r.Profile))
+		slices.SortFunc(labels, func(a, b string) int { return cmp.Compare(r.Profile[b], r.Profile[a]) })
+		total := 0.0
+		parts := make([]string, len(labels))
+		for i, l := range labels {
+			total += r.Profile[l]
+			parts[i] = fmt.Sprintf("%s %.0f", l, r.Profile[l])
+		}
+		fmt.Fprintf(w, "  %s %s %s %d clients: total %.0f = %s\n", r.DB, r.Scenario, r.Impl, r.Clients, total, strings.Join(parts, ", "))
 	}
 }
 

@@ -85,10 +85,15 @@ type bench struct {
 	samples map[cell][]sample
 	order   []cell // cells in the order they were first measured
 	checks  []check
+	// With -profile: the time spent per kind of statement in each cell's
+	// timed calls, all repeats together, and the number of those calls.
+	spent    map[cell]map[string]time.Duration
+	spentOps map[cell]int64
 }
 
 func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
-	b := &bench{cfg: cfg, w: w, samples: map[cell][]sample{}}
+	b := &bench{cfg: cfg, w: w, samples: map[cell][]sample{},
+		spent: map[cell]map[string]time.Duration{}, spentOps: map[cell]int64{}}
 	rep := &Report{
 		Generated: time.Now().UTC().Truncate(time.Second),
 		Command:   cfg.Command,
@@ -153,7 +158,7 @@ func (b *bench) postgres(ctx context.Context, env *pgEnv) error {
 		return map[string]subject{"floor": pgFloor{p}, "txlimit": pgLimit{p}}
 	}
 	for _, clients := range b.cfg.Clients {
-		p, err := env.pool(ctx, clients)
+		p, err := env.pool(ctx, clients, b.cfg.Profile)
 		if err != nil {
 			return err
 		}
@@ -171,7 +176,7 @@ func (b *bench) postgres(ctx context.Context, env *pgEnv) error {
 		}
 	}
 	clients := slices.Max(b.cfg.Clients)
-	p, err := env.pool(ctx, clients)
+	p, err := env.pool(ctx, clients, false)
 	if err != nil {
 		return err
 	}
@@ -206,6 +211,7 @@ func (b *bench) measure(ctx context.Context, cells []cell, subjects map[string]s
 			name := fmt.Sprintf("%s/%s/%s/c%d/r%d", c.db, c.scenario.name, c.impl, c.clients, r)
 			spec := timedSpec(name, c.scenario.shards)
 			var queries, batches, undos int64
+			var spent map[string]time.Duration
 			st, err := drive(ctx, subjects[c.impl], spec, workload{
 				keys:     c.scenario.keys(c.clients),
 				duration: b.cfg.Duration,
@@ -218,6 +224,7 @@ func (b *bench) measure(ctx context.Context, cells []cell, subjects map[string]s
 				finished: func() {
 					if trace != nil {
 						queries, batches, undos = trace.queries.Load(), trace.batches.Load(), trace.undos.Load()
+						spent = trace.profile()
 					}
 				},
 			})
@@ -235,6 +242,15 @@ func (b *bench) measure(ctx context.Context, cells []cell, subjects map[string]s
 			}
 			if _, seen := b.samples[c]; !seen {
 				b.order = append(b.order, c)
+			}
+			if trace != nil && trace.timing {
+				if b.spent[c] == nil {
+					b.spent[c] = map[string]time.Duration{}
+				}
+				for label, d := range spent {
+					b.spent[c][label] += d
+				}
+				b.spentOps[c] += st.ops
 			}
 			b.samples[c] = append(b.samples[c], s)
 			b.checks = append(b.checks, checkAllAdmitted(name, spec, st))
@@ -299,6 +315,12 @@ func (b *bench) rows() []Row {
 		}
 		for _, s := range ss {
 			r.Runs = append(r.Runs, s.opsPerSec)
+		}
+		if ops := b.spentOps[c]; ops > 0 {
+			r.Profile = map[string]float64{}
+			for label, d := range b.spent[c] {
+				r.Profile[label] = float64(d.Microseconds()) / float64(ops)
+			}
 		}
 		rows = append(rows, r)
 	}

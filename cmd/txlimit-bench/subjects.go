@@ -6,9 +6,11 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -79,7 +81,7 @@ func openPostgres(ctx context.Context, dsn string) (env *pgEnv, drop func(), err
 			fmt.Fprintf(os.Stderr, "txlimit-bench: could not drop schema %s: %v\n", env.schema, err)
 		}
 	}
-	pool, err := env.pool(ctx, 2)
+	pool, err := env.pool(ctx, 2, false)
 	if err != nil {
 		drop()
 		return nil, nil, err
@@ -105,14 +107,14 @@ type pgPool struct {
 	trace *tracer
 }
 
-func (e *pgEnv) pool(ctx context.Context, conns int) (*pgPool, error) {
+func (e *pgEnv) pool(ctx context.Context, conns int, timing bool) (*pgPool, error) {
 	cfg, err := pgxpool.ParseConfig(e.dsn)
 	if err != nil {
 		return nil, fmt.Errorf("parse -dsn: %w", err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = e.schema
 	cfg.MaxConns = int32(conns)
-	t := &tracer{}
+	t := &tracer{timing: timing, spent: map[string]time.Duration{}}
 	cfg.ConnConfig.Tracer = t
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -126,27 +128,98 @@ func (p *pgPool) close() { p.pool.Close() }
 // tracer counts the queries and batches (each one round trip once the
 // statements are cached) that a pool's connections send, and how many times
 // pgstore rolled a sharded limit's fast path back to its savepoint, that is
-// how many calls went on to lock every shard.
+// how many calls went on to lock every shard. With timing set it also adds
+// up the time spent in each kind of statement, as the client sees it (the
+// round trip and any lock wait included): the -profile breakdown.
 type tracer struct {
 	queries, batches, undos atomic.Int64
+
+	timing bool
+	mu     sync.Mutex
+	spent  map[string]time.Duration
+}
+
+type traceStart struct{}
+
+type started struct {
+	label string
+	at    time.Time
 }
 
 func (t *tracer) reset() {
 	t.queries.Store(0)
 	t.batches.Store(0)
 	t.undos.Store(0)
+	t.mu.Lock()
+	t.spent = map[string]time.Duration{}
+	t.mu.Unlock()
 }
 
-func (t *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+// profile returns the time spent per kind of statement since reset.
+func (t *tracer) profile() map[string]time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return maps.Clone(t.spent)
+}
+
+func (t *tracer) start(ctx context.Context, label string) context.Context {
+	if !t.timing {
+		return ctx
+	}
+	return context.WithValue(ctx, traceStart{}, started{label, time.Now()})
+}
+
+func (t *tracer) end(ctx context.Context) {
+	s, ok := ctx.Value(traceStart{}).(started)
+	if !ok {
+		return
+	}
+	d := time.Since(s.at)
+	t.mu.Lock()
+	t.spent[s.label] += d
+	t.mu.Unlock()
+}
+
+// statementLabel names a statement for the profile: the sqlc query name of
+// txlimit's statements, the first words of the others.
+func statementLabel(sql string) string {
+	sql = strings.TrimSpace(sql)
+	if rest, ok := strings.CutPrefix(sql, "-- name: "); ok {
+		name, _, _ := strings.Cut(rest, " ")
+		return name
+	}
+	f := strings.Fields(sql)
+	switch {
+	case len(f) == 0:
+		return "(empty)"
+	case strings.Contains(sql, "floor_table"):
+		return "floor " + strings.ToUpper(f[0])
+	case len(f) >= 3 && strings.EqualFold(f[1], "TO"):
+		return strings.ToUpper(f[0] + " TO " + f[2]) // ROLLBACK TO SAVEPOINT
+	}
+	return strings.ToUpper(f[0])
+}
+
+func (t *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	t.queries.Add(1)
-	return ctx
+	if !t.timing {
+		return ctx
+	}
+	return t.start(ctx, statementLabel(d.SQL))
 }
 
-func (t *tracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (t *tracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) { t.end(ctx) }
 
-func (t *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+func (t *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	t.batches.Add(1)
-	return ctx
+	if !t.timing {
+		return ctx
+	}
+	labels := make([]string, len(d.Batch.QueuedQueries))
+	for i, q := range d.Batch.QueuedQueries {
+		labels[i] = statementLabel(q.SQL)
+	}
+	return t.start(ctx, "["+strings.Join(labels, " + ")+"]")
 }
 
 func (t *tracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
@@ -155,7 +228,7 @@ func (t *tracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatc
 	}
 }
 
-func (t *tracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+func (t *tracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchEndData) { t.end(ctx) }
 
 // pgLimit is txlimit on PostgreSQL: pgx.BeginFunc around LimitTx.
 type pgLimit struct{ p *pgPool }
