@@ -73,10 +73,11 @@ type Store[TTx any] interface {
 	// (where ("", "") comes before every pair), without locking anything.
 	ScanKeys(ctx context.Context, tx TTx, p ScanKeysParams) ([]KeyRef, error)
 
-	// LockIdle locks the rows of keys that no other transaction holds,
-	// without ever waiting, and returns them per key with the number of
-	// rows the key has in all (locked or not), and the clock. Keys whose
-	// rows are all held elsewhere may be missing from the result.
+	// LockIdle locks the rows of keys (pairs ScanKeys returned, in its
+	// order) that no other transaction holds, without ever waiting, and
+	// returns them per key with the number of rows the key has in all
+	// (locked or not), and the clock. Keys whose rows are all held
+	// elsewhere may be missing from the result.
 	LockIdle(ctx context.Context, tx TTx, keys []KeyRef, now *time.Time) ([]IdleKey, time.Time, error)
 
 	// SkipsLocked reports whether TryLockShard can pass over rows that

@@ -356,25 +356,37 @@ func (s *Store) ScanKeys(ctx context.Context, tx *sql.Tx, p txlimit.ScanKeysPara
 // LockIdle implements txlimit.Store. SQLite cannot pass over rows that
 // another transaction holds: it takes the write lock, waiting up to
 // busy_timeout like every writer, and then holds every row, so each key's
-// Total is the number of its rows.
+// Total is the number of its rows. The rows of all the keys are read in one
+// range scan of the primary key, from the first key to the last.
 func (s *Store) LockIdle(ctx context.Context, tx *sql.Tx, keys []txlimit.KeyRef, now *time.Time) ([]txlimit.IdleKey, time.Time, error) {
-	var out []txlimit.IdleKey
+	if len(keys) == 0 {
+		return nil, clock(now), nil
+	}
+	first, last := keys[0], keys[len(keys)-1]
+	if err := s.lock(ctx, tx, first.Name, first.Key); err != nil {
+		return nil, time.Time{}, err
+	}
+	rows, err := s.queries.RowsBetween(ctx, tx, gen.RowsBetweenParams{
+		FirstName: first.Name, FirstKey: first.Key, LastName: last.Name, LastKey: last.Key,
+	})
+	if err != nil {
+		return nil, time.Time{}, wrap("lock idle", err)
+	}
+	wanted := make(map[txlimit.KeyRef]bool, len(keys))
 	for _, k := range keys {
-		if err := s.lock(ctx, tx, k.Name, k.Key); err != nil {
-			return nil, time.Time{}, err
-		}
-		rows, err := s.queries.LockShards(ctx, tx, gen.LockShardsParams{Name: k.Name, Key: k.Key})
-		if err != nil {
-			return nil, time.Time{}, wrap("lock idle", err)
-		}
-		if len(rows) == 0 {
+		wanted[k] = true
+	}
+	var out []txlimit.IdleKey
+	for _, r := range rows {
+		if !wanted[txlimit.KeyRef{Name: r.Name, Key: r.Key}] {
 			continue
 		}
-		ik := txlimit.IdleKey{Name: k.Name, Key: k.Key, Total: len(rows)}
-		for _, r := range rows {
-			ik.Rows = append(ik.Rows, shardRow(r.Shard, r.Value, r.Ts))
+		if len(out) == 0 || out[len(out)-1].Name != r.Name || out[len(out)-1].Key != r.Key {
+			out = append(out, txlimit.IdleKey{Name: r.Name, Key: r.Key})
 		}
-		out = append(out, ik)
+		last := &out[len(out)-1]
+		last.Rows = append(last.Rows, shardRow(r.Shard, r.Value, r.Ts))
+		last.Total++
 	}
 	return out, clock(now), nil
 }

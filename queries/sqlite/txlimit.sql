@@ -52,6 +52,15 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 -- The next (name, key) pairs after a cursor, in primary-key order, for
 -- Prune.
 SELECT DISTINCT name, key FROM txlimit
-WHERE name > sqlc.arg(after_name) OR (name = sqlc.arg(after_name) AND key > sqlc.arg(after_key))
+WHERE (name, key) > (sqlc.arg(after_name), sqlc.arg(after_key))
 ORDER BY name, key
 LIMIT sqlc.arg(max_keys);
+
+-- name: RowsBetween :many
+-- The rows of the keys from (first_name, first_key) to (last_name,
+-- last_key), both included, in primary-key order: the rows of a batch of
+-- ScanKeys in one indexed range scan.
+SELECT name, key, shard, value, ts FROM txlimit
+WHERE (name, key) >= (sqlc.arg(first_name), sqlc.arg(first_key))
+  AND (name, key) <= (sqlc.arg(last_name), sqlc.arg(last_key))
+ORDER BY name, key, shard;

@@ -159,9 +159,60 @@ func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams)
 	return items, nil
 }
 
+const rowsBetween = `-- name: RowsBetween :many
+SELECT name, key, shard, value, ts FROM txlimit
+WHERE (name, key) >= (?1, ?2)
+  AND (name, key) <= (?3, ?4)
+ORDER BY name, key, shard
+`
+
+type RowsBetweenParams struct {
+	FirstName string
+	FirstKey  string
+	LastName  string
+	LastKey   string
+}
+
+// The rows of the keys from (first_name, first_key) to (last_name,
+// last_key), both included, in primary-key order: the rows of a batch of
+// ScanKeys in one indexed range scan.
+func (q *Queries) RowsBetween(ctx context.Context, db DBTX, arg RowsBetweenParams) ([]Txlimit, error) {
+	rows, err := db.QueryContext(ctx, rowsBetween,
+		arg.FirstName,
+		arg.FirstKey,
+		arg.LastName,
+		arg.LastKey,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Txlimit
+	for rows.Next() {
+		var i Txlimit
+		if err := rows.Scan(
+			&i.Name,
+			&i.Key,
+			&i.Shard,
+			&i.Value,
+			&i.Ts,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const scanKeys = `-- name: ScanKeys :many
 SELECT DISTINCT name, key FROM txlimit
-WHERE name > ?1 OR (name = ?1 AND key > ?2)
+WHERE (name, key) > (?1, ?2)
 ORDER BY name, key
 LIMIT ?3
 `
