@@ -139,9 +139,12 @@ type Options struct {
 // TTx is the store's transaction type (pgx.Tx for pgstore, *sql.Tx for
 // sqlitestore) and is inferred from the store given to New.
 //
-// Every operation has two forms, following River: XTx runs in a transaction
-// the caller owns, so the tokens are spent if and only if that transaction
-// commits; X runs in a short transaction of its own on the store's pool.
+// Every operation on a limit has two forms, following River: XTx runs in a
+// transaction the caller owns, so the tokens are spent if and only if that
+// transaction commits; X runs in a short transaction of its own on the
+// store's pool. LimitAll takes several limits at once, all or none. Prune,
+// the maintenance job that deletes the state of limits that are full again,
+// runs transactions of its own.
 //
 // A Limiter is safe for concurrent use.
 type Limiter[TTx any] struct {
@@ -206,7 +209,7 @@ func Reserve() Option { return func(o *callOptions) { o.reserve = true } }
 // was.
 func WithConfig(c Config) Option { return func(o *callOptions) { cc := c; o.config = &cc } }
 
-// Result is the outcome of Limit or Check.
+// Result is the outcome of Limit or Check, or of one limit of LimitAll.
 type Result struct {
 	Name string
 	Key  string
@@ -530,7 +533,9 @@ func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now
 }
 
 // lockAll locks every shard of r's limit in shard order, creating the
-// missing ones as full first.
+// missing ones as full: it locks the rows there are, and when some are
+// missing, creates them, locking the others as it goes in shard order
+// (InsertShards), and reads them all again.
 func (l *Limiter[TTx]) lockAll(ctx context.Context, tx TTx, r request, now *time.Time) ([]ShardRow, time.Time, error) {
 	p := KeyParams{Name: r.name, Key: r.key, Now: now}
 	rows, at, err := l.store.LockShards(ctx, tx, p)
@@ -626,8 +631,8 @@ func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, op
 		return Result{}, err
 	}
 	states := r.states(rows)
-	next, d := algo.TakeShards(r.shard, states, at.UnixMicro(), r.count, r.reserve)
-	return r.result(d, at, next), nil
+	_, d := algo.TakeShards(r.shard, states, at.UnixMicro(), r.count, r.reserve)
+	return r.result(d, at, states), nil
 }
 
 // Reset is ResetTx in a short transaction of its own.

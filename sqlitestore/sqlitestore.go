@@ -36,9 +36,9 @@
 //     IMMEDIATE, which takes the write lock at BEGIN, waiting under
 //     busy_timeout. With a deferred BEGIN (the default of database/sql
 //     drivers), a transaction that reads before it writes (the
-//     application's own queries, or the Limiter's unlocked pre-check of a
-//     sharded limit) holds a read snapshot, and SQLite cannot let it wait
-//     for the write lock: if another connection holds the lock, or has
+//     application's own queries, or a CheckTx or ValueTx before a
+//     LimitTx) holds a read snapshot, and SQLite cannot let it wait for
+//     the write lock: if another connection holds the lock, or has
 //     committed since the snapshot, the upgrade fails at once with
 //     SQLITE_BUSY or SQLITE_BUSY_SNAPSHOT, whatever busy_timeout says. The
 //     store takes the write lock before it reads the rows it will write, so
