@@ -453,17 +453,11 @@ func (l *Limiter[TTx]) LimitTx(ctx context.Context, tx TTx, name, key string, op
 func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, error) {
 	now := l.now()
 	n := r.config.Shards
-	// committed is every row as last committed, when the call has read
-	// them without a lock.
-	var committed []ShardRow
-	var committedAt time.Time
-	read := false
 	if n > 1 && l.store.SkipsLocked() && r.count <= r.shard.Capacity {
-		res, tried, err := l.limitOneShard(ctx, tx, r, now)
-		if err != nil || tried.Locked {
+		res, done, err := l.limitOneShard(ctx, tx, r, now)
+		if err != nil || done {
 			return res, err
 		}
-		committed, committedAt, read = tried.All, tried.Now, true
 	}
 	if n > 1 && !r.reserve && l.store.SkipsLocked() {
 		// Before queueing on every shard, see whether the committed state
@@ -472,16 +466,13 @@ func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, er
 		// this call), so such a denial is right without any lock. (A store
 		// with one writer at a time has no queue per row to avoid, and a
 		// read before the write lock would only hold a stale snapshot.)
-		if !read {
-			var err error
-			committed, committedAt, err = l.store.ReadShards(ctx, tx, KeyParams{Name: r.name, Key: r.key, Now: now})
-			if err != nil {
-				return Result{}, err
-			}
+		rows, at, err := l.store.ReadShards(ctx, tx, KeyParams{Name: r.name, Key: r.key, Now: now})
+		if err != nil {
+			return Result{}, err
 		}
-		states := r.states(committed)
-		if _, d := algo.TakeShards(r.shard, states, committedAt.UnixMicro(), r.count, false); !d.OK {
-			return r.result(d, committedAt, states), nil
+		states := r.states(rows)
+		if _, d := algo.TakeShards(r.shard, states, at.UnixMicro(), r.count, false); !d.OK {
+			return r.result(d, at, states), nil
 		}
 	}
 	rows, at, err := l.lockAll(ctx, tx, r, now)
@@ -500,17 +491,18 @@ func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, er
 
 // limitOneShard is the fast path of a sharded limit: take the first shard, in
 // a random order, that no other transaction holds, and consume from it alone
-// when it has enough. When tried.Locked is false, the caller must fall back
-// to locking every shard, and the shard's lock has been released; tried.All
-// then holds every row as last committed.
-func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now *time.Time) (Result, TryLockResult, error) {
+// when it has enough. done is false when the caller must fall back to
+// locking every shard; the shard's lock has then been released. The other
+// shards, read in the same round trip as last committed, give the result
+// its Remaining.
+func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now *time.Time) (Result, bool, error) {
 	order := make([]int32, r.config.Shards)
 	for i, s := range rand.Perm(len(order)) {
 		order[i] = int32(s)
 	}
 	tried, err := l.store.TryLockShard(ctx, tx, TryLockParams{Name: r.name, Key: r.key, Order: order, Now: now})
 	if err != nil {
-		return Result{}, TryLockResult{}, err
+		return Result{}, false, err
 	}
 	if tried.Locked && int(tried.Row.Shard) < r.config.Shards {
 		at := tried.Now
@@ -521,15 +513,14 @@ func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now
 				Name: r.name, Key: r.key, Shard: tried.Row.Shard, Value: next.Value, TS: time.UnixMicro(next.TS),
 			}})
 			if err != nil {
-				return Result{}, TryLockResult{}, err
+				return Result{}, false, err
 			}
 			states := r.states(tried.All)
 			states[tried.Row.Shard] = next
-			return r.result(d, at, states), tried, nil
+			return r.result(d, at, states), true, nil
 		}
 	}
-	tried.Locked = false
-	return Result{}, tried, l.store.UndoTry(ctx, tx)
+	return Result{}, false, l.store.UndoTry(ctx, tx)
 }
 
 // lockAll locks every shard of r's limit in shard order, creating the

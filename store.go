@@ -33,10 +33,11 @@ type Store[TTx any] interface {
 
 	// TryLockShard locks the first row of (Name, Key) in Order that no
 	// other transaction holds, without waiting, and reads every row of
-	// (Name, Key) as ReadShards does. Locked is false when every listed row
-	// is held or missing. The lock is taken inside a savepoint the Limiter
-	// later ends with KeepTry or UndoTry, so that a lock it does not use can
-	// be let go.
+	// (Name, Key) without locking them, as ReadShards does, in the same
+	// round trip. Locked is false when every listed row is held or
+	// missing. The lock is taken inside a savepoint the Limiter later ends
+	// with KeepTry or UndoTry, so that a lock it does not use can be let
+	// go.
 	TryLockShard(ctx context.Context, tx TTx, p TryLockParams) (TryLockResult, error)
 	// KeepTry writes rows (as WriteShards) and releases the savepoint of
 	// TryLockShard, keeping its lock.
@@ -118,8 +119,9 @@ type TryLockResult struct {
 	// Row is the row it locked, when Locked.
 	Row    ShardRow
 	Locked bool
-	// All is every row of the key as ReadShards returns them, read after
-	// the lock was taken.
+	// All is every row of the key as last committed, as ReadShards
+	// returns them. The locked row may be newer in Row than in All (a
+	// commit between the read and the lock).
 	All []ShardRow
 	Now time.Time
 }

@@ -82,30 +82,32 @@ const (
 	releaseSavepoint = "RELEASE SAVEPOINT txlimit_try"
 )
 
-// TryLockShard implements txlimit.Store. The savepoint, the lock and the
-// read of every row go to the server in one round trip.
+// TryLockShard implements txlimit.Store. The savepoint and one statement
+// that takes the lock and reads every row go to the server in one round
+// trip.
 func (s *Store) TryLockShard(ctx context.Context, tx pgx.Tx, p txlimit.TryLockParams) (txlimit.TryLockResult, error) {
 	b := &pgx.Batch{}
 	b.Queue(savepoint)
 	b.Queue(db.TryLockShard, p.Now, p.Name, p.Key, p.Order) // as db.Queries.TryLockShard
-	b.Queue(db.ReadShards, p.Now, p.Name, p.Key)            // as db.Queries.ReadShards
 	res := tx.SendBatch(ctx, b)
 	var out txlimit.TryLockResult
 	_, err := res.Exec()
 	if err == nil {
-		var r db.TryLockShardRow
-		err = res.QueryRow().Scan(&r.Shard, &r.Value, &r.Ts, &r.Clock)
-		if err == nil {
-			out.Row, out.Locked = txlimit.ShardRow{Shard: r.Shard, Value: r.Value, TS: r.Ts}, true
-		} else if err == pgx.ErrNoRows {
-			err = nil
-		}
-	}
-	if err == nil {
 		var rows pgx.Rows
 		rows, err = res.Query()
 		if err == nil {
-			out.All, out.Now, err = readRows(rows)
+			var r db.TryLockShardRow
+			_, err = pgx.ForEachRow(rows, []any{&r.Shard, &r.Value, &r.Ts, &r.Clock, &r.LockedShard, &r.LockedValue, &r.LockedTs}, func() error {
+				out.Now = r.Clock
+				if r.Shard != nil {
+					out.All = append(out.All, txlimit.ShardRow{Shard: *r.Shard, Value: *r.Value, TS: *r.Ts})
+				}
+				if r.LockedShard != nil {
+					out.Row = txlimit.ShardRow{Shard: *r.LockedShard, Value: *r.LockedValue, TS: *r.LockedTs}
+					out.Locked = true
+				}
+				return nil
+			})
 		}
 	}
 	if cerr := res.Close(); err == nil {

@@ -415,14 +415,20 @@ func (q *Queries) ScanKeys(ctx context.Context, db DBTX, arg ScanKeysParams) ([]
 	return items, nil
 }
 
-const TryLockShard = `-- name: TryLockShard :one
-SELECT shard, value, ts,
-       CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
-FROM txlimit
-WHERE name = $2 AND key = $3 AND shard = ANY($4::integer[])
-ORDER BY array_position($4::integer[], shard)
-LIMIT 1
-FOR UPDATE SKIP LOCKED
+const TryLockShard = `-- name: TryLockShard :many
+WITH l AS MATERIALIZED (
+    SELECT shard, value, ts FROM txlimit
+    WHERE name = $2 AND key = $3 AND shard = ANY($4::integer[])
+    ORDER BY array_position($4::integer[], shard)
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+SELECT t.shard, t.value, t.ts, c.clock,
+       l.shard AS locked_shard, l.value AS locked_value, l.ts AS locked_ts
+FROM (SELECT CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS c
+LEFT JOIN l ON true
+LEFT JOIN txlimit AS t ON t.name = $2 AND t.key = $3
+ORDER BY t.shard
 `
 
 type TryLockShardParams struct {
@@ -433,29 +439,53 @@ type TryLockShardParams struct {
 }
 
 type TryLockShardRow struct {
-	Shard int32
-	Value float64
-	Ts    time.Time
-	Clock time.Time
+	Shard       *int32
+	Value       *float64
+	Ts          *time.Time
+	Clock       time.Time
+	LockedShard *int32
+	LockedValue *float64
+	LockedTs    *time.Time
 }
 
 // Locks the first row of (name, key) in the order given that no other
-// transaction holds, without waiting.
-func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardParams) (TryLockShardRow, error) {
-	row := db.QueryRow(ctx, TryLockShard,
+// transaction holds, without waiting, and reads every row of (name, key)
+// in the same statement: one row per shard, each with the locked row
+// (NULL when every listed row is held or missing), or a single row of
+// NULLs with the clock when the key has none. The locked row is returned
+// as locked: the read of every row sees the statement's snapshot, which a
+// concurrent commit may have overtaken.
+func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardParams) ([]TryLockShardRow, error) {
+	rows, err := db.Query(ctx, TryLockShard,
 		arg.Now,
 		arg.Name,
 		arg.Key,
 		arg.Shards,
 	)
-	var i TryLockShardRow
-	err := row.Scan(
-		&i.Shard,
-		&i.Value,
-		&i.Ts,
-		&i.Clock,
-	)
-	return i, err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []TryLockShardRow
+	for rows.Next() {
+		var i TryLockShardRow
+		if err := rows.Scan(
+			&i.Shard,
+			&i.Value,
+			&i.Ts,
+			&i.Clock,
+			&i.LockedShard,
+			&i.LockedValue,
+			&i.LockedTs,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const WriteShards = `-- name: WriteShards :exec
