@@ -42,9 +42,9 @@
 //     refill of the time elapsed (a lost update would leave more);
 //   - on a frozen clock, with a capacity of 100 and clients that call until
 //     they are denied, exactly 100 must be admitted per key;
-//   - on the real clock, with a capacity of 128 refilled at 256 tokens a
-//     second and clients that call for a while, capacity <= admitted <=
-//     capacity + rate * elapsed.
+//   - on the real clock, with a small capacity (8, or 2 a shard) refilled at
+//     a quarter of it a second and clients that call until each has been
+//     denied, capacity <= admitted <= capacity + rate * elapsed per key.
 //
 // The last two run for every scenario, txlimit and floor, at the largest
 // client count. Each check is printed; when one fails the command exits with
