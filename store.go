@@ -32,12 +32,12 @@ type Store[TTx any] interface {
 	InsertShards(ctx context.Context, tx TTx, p InsertParams) error
 
 	// TryLockShard locks the first row of (Name, Key) in Order that no
-	// other transaction holds, without waiting, and reads every row of
-	// (Name, Key) without locking them, as ReadShards does, in the same
-	// round trip. Locked is false when every listed row is held or
-	// missing. The lock is taken inside a savepoint the Limiter later ends
-	// with KeepTry or UndoTry, so that a lock it does not use can be let
-	// go.
+	// other transaction holds, without waiting, and, when ReadAll is set,
+	// reads every row of (Name, Key) without locking them, as ReadShards
+	// does, in the same round trip. Locked is false when every listed row
+	// is held or missing. The lock is taken inside a savepoint the Limiter
+	// later ends with KeepTry or UndoTry, so that a lock it does not use
+	// can be let go.
 	TryLockShard(ctx context.Context, tx TTx, p TryLockParams) (TryLockResult, error)
 	// KeepTry writes rows (as WriteShards) and releases the savepoint of
 	// TryLockShard, keeping its lock.
@@ -112,6 +112,8 @@ type TryLockParams struct {
 	Key   string
 	Order []int32
 	Now   *time.Time
+	// ReadAll asks for every row of the key too (TryLockResult.All).
+	ReadAll bool
 }
 
 // TryLockResult is what TryLockShard found.
@@ -119,10 +121,11 @@ type TryLockResult struct {
 	// Row is the row it locked, when Locked.
 	Row    ShardRow
 	Locked bool
-	// All is every row of the key as last committed, as ReadShards
-	// returns them. The locked row may be newer in Row than in All (a
-	// commit between the read and the lock).
+	// All is, when TryLockParams.ReadAll was set, every row of the key as
+	// last committed, as ReadShards returns them. The locked row may be
+	// newer in Row than in All (a commit between the read and the lock).
 	All []ShardRow
+	// Now is the clock. It may be zero when nothing was locked or read.
 	Now time.Time
 }
 

@@ -33,9 +33,9 @@
 // the side of telling a client less than it has, never more. A denied
 // request gets 429 Too Many Requests with Retry-After: Result.RetryAfter in
 // whole seconds rounded up (1.2s → 2), so a client that waits that long is
-// never early. The values are those of the call: on a sharded limit served
-// from one free shard, the other shards count as last committed
-// (Result.Remaining says more).
+// never early. The values are those of the call, which asks for them with
+// txlimit.WithRemaining: on a sharded limit served from one free shard, the
+// other shards count as last committed (Result.Remaining says more).
 package httplimit
 
 import (
@@ -206,15 +206,18 @@ func (m *Limit[TTx]) Tx(w http.ResponseWriter, r *http.Request, tx TTx) (bool, e
 	return m.respond(w, r, res), nil
 }
 
+// request returns the key and options of r's call. WithRemaining: the
+// header fields need Remaining on every path, sharded limits included.
 func (m *Limit[TTx]) request(r *http.Request) (string, []txlimit.Option, error) {
 	key, err := m.key(r)
 	if err != nil {
 		return "", nil, err
 	}
-	if m.count == nil {
-		return key, nil, nil
+	opts := []txlimit.Option{txlimit.WithRemaining()}
+	if m.count != nil {
+		opts = append(opts, txlimit.Count(m.count(r)))
 	}
-	return key, []txlimit.Option{txlimit.Count(m.count(r))}, nil
+	return key, opts, nil
 }
 
 // respond sets the header fields of res on w and, for a denial, writes the

@@ -82,21 +82,27 @@ const (
 	releaseSavepoint = "RELEASE SAVEPOINT txlimit_try"
 )
 
-// TryLockShard implements txlimit.Store. The savepoint and one statement
-// that takes the lock and reads every row go to the server in one round
-// trip.
+// TryLockShard implements txlimit.Store. The savepoint and the lock (with
+// the read of every row, when p.ReadAll, in the same statement) go to the
+// server in one round trip.
 func (s *Store) TryLockShard(ctx context.Context, tx pgx.Tx, p txlimit.TryLockParams) (txlimit.TryLockResult, error) {
 	b := &pgx.Batch{}
 	b.Queue(savepoint)
-	b.Queue(db.TryLockShard, p.Now, p.Name, p.Key, p.Order) // as db.Queries.TryLockShard
+	if p.ReadAll {
+		b.Queue(db.TryLockShardAndRead, p.Now, p.Name, p.Key, p.Order) // as db.Queries.TryLockShardAndRead
+	} else {
+		b.Queue(db.TryLockShard, p.Now, p.Name, p.Key, p.Order) // as db.Queries.TryLockShard
+	}
 	res := tx.SendBatch(ctx, b)
 	var out txlimit.TryLockResult
 	_, err := res.Exec()
-	if err == nil {
+	switch {
+	case err != nil:
+	case p.ReadAll:
 		var rows pgx.Rows
 		rows, err = res.Query()
 		if err == nil {
-			var r db.TryLockShardRow
+			var r db.TryLockShardAndReadRow
 			_, err = pgx.ForEachRow(rows, []any{&r.Shard, &r.Value, &r.Ts, &r.Clock, &r.LockedShard, &r.LockedValue, &r.LockedTs}, func() error {
 				out.Now = r.Clock
 				if r.Shard != nil {
@@ -108,6 +114,14 @@ func (s *Store) TryLockShard(ctx context.Context, tx pgx.Tx, p txlimit.TryLockPa
 				}
 				return nil
 			})
+		}
+	default:
+		var r db.TryLockShardRow
+		err = res.QueryRow().Scan(&r.Shard, &r.Value, &r.Ts, &r.Clock)
+		if err == nil {
+			out = txlimit.TryLockResult{Row: txlimit.ShardRow{Shard: r.Shard, Value: r.Value, TS: r.Ts}, Locked: true, Now: r.Clock}
+		} else if err == pgx.ErrNoRows {
+			err = nil
 		}
 	}
 	if cerr := res.Close(); err == nil {

@@ -8,14 +8,24 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key)
 ORDER BY shard
 FOR UPDATE;
 
--- name: TryLockShard :many
+-- name: TryLockShard :one
 -- Locks the first row of (name, key) in the order given that no other
--- transaction holds, without waiting, and reads every row of (name, key)
--- in the same statement: one row per shard, each with the locked row
--- (NULL when every listed row is held or missing), or a single row of
--- NULLs with the clock when the key has none. The locked row is returned
--- as locked: the read of every row sees the statement's snapshot, which a
--- concurrent commit may have overtaken.
+-- transaction holds, without waiting.
+SELECT shard, value, ts,
+       CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+FROM txlimit
+WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY(sqlc.arg(shards)::integer[])
+ORDER BY array_position(sqlc.arg(shards)::integer[], shard)
+LIMIT 1
+FOR UPDATE SKIP LOCKED;
+
+-- name: TryLockShardAndRead :many
+-- TryLockShard, reading every row of (name, key) in the same statement: one
+-- row per shard, each with the locked row (NULL when every listed row is
+-- held or missing), or a single row of NULLs with the clock when the key
+-- has none. The locked row is returned as locked: the read of every row
+-- sees the statement's snapshot, which a concurrent commit may have
+-- overtaken.
 WITH l AS MATERIALIZED (
     SELECT shard, value, ts FROM txlimit
     WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY(sqlc.arg(shards)::integer[])

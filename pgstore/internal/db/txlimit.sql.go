@@ -415,7 +415,50 @@ func (q *Queries) ScanKeys(ctx context.Context, db DBTX, arg ScanKeysParams) ([]
 	return items, nil
 }
 
-const TryLockShard = `-- name: TryLockShard :many
+const TryLockShard = `-- name: TryLockShard :one
+SELECT shard, value, ts,
+       CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+FROM txlimit
+WHERE name = $2 AND key = $3 AND shard = ANY($4::integer[])
+ORDER BY array_position($4::integer[], shard)
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+`
+
+type TryLockShardParams struct {
+	Now    *time.Time
+	Name   string
+	Key    string
+	Shards []int32
+}
+
+type TryLockShardRow struct {
+	Shard int32
+	Value float64
+	Ts    time.Time
+	Clock time.Time
+}
+
+// Locks the first row of (name, key) in the order given that no other
+// transaction holds, without waiting.
+func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardParams) (TryLockShardRow, error) {
+	row := db.QueryRow(ctx, TryLockShard,
+		arg.Now,
+		arg.Name,
+		arg.Key,
+		arg.Shards,
+	)
+	var i TryLockShardRow
+	err := row.Scan(
+		&i.Shard,
+		&i.Value,
+		&i.Ts,
+		&i.Clock,
+	)
+	return i, err
+}
+
+const TryLockShardAndRead = `-- name: TryLockShardAndRead :many
 WITH l AS MATERIALIZED (
     SELECT shard, value, ts FROM txlimit
     WHERE name = $2 AND key = $3 AND shard = ANY($4::integer[])
@@ -431,14 +474,14 @@ LEFT JOIN txlimit AS t ON t.name = $2 AND t.key = $3
 ORDER BY t.shard
 `
 
-type TryLockShardParams struct {
+type TryLockShardAndReadParams struct {
 	Now    *time.Time
 	Name   string
 	Key    string
 	Shards []int32
 }
 
-type TryLockShardRow struct {
+type TryLockShardAndReadRow struct {
 	Shard       *int32
 	Value       *float64
 	Ts          *time.Time
@@ -448,15 +491,14 @@ type TryLockShardRow struct {
 	LockedTs    *time.Time
 }
 
-// Locks the first row of (name, key) in the order given that no other
-// transaction holds, without waiting, and reads every row of (name, key)
-// in the same statement: one row per shard, each with the locked row
-// (NULL when every listed row is held or missing), or a single row of
-// NULLs with the clock when the key has none. The locked row is returned
-// as locked: the read of every row sees the statement's snapshot, which a
-// concurrent commit may have overtaken.
-func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardParams) ([]TryLockShardRow, error) {
-	rows, err := db.Query(ctx, TryLockShard,
+// TryLockShard, reading every row of (name, key) in the same statement: one
+// row per shard, each with the locked row (NULL when every listed row is
+// held or missing), or a single row of NULLs with the clock when the key
+// has none. The locked row is returned as locked: the read of every row
+// sees the statement's snapshot, which a concurrent commit may have
+// overtaken.
+func (q *Queries) TryLockShardAndRead(ctx context.Context, db DBTX, arg TryLockShardAndReadParams) ([]TryLockShardAndReadRow, error) {
+	rows, err := db.Query(ctx, TryLockShardAndRead,
 		arg.Now,
 		arg.Name,
 		arg.Key,
@@ -466,9 +508,9 @@ func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardPar
 		return nil, err
 	}
 	defer rows.Close()
-	var items []TryLockShardRow
+	var items []TryLockShardAndReadRow
 	for rows.Next() {
-		var i TryLockShardRow
+		var i TryLockShardAndReadRow
 		if err := rows.Scan(
 			&i.Shard,
 			&i.Value,
