@@ -210,8 +210,7 @@ func Reserve() Option { return func(o *callOptions) { o.reserve = true } }
 // then reads every shard, in the statement that takes its shard (no extra
 // round trip, but more work on the hottest path: 10 to 40% more time per
 // call in noisy local measurements). Calls that lock or read every shard
-// anyway
-// (unsharded limits, SQLite, LimitAll, Check) always report them.
+// anyway (unsharded limits, SQLite, LimitAll, Check) always report them.
 func WithRemaining() Option { return func(o *callOptions) { o.remaining = true } }
 
 // WithConfig gives the limit's configuration inline. It is required for a
