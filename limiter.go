@@ -516,6 +516,20 @@ func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now
 		order[i] = int32(s)
 	}
 	tried, err := l.store.TryLockShard(ctx, tx, TryLockParams{Name: r.name, Key: r.key, Order: order, Now: now, ReadAll: r.remaining})
+	if err == nil && !tried.Locked && (!r.remaining || len(tried.All) >= r.config.Shards) {
+		// Every shard is held (or, without ReadAll, possibly missing).
+		// Queue for one, the first of the random order, rather than for all
+		// of them: holding nothing of this key while waiting for a single
+		// row cannot deadlock, and locking every shard here would make each
+		// call that starts meanwhile find them all busy too. A missing row
+		// comes back unlocked at once, and lockAll creates it.
+		var all []ShardRow
+		all, tried.All = tried.All, nil
+		tried, err = l.store.WaitShard(ctx, tx, WaitShardParams{Name: r.name, Key: r.key, Shard: order[0], Now: now})
+		if r.remaining {
+			tried.All = all
+		}
+	}
 	if err != nil {
 		return Result{}, false, err
 	}

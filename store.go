@@ -42,6 +42,11 @@ type Store[TTx any] interface {
 	// KeepTry writes rows (as WriteShards) and releases the savepoint of
 	// TryLockShard, keeping its lock.
 	KeepTry(ctx context.Context, tx TTx, rows []ShardWrite) error
+	// WaitShard locks one row of (Name, Key), waiting for the transaction
+	// that holds it, inside the savepoint of a TryLockShard that found every
+	// row held; KeepTry or UndoTry then end it. Locked is false when the
+	// row does not exist.
+	WaitShard(ctx context.Context, tx TTx, p WaitShardParams) (TryLockResult, error)
 	// UndoTry rolls back to before TryLockShard, releasing its lock.
 	UndoTry(ctx context.Context, tx TTx) error
 
@@ -116,7 +121,15 @@ type TryLockParams struct {
 	ReadAll bool
 }
 
-// TryLockResult is what TryLockShard found.
+// WaitShardParams names the row WaitShard waits for.
+type WaitShardParams struct {
+	Name  string
+	Key   string
+	Shard int32
+	Now   *time.Time
+}
+
+// TryLockResult is what TryLockShard or WaitShard found.
 type TryLockResult struct {
 	// Row is the row it locked, when Locked.
 	Row    ShardRow

@@ -18,9 +18,11 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlimit/txlimit"
@@ -137,11 +139,24 @@ func (s *Store) TryLockShard(ctx context.Context, tx pgx.Tx, p txlimit.TryLockPa
 // savepoint go to the server in one round trip.
 func (s *Store) KeepTry(ctx context.Context, tx pgx.Tx, rows []txlimit.ShardWrite) error {
 	b := &pgx.Batch{}
-	w := writeParams(rows)
-	b.Queue(db.WriteShards, w.Names, w.Keys, w.Shards, w.Vals, w.Tss) // as db.Queries.WriteShards
-
+	if err := s.queueWrites(ctx, b, rows); err != nil {
+		return err
+	}
 	b.Queue(releaseSavepoint)
 	return tx.SendBatch(ctx, b).Close()
+}
+
+// WaitShard implements txlimit.Store. It runs inside TryLockShard's
+// savepoint, so UndoTry gives its lock back too.
+func (s *Store) WaitShard(ctx context.Context, tx pgx.Tx, p txlimit.WaitShardParams) (txlimit.TryLockResult, error) {
+	r, err := s.queries.WaitShard(ctx, tx, db.WaitShardParams{Name: p.Name, Key: p.Key, Shard: p.Shard, Now: p.Now})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return txlimit.TryLockResult{}, nil
+	case err != nil:
+		return txlimit.TryLockResult{}, err
+	}
+	return txlimit.TryLockResult{Row: txlimit.ShardRow{Shard: r.Shard, Value: r.Value, TS: r.Ts}, Locked: true, Now: r.Clock}, nil
 }
 
 // UndoTry implements txlimit.Store.
@@ -180,24 +195,70 @@ func readRows(rows pgx.Rows) ([]txlimit.ShardRow, time.Time, error) {
 	return out, clock, nil
 }
 
-// WriteShards implements txlimit.Store.
+// WriteShards implements txlimit.Store: one statement per (name, key), all
+// in one round trip.
 func (s *Store) WriteShards(ctx context.Context, tx pgx.Tx, rows []txlimit.ShardWrite) error {
-	return s.queries.WriteShards(ctx, tx, writeParams(rows))
+	b := &pgx.Batch{}
+	if err := s.queueWrites(ctx, b, rows); err != nil {
+		return err
+	}
+	if len(b.QueuedQueries) == 1 { // the usual case: one key
+		q := b.QueuedQueries[0]
+		_, err := tx.Exec(ctx, q.SQL, q.Arguments...)
+		return err
+	}
+	return tx.SendBatch(ctx, b).Close()
 }
 
-func writeParams(rows []txlimit.ShardWrite) db.WriteShardsParams {
-	p := db.WriteShardsParams{
-		Names:  make([]string, len(rows)),
-		Keys:   make([]string, len(rows)),
-		Shards: make([]int32, len(rows)),
-		Vals:   make([]float64, len(rows)),
-		Tss:    make([]time.Time, len(rows)),
+// queueWrites queues the statements that store rows: a one-row UPDATE for a
+// key written on one shard, one UPDATE per key for several shards.
+func (s *Store) queueWrites(ctx context.Context, b *pgx.Batch, rows []txlimit.ShardWrite) error {
+	q := queuer{b}
+	for len(rows) > 0 {
+		n := 1
+		for n < len(rows) && rows[n].Name == rows[0].Name && rows[n].Key == rows[0].Key {
+			n++
+		}
+		var err error
+		if r := rows[0]; n == 1 {
+			err = s.queries.WriteShard(ctx, q, db.WriteShardParams{Name: r.Name, Key: r.Key, Shard: r.Shard, Value: r.Value, Ts: r.TS})
+		} else {
+			p := db.WriteKeyShardsParams{Name: r.Name, Key: r.Key,
+				Shards: make([]int32, n), Vals: make([]float64, n), Tss: make([]time.Time, n)}
+			for i, w := range rows[:n] {
+				p.Shards[i], p.Vals[i], p.Tss[i] = w.Shard, w.Value, w.TS
+			}
+			err = s.queries.WriteKeyShards(ctx, q, p)
+		}
+		if err != nil {
+			return err
+		}
+		rows = rows[n:]
 	}
-	for i, r := range rows {
-		p.Names[i], p.Keys[i], p.Shards[i], p.Vals[i], p.Tss[i] = r.Name, r.Key, r.Shard, r.Value, r.TS
-	}
-	return p
+	return nil
 }
+
+// queuer is a db.DBTX that queues the statements of the generated :exec
+// methods into a batch instead of sending them, so that batches reuse the
+// generated code and its argument order.
+type queuer struct{ b *pgx.Batch }
+
+func (q queuer) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	q.b.Queue(sql, args...)
+	return pgconn.CommandTag{}, nil
+}
+
+var errQueuerReads = errors.New("pgstore: internal error: a query that returns rows cannot be queued")
+
+func (q queuer) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errQueuerReads
+}
+
+func (q queuer) QueryRow(context.Context, string, ...any) pgx.Row { return errRow{} }
+
+type errRow struct{}
+
+func (errRow) Scan(...any) error { return errQueuerReads }
 
 // DeleteKey implements txlimit.Store.
 func (s *Store) DeleteKey(ctx context.Context, tx pgx.Tx, name, key string) error {

@@ -249,6 +249,12 @@ func (s *Store) KeepTry(ctx context.Context, tx *sql.Tx, rows []txlimit.ShardWri
 	return s.WriteShards(ctx, tx, rows)
 }
 
+// WaitShard implements txlimit.Store for completeness, like TryLockShard:
+// it takes the write lock and returns the row when it exists.
+func (s *Store) WaitShard(ctx context.Context, tx *sql.Tx, p txlimit.WaitShardParams) (txlimit.TryLockResult, error) {
+	return s.TryLockShard(ctx, tx, txlimit.TryLockParams{Name: p.Name, Key: p.Key, Order: []int32{p.Shard}, Now: p.Now})
+}
+
 // UndoTry implements txlimit.Store. TryLockShard wrote nothing, so there is
 // nothing to undo, and SQLite's write lock is held until the transaction
 // ends whatever UndoTry does: it does nothing.

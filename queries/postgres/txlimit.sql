@@ -40,6 +40,15 @@ LEFT JOIN l ON true
 LEFT JOIN txlimit AS t ON t.name = sqlc.arg(name) AND t.key = sqlc.arg(key)
 ORDER BY t.shard;
 
+-- name: WaitShard :one
+-- Locks one row of (name, key), waiting for the transaction that holds it:
+-- the sharded fast path when every shard was busy.
+SELECT shard, value, ts,
+       CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+FROM txlimit
+WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard)
+FOR UPDATE;
+
 -- name: ReadShards :many
 -- Reads the committed rows of (name, key) without locking. The clock comes
 -- from a one-row subquery so that it is returned even when there is no row.
@@ -61,18 +70,25 @@ FROM generate_series(0, sqlc.arg(shards)::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false;
 
--- name: WriteShards :exec
--- Stores the new state of rows the transaction holds.
+-- name: WriteShard :exec
+-- Stores the new state of one row the transaction holds: the write of an
+-- unsharded limit and of the sharded fast path.
+UPDATE txlimit SET value = sqlc.arg(value), ts = sqlc.arg(ts)
+WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
+
+-- name: WriteKeyShards :exec
+-- Stores the new state of several rows of one (name, key) that the
+-- transaction holds. name and key are parameters of their own, not arrays:
+-- PostgreSQL then plans an index scan that the cached generic plan keeps,
+-- where unnesting them too made it replan at every call.
 UPDATE txlimit AS t
 SET value = u.value, ts = u.ts
 FROM (
-    SELECT unnest(sqlc.arg(names)::text[]) AS name,
-           unnest(sqlc.arg(keys)::text[]) AS key,
-           unnest(sqlc.arg(shards)::integer[]) AS shard,
+    SELECT unnest(sqlc.arg(shards)::integer[]) AS shard,
            unnest(sqlc.arg(vals)::double precision[]) AS value,
            unnest(sqlc.arg(tss)::timestamptz[]) AS ts
 ) AS u
-WHERE t.name = u.name AND t.key = u.key AND t.shard = u.shard;
+WHERE t.name = sqlc.arg(name) AND t.key = sqlc.arg(key) AND t.shard = u.shard;
 
 -- name: DeleteKey :exec
 -- Deletes every row of (name, key), locking them first in shard order like

@@ -530,35 +530,103 @@ func (q *Queries) TryLockShardAndRead(ctx context.Context, db DBTX, arg TryLockS
 	return items, nil
 }
 
-const WriteShards = `-- name: WriteShards :exec
+const WaitShard = `-- name: WaitShard :one
+SELECT shard, value, ts,
+       CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+FROM txlimit
+WHERE name = $2 AND key = $3 AND shard = $4
+FOR UPDATE
+`
+
+type WaitShardParams struct {
+	Now   *time.Time
+	Name  string
+	Key   string
+	Shard int32
+}
+
+type WaitShardRow struct {
+	Shard int32
+	Value float64
+	Ts    time.Time
+	Clock time.Time
+}
+
+// Locks one row of (name, key), waiting for the transaction that holds it:
+// the sharded fast path when every shard was busy.
+func (q *Queries) WaitShard(ctx context.Context, db DBTX, arg WaitShardParams) (WaitShardRow, error) {
+	row := db.QueryRow(ctx, WaitShard,
+		arg.Now,
+		arg.Name,
+		arg.Key,
+		arg.Shard,
+	)
+	var i WaitShardRow
+	err := row.Scan(
+		&i.Shard,
+		&i.Value,
+		&i.Ts,
+		&i.Clock,
+	)
+	return i, err
+}
+
+const WriteKeyShards = `-- name: WriteKeyShards :exec
 UPDATE txlimit AS t
 SET value = u.value, ts = u.ts
 FROM (
-    SELECT unnest($1::text[]) AS name,
-           unnest($2::text[]) AS key,
-           unnest($3::integer[]) AS shard,
+    SELECT unnest($3::integer[]) AS shard,
            unnest($4::double precision[]) AS value,
            unnest($5::timestamptz[]) AS ts
 ) AS u
-WHERE t.name = u.name AND t.key = u.key AND t.shard = u.shard
+WHERE t.name = $1 AND t.key = $2 AND t.shard = u.shard
 `
 
-type WriteShardsParams struct {
-	Names  []string
-	Keys   []string
+type WriteKeyShardsParams struct {
+	Name   string
+	Key    string
 	Shards []int32
 	Vals   []float64
 	Tss    []time.Time
 }
 
-// Stores the new state of rows the transaction holds.
-func (q *Queries) WriteShards(ctx context.Context, db DBTX, arg WriteShardsParams) error {
-	_, err := db.Exec(ctx, WriteShards,
-		arg.Names,
-		arg.Keys,
+// Stores the new state of several rows of one (name, key) that the
+// transaction holds. name and key are parameters of their own, not arrays:
+// PostgreSQL then plans an index scan that the cached generic plan keeps,
+// where unnesting them too made it replan at every call.
+func (q *Queries) WriteKeyShards(ctx context.Context, db DBTX, arg WriteKeyShardsParams) error {
+	_, err := db.Exec(ctx, WriteKeyShards,
+		arg.Name,
+		arg.Key,
 		arg.Shards,
 		arg.Vals,
 		arg.Tss,
+	)
+	return err
+}
+
+const WriteShard = `-- name: WriteShard :exec
+UPDATE txlimit SET value = $1, ts = $2
+WHERE name = $3 AND key = $4 AND shard = $5
+`
+
+type WriteShardParams struct {
+	Value float64
+	Ts    time.Time
+	Name  string
+	Key   string
+	Shard int32
+}
+
+// Stores the new state of one row the transaction holds: the write of an
+// unsharded limit and of the sharded fast path.
+func (q *Queries) WriteShard(ctx context.Context, db DBTX, arg WriteShardParams) error {
+	_, err := db.Exec(ctx, WriteShard,
+		arg.Value,
+		arg.Ts,
+		arg.Name,
+		arg.Key,
+		arg.Shard,
 	)
 	return err
 }
