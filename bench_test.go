@@ -444,6 +444,57 @@ func TestRoundTrips(t *testing.T) {
 		}
 	})
 
+	t.Run("ShardedAllBusy", func(t *testing.T) {
+		// Another transaction holds every shard: the fast path finds none
+		// free and waits for one, the first of its random order, instead
+		// of locking them all; it gets it when the holder commits.
+		limitTx(live, "sharded", "busy-rehearsal")
+		limitTx(live, "sharded", "busy")
+		holder, err := pgx.Connect(ctx, testdb.URL(t))
+		require.NoError(t, err)
+		defer holder.Close(ctx)
+		_, err = holder.Exec(ctx, "SET search_path = "+pgx.Identifier{schema}.Sanitize())
+		require.NoError(t, err)
+		tx, err := holder.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		rows, err := tx.Query(ctx, `SELECT shard FROM txlimit WHERE name = $1 AND key = $2 ORDER BY shard FOR UPDATE`, "sharded", "busy")
+		require.NoError(t, err)
+		held, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		require.NoError(t, err)
+		require.Len(t, held, 16)
+
+		type outcome struct {
+			res txlimit.Result
+			got trips
+		}
+		done := make(chan outcome, 1)
+		go func() {
+			var o outcome
+			_ = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+				counter.take()
+				o.res, err = live.LimitTx(ctx, tx, "sharded", "busy")
+				o.got = counter.take()
+				return err
+			})
+			done <- o
+		}()
+		// Commit once the call waits for a row lock held by the holder.
+		var holderPID uint32 = holder.PgConn().PID()
+		require.Eventually(t, func() bool {
+			var waiting bool
+			err := holder.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+				WHERE $1 = ANY(pg_blocking_pids(pid)))`, holderPID).Scan(&waiting)
+			return err == nil && waiting
+		}, 10*time.Second, 5*time.Millisecond)
+		require.NoError(t, tx.Commit(ctx))
+		o := <-done
+		require.True(t, o.res.OK)
+		// [SAVEPOINT; SELECT … SKIP LOCKED] finds nothing, SELECT … FOR
+		// UPDATE of one shard waits, then [UPDATE; RELEASE].
+		requireTrips(t, trips{Queries: 1, Batches: 2}, o.got, "every shard busy")
+	})
+
 	t.Run("ShardedFallback", func(t *testing.T) {
 		// The sequence runs twice, on two keys, and is counted the second
 		// time: a statement that only these paths use is prepared on its
