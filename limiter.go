@@ -129,10 +129,27 @@ func (c Config) origin(name, key string) int64 {
 
 // Options configures a Limiter. The zero value is ready to use.
 type Options struct {
-	// Clock, when set, is read once per call and replaces the database
-	// server's clock. Meant for tests; in production the database clock
-	// keeps application servers with skewed clocks in agreement.
+	// Clock, when set, is read once per call and replaces the store's
+	// clock: the database server's for PostgreSQL, the process's for SQLite
+	// (which has no server). Meant for tests; in production the database
+	// clock keeps application servers with skewed clocks in agreement.
 	Clock func() time.Time
+
+	// FailOpen chooses availability over enforcement for the forms that
+	// open their own transaction (Limit, LimitAll, Check): when the store
+	// fails (the database is down, the pool exhausted past the context's
+	// deadline, a lock timeout), they return an OK Result with FailedOpen
+	// set and a nil error, consuming nothing, and the error goes to the
+	// Observer. Bad input, ErrNoPool and a cancelled context are still
+	// returned as errors. The …Tx forms never fail open: the caller's
+	// transaction has failed with the store, and only the caller can
+	// decide what to do with it. Defaults to false: every error is
+	// returned (fail closed).
+	FailOpen bool
+
+	// Observer, when set, is told about every decision and every error,
+	// with the time spent waiting for row locks. See Observer.
+	Observer Observer
 }
 
 // Limiter checks and consumes named limits whose state lives in a database.
@@ -148,10 +165,12 @@ type Options struct {
 //
 // A Limiter is safe for concurrent use.
 type Limiter[TTx any] struct {
-	store  Store[TTx]
-	limits map[string]Config
-	clock  func() time.Time
-	prune  pruneCursor
+	store           Store[TTx]
+	limits          map[string]Config
+	clock           func() time.Time
+	observer        Observer
+	failOpenOnError bool
+	prune           pruneCursor
 }
 
 // New returns a Limiter on store with the named limits. Every config is
@@ -174,6 +193,8 @@ func New[TTx any](store Store[TTx], limits map[string]Config, opts *Options) (*L
 	}
 	if opts != nil {
 		l.clock = opts.Clock
+		l.observer = opts.Observer
+		l.failOpenOnError = opts.FailOpen
 	}
 	return l, nil
 }
@@ -222,8 +243,15 @@ func WithConfig(c Config) Option { return func(o *callOptions) { cc := c; o.conf
 type Result struct {
 	Name string
 	Key  string
+	// Count is the number of tokens the call asked for: what a cancelled
+	// reservation gives back with Credit.
+	Count float64
 	// OK reports whether the tokens were granted (or, for Check, would be).
 	OK bool
+	// FailedOpen reports that the store failed and Options.FailOpen
+	// granted the call without consuming anything (the error went to the
+	// Observer).
+	FailedOpen bool
 	// RetryAfter is, when OK is false, the time until the same request
 	// would be granted. When OK is true and RetryAfter > 0, the tokens were
 	// reserved: run the work after RetryAfter, without checking again.
@@ -258,6 +286,12 @@ type Result struct {
 // Reserved reports whether the tokens were granted as a reservation for
 // later.
 func (r Result) Reserved() bool { return r.OK && r.RetryAfter > 0 }
+
+// ReadyAt returns At plus RetryAfter: for a reservation, when the reserved
+// work may run (a job's scheduled time); for a denial, when the same request
+// would be granted; for an ordinary grant, At. It is on the clock the
+// decision used (the database's, unless Options.Clock).
+func (r Result) ReadyAt() time.Time { return r.At.Add(r.RetryAfter) }
 
 // Err returns nil when the result is OK (a reservation included) and a
 // *RateLimitedError otherwise, for code that prefers the error style.
@@ -363,6 +397,7 @@ type request struct {
 	config    Config
 	shard     algo.Config
 	origin    int64
+	obs       *observation // nil unless the Limiter has an Observer
 }
 
 func (l *Limiter[TTx]) newRequest(name, key string, opts []Option) (request, error) {
@@ -401,6 +436,16 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option) (request, err
 	return r, nil
 }
 
+// countOf returns the count opts ask for, for reporting a call that failed
+// before its request was complete.
+func countOf(opts []Option) float64 {
+	o := callOptions{count: 1}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o.count
+}
+
 // checkCount rejects a count that no amount of waiting would grant.
 func (r request) checkCount() error {
 	c := r.config
@@ -423,23 +468,33 @@ func (l *Limiter[TTx]) now() *time.Time {
 	return &t
 }
 
-// Limit is LimitTx in a short transaction of its own.
+// Limit is LimitTx in a short transaction of its own. With
+// Options.FailOpen, a failure of the store grants the call (see Options).
 func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Option) (Result, error) {
+	obs := l.observe()
 	r, err := l.newRequest(name, key, opts)
 	if err == nil {
 		err = r.checkCount()
 	}
-	if err != nil {
-		return Result{}, err
-	}
 	var res Result
-	err = l.store.InTx(ctx, false, func(tx TTx) (err error) {
-		res, err = l.limit(ctx, tx, r)
-		return err
-	})
+	if err == nil {
+		r.obs = obs
+		err = l.store.InTx(ctx, false, func(tx TTx) (err error) {
+			res, err = l.limit(ctx, tx, r)
+			return err
+		})
+	}
 	if err != nil {
+		r.name, r.key, r.count = name, key, countOf(opts)
+		if l.failOpen(err) {
+			res = Result{Name: name, Key: key, Count: r.count, OK: true, FailedOpen: true, At: time.Now()}
+			l.report(ctx, obs, OpLimit, r, res, err, true)
+			return res, nil
+		}
+		l.report(ctx, obs, OpLimit, r, Result{}, err, false)
 		return Result{}, err
 	}
+	l.report(ctx, obs, OpLimit, r, res, nil, false)
 	return res, nil
 }
 
@@ -455,14 +510,22 @@ func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Opti
 // database's own; a serialization failure under REPEATABLE READ or
 // SERIALIZABLE is retryable like any other.
 func (l *Limiter[TTx]) LimitTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Result, error) {
+	obs := l.observe()
 	r, err := l.newRequest(name, key, opts)
 	if err == nil {
 		err = r.checkCount()
 	}
-	if err != nil {
-		return Result{}, err
+	var res Result
+	if err == nil {
+		r.obs = obs
+		res, err = l.limit(ctx, tx, r)
 	}
-	return l.limit(ctx, tx, r)
+	if err != nil {
+		r.name, r.key, r.count = name, key, countOf(opts)
+		res = Result{}
+	}
+	l.report(ctx, obs, OpLimit, r, res, err, false)
+	return res, err
 }
 
 func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, error) {
@@ -515,6 +578,7 @@ func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now
 	for i, s := range rand.Perm(len(order)) {
 		order[i] = int32(s)
 	}
+	lockStart := r.obs.lockStart()
 	tried, err := l.store.TryLockShard(ctx, tx, TryLockParams{Name: r.name, Key: r.key, Order: order, Now: now, ReadAll: r.remaining})
 	if err == nil && !tried.Locked && (!r.remaining || len(tried.All) >= r.config.Shards) {
 		// Every shard is held (or, without ReadAll, possibly missing).
@@ -530,6 +594,7 @@ func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now
 			tried.All = all
 		}
 	}
+	r.obs.lockEnd(lockStart)
 	if err != nil {
 		return Result{}, false, err
 	}
@@ -546,7 +611,7 @@ func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now
 			}
 			if !r.remaining {
 				return Result{
-					Name: r.name, Key: r.key, OK: true, At: at, Partial: true,
+					Name: r.name, Key: r.key, Count: r.count, OK: true, At: at, Partial: true,
 					RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
 				}, true, nil
 			}
@@ -563,6 +628,8 @@ func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now
 // missing, creates them, locking the others as it goes in shard order
 // (InsertShards), and reads them all again.
 func (l *Limiter[TTx]) lockAll(ctx context.Context, tx TTx, r request, now *time.Time) ([]ShardRow, time.Time, error) {
+	lockStart := r.obs.lockStart()
+	defer r.obs.lockEnd(lockStart)
 	p := KeyParams{Name: r.name, Key: r.key, Now: now}
 	rows, at, err := l.store.LockShards(ctx, tx, p)
 	if err != nil || len(rows) >= r.config.Shards {
@@ -609,7 +676,7 @@ func (r request) result(d algo.Decision, at time.Time, states []algo.State) Resu
 	now := at.UnixMicro()
 	remaining := algo.Pooled(r.shard, states, now)
 	return Result{
-		Name: r.name, Key: r.key, OK: d.OK,
+		Name: r.name, Key: r.key, Count: r.count, OK: d.OK,
 		RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
 		At:         at,
 		Remaining:  remaining,
@@ -631,20 +698,43 @@ func (r request) nextToken(states []algo.State, now int64, remaining float64) ti
 	return time.Duration(d.RetryAfter) * time.Microsecond
 }
 
-// Check is CheckTx in a short transaction of its own.
+// Check is CheckTx in a short transaction of its own. With
+// Options.FailOpen, a failure of the store answers OK (see Options).
 func (l *Limiter[TTx]) Check(ctx context.Context, name, key string, opts ...Option) (Result, error) {
+	obs := l.observe()
 	var res Result
 	err := l.store.InTx(ctx, true, func(tx TTx) (err error) {
-		res, err = l.CheckTx(ctx, tx, name, key, opts...)
+		res, err = l.check(ctx, tx, name, key, opts)
 		return err
 	})
-	return res, err
+	if err != nil {
+		r := request{name: name, key: key}
+		if l.failOpen(err) {
+			res = Result{Name: name, Key: key, OK: true, FailedOpen: true, At: time.Now()}
+			l.report(ctx, obs, OpCheck, r, res, err, true)
+			return res, nil
+		}
+		l.report(ctx, obs, OpCheck, r, Result{}, err, false)
+		return Result{}, err
+	}
+	l.report(ctx, obs, OpCheck, request{name: name, key: key, count: res.Count}, res, nil, false)
+	return res, nil
 }
 
 // CheckTx returns the decision LimitTx would make now, consuming nothing,
 // writing nothing and locking nothing. Under concurrency the answer may be
 // stale by the time it is used; only LimitTx consumes atomically.
 func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Result, error) {
+	obs := l.observe()
+	res, err := l.check(ctx, tx, name, key, opts)
+	if err != nil {
+		res = Result{}
+	}
+	l.report(ctx, obs, OpCheck, request{name: name, key: key, count: res.Count}, res, err, false)
+	return res, err
+}
+
+func (l *Limiter[TTx]) check(ctx context.Context, tx TTx, name, key string, opts []Option) (Result, error) {
 	r, err := l.newRequest(name, key, opts)
 	if err == nil {
 		err = r.checkCount()

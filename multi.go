@@ -74,21 +74,51 @@ func (m MultiResult) Err() error {
 	return m.Results[worst].Err()
 }
 
-// LimitAll is LimitAllTx in a short transaction of its own.
+// LimitAll is LimitAllTx in a short transaction of its own. With
+// Options.FailOpen, a failure of the store grants the call (see Options):
+// the MultiResult is OK with FailedOpen set on every Result.
 func (l *Limiter[TTx]) LimitAll(ctx context.Context, reqs ...Request) (MultiResult, error) {
+	obs := l.observe()
 	rs, err := l.newRequests(reqs)
-	if err != nil {
-		return MultiResult{}, err
-	}
 	var res MultiResult
-	err = l.store.InTx(ctx, false, func(tx TTx) (err error) {
-		res, err = l.limitAll(ctx, tx, rs)
-		return err
-	})
-	if err != nil {
-		return MultiResult{}, err
+	if err == nil {
+		err = l.store.InTx(ctx, false, func(tx TTx) (err error) {
+			res, err = l.limitAll(ctx, tx, rs, obs)
+			return err
+		})
 	}
-	return res, nil
+	if err != nil && l.failOpen(err) {
+		res = MultiResult{OK: true, Results: make([]Result, len(rs)), At: time.Now()}
+		for i, r := range rs {
+			res.Results[i] = Result{Name: r.name, Key: r.key, Count: r.count, OK: true, FailedOpen: true, At: res.At}
+		}
+		l.reportAll(ctx, obs, rs, res, err)
+		return res, nil
+	}
+	if err != nil {
+		res = MultiResult{}
+	}
+	l.reportAll(ctx, obs, rs, res, err)
+	return res, err
+}
+
+// reportAll tells the Observer about a LimitAll call: one Event per limit,
+// or a single one with the error when the call failed without results.
+func (l *Limiter[TTx]) reportAll(ctx context.Context, obs *observation, rs []request, res MultiResult, err error) {
+	if obs == nil {
+		return
+	}
+	if len(res.Results) != len(rs) {
+		l.report(ctx, obs, OpLimitAll, request{}, Result{}, err, false)
+		return
+	}
+	for i, r := range rs {
+		one := res.Results[i]
+		// A denied call took nothing from any limit: report each as
+		// denied, also those whose own tokens were there.
+		one.OK = one.OK && res.OK
+		l.report(ctx, obs, OpLimitAll, r, one, err, one.FailedOpen)
+	}
 }
 
 // LimitAllTx checks several limits at once and consumes all of them or none:
@@ -112,11 +142,17 @@ func (l *Limiter[TTx]) LimitAll(ctx context.Context, reqs ...Request) (MultiResu
 // instead of two requests. Bad input in any request is an *InvalidError
 // before anything is read or written.
 func (l *Limiter[TTx]) LimitAllTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
+	obs := l.observe()
 	rs, err := l.newRequests(reqs)
-	if err != nil {
-		return MultiResult{}, err
+	var res MultiResult
+	if err == nil {
+		res, err = l.limitAll(ctx, tx, rs, obs)
 	}
-	return l.limitAll(ctx, tx, rs)
+	if err != nil {
+		res = MultiResult{}
+	}
+	l.reportAll(ctx, obs, rs, res, err)
+	return res, err
 }
 
 // newRequests validates every request of a LimitAll call.
@@ -145,7 +181,7 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 	return rs, nil
 }
 
-func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request) (MultiResult, error) {
+func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
 	// The store locks in the canonical order whatever the order of the
 	// keys; passing them sorted keeps the SQL and the Go order visibly the
 	// same.
@@ -167,7 +203,9 @@ func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request) (Mult
 			Name: r.name, Key: r.key, Shards: int32(r.config.Shards), Value: full.Value, TS: time.UnixMicro(full.TS),
 		}
 	}
+	lockStart := obs.lockStart()
 	locked, err := l.store.LockKeys(ctx, tx, p)
+	obs.lockEnd(lockStart)
 	if err != nil {
 		return MultiResult{}, err
 	}
