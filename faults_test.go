@@ -52,9 +52,17 @@ func (e faultEnv) settled(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	require.Zero(t, e.pool.Stat().AcquiredConns(), "connections still acquired")
+	// A terminated backend lets its locks go as it exits, a moment after
+	// pg_terminate_backend returns: wait for that too.
 	var locks int
-	require.NoError(t, e.admin.QueryRow(context.Background(),
-		`SELECT count(*) FROM pg_locks WHERE relation = 'txlimit'::regclass AND pid <> pg_backend_pid()`).Scan(&locks))
+	for i := 0; i < 500; i++ {
+		require.NoError(t, e.admin.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_locks WHERE relation = 'txlimit'::regclass AND pid <> pg_backend_pid()`).Scan(&locks))
+		if locks == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	require.Zero(t, locks, "locks still held on txlimit")
 }
 
