@@ -70,7 +70,8 @@
 // transaction, the order is the caller's: to consume several limits, or the
 // same sharded limit several times, in one transaction, use a single call
 // (Count(n) for n tokens of one limit) rather than a sequence of calls in
-// varying orders.
+// varying orders. LimitAllTx takes several limits in one call, all or
+// nothing, locking every row in one canonical order.
 //
 // On PostgreSQL LimitTx works under READ COMMITTED. Under REPEATABLE READ or
 // SERIALIZABLE a concurrent update of the same limit makes the database

@@ -800,8 +800,14 @@ func (l *Limiter[TTx]) Credit(ctx context.Context, name, key string, count float
 }
 
 // CreditTx gives count tokens back to (name, key), for example those of a
-// reservation whose work was cancelled, never lifting the limit above its
-// Capacity. Only WithConfig is used among opts.
+// reservation whose work was cancelled (Result.Count is what it took), never
+// lifting the limit above its Capacity. Only WithConfig is used among opts.
+//
+// A credit is not tied to any reservation: crediting twice gives the tokens
+// twice. Make it happen once by crediting in the same transaction as the
+// change that cancels the work, under a lock on that work's own row (for a
+// River job: credit only when JobCancelTx reports the job cancelled, in the
+// same transaction; examples/river does exactly that).
 func (l *Limiter[TTx]) CreditTx(ctx context.Context, tx TTx, name, key string, count float64, opts ...Option) error {
 	r, err := l.newRequest(name, key, append(opts[:len(opts):len(opts)], Count(count)))
 	if err != nil {
