@@ -105,6 +105,7 @@ import (
 type Store struct {
 	db      *sql.DB
 	queries *gen.Queries
+	stmts   *stmtCache // nil when db is
 }
 
 var _ txlimit.Store[*sql.Tx] = (*Store)(nil)
@@ -112,8 +113,21 @@ var _ txlimit.Store[*sql.Tx] = (*Store)(nil)
 // New returns a store on db, opened with any SQLite driver and configured as
 // the package documentation says. db may be nil when only the …Tx forms of
 // the limiter are used; the other forms then return txlimit.ErrNoPool.
+//
+// In WAL mode the store prepares its statements on db the first time it
+// runs them (in the background, on a connection of the pool; once per db,
+// shared by every Store of db, for the life of the process) and from then
+// on runs them prepared in the caller's transaction, so that SQLite does not
+// compile the same SQL again, under the write lock, on every call. A
+// transaction of another *sql.DB, one that comes before a statement is
+// ready, and every transaction on a database in another journal mode run
+// the SQL text as it is.
 func New(db *sql.DB) *Store {
-	return &Store{db: db, queries: gen.New()}
+	s := &Store{db: db, queries: gen.New()}
+	if db != nil {
+		s.stmts = cacheFor(db)
+	}
+	return s
 }
 
 func wrap(op string, err error) error {
@@ -170,7 +184,7 @@ func (s *Store) SkipsLocked() bool { return false }
 // lock takes SQLite's write lock for tx, waiting up to busy_timeout; it is a
 // no-op when tx holds it already.
 func (s *Store) lock(ctx context.Context, tx *sql.Tx, name, key string) error {
-	return wrap("take the write lock", s.queries.TouchKey(ctx, tx, gen.TouchKeyParams{Name: name, Key: key}))
+	return wrap("take the write lock", s.queries.TouchKey(ctx, s.on(tx), gen.TouchKeyParams{Name: name, Key: key}))
 }
 
 func shardRow(shard int64, value float64, ts int64) txlimit.ShardRow {
@@ -184,7 +198,8 @@ func (s *Store) LockShards(ctx context.Context, tx *sql.Tx, p txlimit.KeyParams)
 	if err := s.lock(ctx, tx, p.Name, p.Key); err != nil {
 		return nil, time.Time{}, err
 	}
-	rows, err := s.queries.LockShards(ctx, tx, gen.LockShardsParams{Name: p.Name, Key: p.Key})
+	s.stmts.learnMode(ctx, tx)
+	rows, err := s.queries.LockShards(ctx, s.on(tx), gen.LockShardsParams{Name: p.Name, Key: p.Key})
 	if err != nil {
 		return nil, time.Time{}, wrap("lock shards", err)
 	}
@@ -208,7 +223,7 @@ func (s *Store) insertShards(ctx context.Context, tx *sql.Tx, p txlimit.InsertPa
 	ts := p.TS.UnixMicro()
 	var created []txlimit.ShardKey
 	for shard := range int64(max(p.Shards, 0)) {
-		n, err := s.queries.InsertShard(ctx, tx, gen.InsertShardParams{
+		n, err := s.queries.InsertShard(ctx, s.on(tx), gen.InsertShardParams{
 			Name: p.Name, Key: p.Key, Shard: shard, Value: p.Value, Ts: ts,
 		})
 		if err != nil {
@@ -263,7 +278,7 @@ func (s *Store) UndoTry(ctx context.Context, tx *sql.Tx) error { return nil }
 // ReadShards implements txlimit.Store with a plain SELECT, which takes no
 // write lock: it sees tx's snapshot (and tx's own writes).
 func (s *Store) ReadShards(ctx context.Context, tx *sql.Tx, p txlimit.KeyParams) ([]txlimit.ShardRow, time.Time, error) {
-	rows, err := s.queries.ReadShards(ctx, tx, gen.ReadShardsParams{Name: p.Name, Key: p.Key})
+	rows, err := s.queries.ReadShards(ctx, s.on(tx), gen.ReadShardsParams{Name: p.Name, Key: p.Key})
 	if err != nil {
 		return nil, time.Time{}, wrap("read shards", err)
 	}
@@ -277,7 +292,7 @@ func (s *Store) ReadShards(ctx context.Context, tx *sql.Tx, p txlimit.KeyParams)
 // WriteShards implements txlimit.Store, one UPDATE per row.
 func (s *Store) WriteShards(ctx context.Context, tx *sql.Tx, rows []txlimit.ShardWrite) error {
 	for _, r := range rows {
-		err := s.queries.WriteShard(ctx, tx, gen.WriteShardParams{
+		err := s.queries.WriteShard(ctx, s.on(tx), gen.WriteShardParams{
 			Name: r.Name, Key: r.Key, Shard: int64(r.Shard), Value: r.Value, Ts: r.TS.UnixMicro(),
 		})
 		if err != nil {
@@ -289,7 +304,7 @@ func (s *Store) WriteShards(ctx context.Context, tx *sql.Tx, rows []txlimit.Shar
 
 // DeleteKey implements txlimit.Store.
 func (s *Store) DeleteKey(ctx context.Context, tx *sql.Tx, name, key string) error {
-	return wrap("delete key", s.queries.DeleteKey(ctx, tx, gen.DeleteKeyParams{Name: name, Key: key}))
+	return wrap("delete key", s.queries.DeleteKey(ctx, s.on(tx), gen.DeleteKeyParams{Name: name, Key: key}))
 }
 
 // LockKeys implements txlimit.Store. The write lock locks every row at once,
@@ -318,7 +333,7 @@ func (s *Store) LockKeys(ctx context.Context, tx *sql.Tx, p txlimit.LockKeysPara
 			return txlimit.LockedKeys{}, err
 		}
 		out.Created = append(out.Created, created...)
-		rows, err := s.queries.LockShards(ctx, tx, gen.LockShardsParams{Name: k.Name, Key: k.Key})
+		rows, err := s.queries.LockShards(ctx, s.on(tx), gen.LockShardsParams{Name: k.Name, Key: k.Key})
 		if err != nil {
 			return txlimit.LockedKeys{}, wrap("lock keys", err)
 		}
@@ -336,7 +351,7 @@ func (s *Store) LockKeys(ctx context.Context, tx *sql.Tx, p txlimit.LockKeysPara
 func (s *Store) DeleteShards(ctx context.Context, tx *sql.Tx, rows []txlimit.ShardKey) (int, error) {
 	deleted := 0
 	for _, r := range rows {
-		n, err := s.queries.DeleteShard(ctx, tx, gen.DeleteShardParams{Name: r.Name, Key: r.Key, Shard: int64(r.Shard)})
+		n, err := s.queries.DeleteShard(ctx, s.on(tx), gen.DeleteShardParams{Name: r.Name, Key: r.Key, Shard: int64(r.Shard)})
 		if err != nil {
 			return deleted, wrap("delete shards", err)
 		}
@@ -348,7 +363,7 @@ func (s *Store) DeleteShards(ctx context.Context, tx *sql.Tx, rows []txlimit.Sha
 // ScanKeys implements txlimit.Store, in primary-key order (SQLite's BINARY
 // collation: byte by byte).
 func (s *Store) ScanKeys(ctx context.Context, tx *sql.Tx, p txlimit.ScanKeysParams) ([]txlimit.KeyRef, error) {
-	rows, err := s.queries.ScanKeys(ctx, tx, gen.ScanKeysParams{AfterName: p.AfterName, AfterKey: p.AfterKey, MaxKeys: int64(p.Max)})
+	rows, err := s.queries.ScanKeys(ctx, s.on(tx), gen.ScanKeysParams{AfterName: p.AfterName, AfterKey: p.AfterKey, MaxKeys: int64(p.Max)})
 	if err != nil {
 		return nil, wrap("scan keys", err)
 	}
@@ -372,7 +387,7 @@ func (s *Store) LockIdle(ctx context.Context, tx *sql.Tx, keys []txlimit.KeyRef,
 	if err := s.lock(ctx, tx, first.Name, first.Key); err != nil {
 		return nil, time.Time{}, err
 	}
-	rows, err := s.queries.RowsBetween(ctx, tx, gen.RowsBetweenParams{
+	rows, err := s.queries.RowsBetween(ctx, s.on(tx), gen.RowsBetweenParams{
 		FirstName: first.Name, FirstKey: first.Key, LastName: last.Name, LastKey: last.Key,
 	})
 	if err != nil {

@@ -1,0 +1,171 @@
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// stmtCache holds the store's statements prepared once on the store's
+// *sql.DB. Without it every call hands database/sql the SQL text, and
+// modernc.org/sqlite compiles it again (sqlite3_prepare_v2) for each
+// statement of each LimitTx, inside the write lock, where it delays every
+// other writer: that compilation was a quarter of LimitTx's CPU time. A
+// *sql.Stmt used through tx.StmtContext is compiled once per connection
+// and then reused, and the driver keeps the compiled statement between
+// executions.
+type stmtCache struct {
+	db *sql.DB
+	// ready maps SQL text to its *sql.Stmt; pending holds the texts being
+	// prepared, so that each is prepared by one goroutine at a time.
+	ready   sync.Map
+	pending sync.Map
+	mode    atomic.Int32 // modeUnknown until learnMode reads it
+}
+
+// get returns the prepared statement for query, or nil when it is not
+// prepared yet; it may then start preparing it in the background, and until
+// it is ready the caller sends the text as before.
+//
+// Preparing on the DB takes a connection from the pool, and the caller holds
+// one in its transaction: with SetMaxOpenConns(1) a synchronous prepare
+// would wait for the caller's own transaction to end, hence the background.
+// The pool may open a new connection for it, which reads the schema: in WAL
+// mode a reader never blocks a writer, but in rollback-journal mode its read
+// lock can make another connection's COMMIT fail with SQLITE_BUSY when
+// busy_timeout is not set. So nothing is prepared until the database is
+// known to be in WAL mode, as the package documentation asks; in the other
+// modes the store runs the text, as it always did. Once prepared on the DB,
+// tx.StmtContext prepares a statement once per connection, on the
+// transaction's own connection.
+func (c *stmtCache) get(query string) *sql.Stmt {
+	if c == nil {
+		return nil
+	}
+	if st, ok := c.ready.Load(query); ok {
+		return st.(*sql.Stmt)
+	}
+	if c.mode.Load() != modeWAL {
+		return nil
+	}
+	if _, busy := c.pending.LoadOrStore(query, true); !busy {
+		go c.prepare(query)
+	}
+	return nil
+}
+
+// Journal modes as far as the cache knows them.
+const (
+	modeUnknown int32 = iota
+	modeWAL
+	modeOther
+)
+
+// learnMode reads the journal mode once, in tx, which must hold the write
+// lock already: in a deferred transaction, a read before the write lock
+// would start a snapshot and make the lock fail with SQLITE_BUSY_SNAPSHOT.
+// An error leaves the mode unknown, to be read on a later call; the
+// statement after it reports the error, if it persists.
+func (c *stmtCache) learnMode(ctx context.Context, tx *sql.Tx) {
+	if c == nil || c.mode.Load() != modeUnknown {
+		return
+	}
+	var mode string
+	if err := tx.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		return
+	}
+	if strings.EqualFold(mode, "wal") {
+		c.mode.Store(modeWAL)
+	} else {
+		c.mode.Store(modeOther)
+	}
+}
+
+func (c *stmtCache) prepare(query string) {
+	// The context is not the caller's: the statement outlives the call. The
+	// wait for a connection ends when one is free or when the DB is closed.
+	st, err := c.db.PrepareContext(context.Background(), query)
+	if err != nil {
+		// Left to the next call to try again (the table may not exist yet,
+		// or the DB is closed); the call itself runs the text as before.
+		c.pending.Delete(query)
+		return
+	}
+	c.ready.Store(query, st)
+}
+
+// caches holds the stmtCache of each *sql.DB a Store was made for, so that
+// the Stores of one DB (an application may make one per request, or per
+// limiter) prepare each statement once, not once per Store. An entry lives
+// as long as the process: the prepared statements keep their *sql.DB
+// reachable, so no finalizer could ever remove it. It is a few statements
+// per *sql.DB, and a closed DB's statements hold no SQLite memory (closing
+// the DB's connections finalizes them).
+var caches sync.Map // *sql.DB → *stmtCache
+
+// cacheFor returns the statement cache of db.
+func cacheFor(db *sql.DB) *stmtCache {
+	if c, ok := caches.Load(db); ok {
+		return c.(*stmtCache)
+	}
+	c, _ := caches.LoadOrStore(db, &stmtCache{db: db})
+	return c.(*stmtCache)
+}
+
+// differentDB is the text of the error database/sql returns from a
+// statement of tx.StmtContext when tx belongs to another *sql.DB than the
+// statement; database/sql has no exported error for it. Such a statement
+// runs nothing, so the text can be run directly instead.
+const differentDB = "statement from different database used"
+
+func isDifferentDB(err error) bool {
+	return err != nil && strings.Contains(err.Error(), differentDB)
+}
+
+// txConn is the gen.DBTX the store's queries run on: tx, through the
+// prepared statements when they are ready.
+type txConn struct {
+	tx    *sql.Tx
+	cache *stmtCache
+}
+
+// on returns the connection the generated queries run on in tx.
+func (s *Store) on(tx *sql.Tx) txConn {
+	return txConn{tx: tx, cache: s.stmts}
+}
+
+func (t txConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if st := t.cache.get(query); st != nil {
+		r, err := t.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+		if !isDifferentDB(err) {
+			return r, err
+		}
+	}
+	return t.tx.ExecContext(ctx, query, args...)
+}
+
+func (t txConn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if st := t.cache.get(query); st != nil {
+		rows, err := t.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+		if !isDifferentDB(err) {
+			return rows, err
+		}
+	}
+	return t.tx.QueryContext(ctx, query, args...)
+}
+
+func (t txConn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if st := t.cache.get(query); st != nil {
+		row := t.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+		if !isDifferentDB(row.Err()) {
+			return row
+		}
+	}
+	return t.tx.QueryRowContext(ctx, query, args...)
+}
+
+func (t txConn) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	return t.tx.PrepareContext(ctx, query)
+}
