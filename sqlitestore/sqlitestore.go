@@ -115,17 +115,17 @@ var _ txlimit.Store[*sql.Tx] = (*Store)(nil)
 // the limiter are used; the other forms then return txlimit.ErrNoPool.
 //
 // In WAL mode the store prepares its statements on db the first time it
-// runs them (in the background, on a connection of the pool; once per db,
-// shared by every Store of db, for the life of the process) and from then
-// on runs them prepared in the caller's transaction, so that SQLite does not
-// compile the same SQL again, under the write lock, on every call. A
-// transaction of another *sql.DB, one that comes before a statement is
-// ready, and every transaction on a database in another journal mode run
-// the SQL text as it is.
+// runs them (in the background, on a connection of the pool, once per
+// Store: make one Store per *sql.DB and share it) and from then on runs them
+// prepared in the caller's transaction, so that SQLite does not compile the
+// same SQL again, under the write lock, on every call. The statements are
+// closed with db. A transaction of another *sql.DB, one that comes before a
+// statement is ready, and every transaction on a database in another
+// journal mode run the SQL text as it is.
 func New(db *sql.DB) *Store {
 	s := &Store{db: db, queries: gen.New()}
 	if db != nil {
-		s.stmts = cacheFor(db)
+		s.stmts = &stmtCache{db: db}
 	}
 	return s
 }

@@ -96,24 +96,6 @@ func (c *stmtCache) prepare(query string) {
 	c.ready.Store(query, st)
 }
 
-// caches holds the stmtCache of each *sql.DB a Store was made for, so that
-// the Stores of one DB (an application may make one per request, or per
-// limiter) prepare each statement once, not once per Store. An entry lives
-// as long as the process: the prepared statements keep their *sql.DB
-// reachable, so no finalizer could ever remove it. It is a few statements
-// per *sql.DB, and a closed DB's statements hold no SQLite memory (closing
-// the DB's connections finalizes them).
-var caches sync.Map // *sql.DB → *stmtCache
-
-// cacheFor returns the statement cache of db.
-func cacheFor(db *sql.DB) *stmtCache {
-	if c, ok := caches.Load(db); ok {
-		return c.(*stmtCache)
-	}
-	c, _ := caches.LoadOrStore(db, &stmtCache{db: db})
-	return c.(*stmtCache)
-}
-
 // differentDB is the text of the error database/sql returns from a
 // statement of tx.StmtContext when tx belongs to another *sql.DB than the
 // statement; database/sql has no exported error for it. Such a statement

@@ -147,12 +147,6 @@ func TestPreparedStatements(t *testing.T) {
 		}))
 	}
 
-	// A second Store of the DB finds them ready.
-	other := New(s.db)
-	s.stmts.ready.Range(func(q, st any) bool {
-		require.Same(t, st, other.stmts.get(q.(string)))
-		return true
-	})
 }
 
 // In rollback-journal mode a connection the pool opened to prepare could
