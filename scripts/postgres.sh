@@ -13,13 +13,15 @@ if ! command -v pg_ctlcluster >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q && apt-get install -y -q postgresql
 fi
+version="$(ls /etc/postgresql | sort -V | tail -n 1)"
+# A freshly installed cluster asks for passwords on TCP; the tests connect as
+# postgres without one, as on the project's machines.
+hba="/etc/postgresql/$version/main/pg_hba.conf"
+if ! grep -q '^host all all 127.0.0.1/32 trust' "$hba"; then
+  sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
+  ready && pg_ctlcluster --skip-systemctl-redirect "$version" main reload
+fi
 if ! ready; then
-  version="$(ls /etc/postgresql | sort -V | tail -n 1)"
-  # A freshly installed cluster trusts local TCP connections only after this.
-  hba="/etc/postgresql/$version/main/pg_hba.conf"
-  if ! grep -q '^host all all 127.0.0.1/32 trust' "$hba"; then
-    sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
-  fi
   pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
   for _ in $(seq 1 60); do ready && break; sleep 1; done
 fi
