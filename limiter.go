@@ -436,8 +436,8 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option) (request, err
 	return r, nil
 }
 
-// countOf returns the count opts ask for, for reporting a call that failed
-// before its request was complete.
+// countOf returns the count opts ask for, for the Observer and a failed-open
+// Result, which have no validated request to take it from.
 func countOf(opts []Option) float64 {
 	o := callOptions{count: 1}
 	for _, opt := range opts {
@@ -472,30 +472,15 @@ func (l *Limiter[TTx]) now() *time.Time {
 // Options.FailOpen, a failure of the store grants the call (see Options).
 func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Option) (Result, error) {
 	obs := l.observe()
-	r, err := l.newRequest(name, key, opts)
-	if err == nil {
-		err = r.checkCount()
-	}
+	r, err := l.limitRequest(name, key, opts, obs)
 	var res Result
 	if err == nil {
-		r.obs = obs
 		err = l.store.InTx(ctx, false, func(tx TTx) (err error) {
 			res, err = l.limit(ctx, tx, r)
 			return err
 		})
 	}
-	if err != nil {
-		r.name, r.key, r.count = name, key, countOf(opts)
-		if l.failOpen(err) {
-			res = Result{Name: name, Key: key, Count: r.count, OK: true, FailedOpen: true, At: time.Now()}
-			l.report(ctx, obs, OpLimit, r, res, err, true)
-			return res, nil
-		}
-		l.report(ctx, obs, OpLimit, r, Result{}, err, false)
-		return Result{}, err
-	}
-	l.report(ctx, obs, OpLimit, r, res, nil, false)
-	return res, nil
+	return l.finish(ctx, obs, OpLimit, name, key, opts, res, err, true)
 }
 
 // LimitTx checks the limit name for key and, when the tokens are there (or
@@ -511,20 +496,40 @@ func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Opti
 // SERIALIZABLE is retryable like any other.
 func (l *Limiter[TTx]) LimitTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Result, error) {
 	obs := l.observe()
+	r, err := l.limitRequest(name, key, opts, obs)
+	var res Result
+	if err == nil {
+		res, err = l.limit(ctx, tx, r)
+	}
+	return l.finish(ctx, obs, OpLimit, name, key, opts, res, err, false)
+}
+
+// limitRequest validates a Limit call.
+func (l *Limiter[TTx]) limitRequest(name, key string, opts []Option, obs *observation) (request, error) {
 	r, err := l.newRequest(name, key, opts)
 	if err == nil {
 		err = r.checkCount()
 	}
-	var res Result
-	if err == nil {
-		r.obs = obs
-		res, err = l.limit(ctx, tx, r)
-	}
-	if err != nil {
-		r.name, r.key, r.count = name, key, countOf(opts)
+	r.obs = obs
+	return r, err
+}
+
+// finish ends a Limit or Check call: it applies Options.FailOpen to the
+// error of a form without Tx (mayFailOpen) and tells the Observer.
+func (l *Limiter[TTx]) finish(ctx context.Context, obs *observation, op Op, name, key string, opts []Option, res Result, err error, mayFailOpen bool) (Result, error) {
+	failedOpen := mayFailOpen && l.failOpen(err)
+	switch {
+	case failedOpen:
+		res = Result{Name: name, Key: key, Count: countOf(opts), OK: true, FailedOpen: true, At: time.Now()}
+	case err != nil:
 		res = Result{}
 	}
-	l.report(ctx, obs, OpLimit, r, res, err, false)
+	if obs != nil {
+		l.report(ctx, obs, op, request{name: name, key: key, count: countOf(opts)}, res, err, failedOpen)
+	}
+	if failedOpen {
+		return res, nil
+	}
 	return res, err
 }
 
@@ -707,18 +712,7 @@ func (l *Limiter[TTx]) Check(ctx context.Context, name, key string, opts ...Opti
 		res, err = l.check(ctx, tx, name, key, opts)
 		return err
 	})
-	if err != nil {
-		r := request{name: name, key: key}
-		if l.failOpen(err) {
-			res = Result{Name: name, Key: key, OK: true, FailedOpen: true, At: time.Now()}
-			l.report(ctx, obs, OpCheck, r, res, err, true)
-			return res, nil
-		}
-		l.report(ctx, obs, OpCheck, r, Result{}, err, false)
-		return Result{}, err
-	}
-	l.report(ctx, obs, OpCheck, request{name: name, key: key, count: res.Count}, res, nil, false)
-	return res, nil
+	return l.finish(ctx, obs, OpCheck, name, key, opts, res, err, true)
 }
 
 // CheckTx returns the decision LimitTx would make now, consuming nothing,
@@ -727,11 +721,7 @@ func (l *Limiter[TTx]) Check(ctx context.Context, name, key string, opts ...Opti
 func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Result, error) {
 	obs := l.observe()
 	res, err := l.check(ctx, tx, name, key, opts)
-	if err != nil {
-		res = Result{}
-	}
-	l.report(ctx, obs, OpCheck, request{name: name, key: key, count: res.Count}, res, err, false)
-	return res, err
+	return l.finish(ctx, obs, OpCheck, name, key, opts, res, err, false)
 }
 
 func (l *Limiter[TTx]) check(ctx context.Context, tx TTx, name, key string, opts []Option) (Result, error) {
