@@ -80,8 +80,9 @@ func (s *Store) InsertShards(ctx context.Context, tx pgx.Tx, p txlimit.InsertPar
 }
 
 const (
-	savepoint        = "SAVEPOINT txlimit_try"
-	releaseSavepoint = "RELEASE SAVEPOINT txlimit_try"
+	savepoint         = "SAVEPOINT txlimit_try"
+	releaseSavepoint  = "RELEASE SAVEPOINT txlimit_try"
+	rollbackSavepoint = "ROLLBACK TO SAVEPOINT txlimit_try"
 )
 
 // TryLockShard implements txlimit.Store. The savepoint and the lock (with
@@ -162,7 +163,7 @@ func (s *Store) WaitShard(ctx context.Context, tx pgx.Tx, p txlimit.WaitShardPar
 // UndoTry implements txlimit.Store.
 func (s *Store) UndoTry(ctx context.Context, tx pgx.Tx) error {
 	b := &pgx.Batch{}
-	b.Queue("ROLLBACK TO SAVEPOINT txlimit_try")
+	b.Queue(rollbackSavepoint)
 	b.Queue(releaseSavepoint)
 	return tx.SendBatch(ctx, b).Close()
 }
