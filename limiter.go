@@ -572,29 +572,26 @@ func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, er
 	return r.result(d, at, next), nil
 }
 
-// limitOneShard is the fast path of a sharded limit: take the first shard, in
-// a random order, that no other transaction holds, and consume from it alone
+// limitOneShard is the fast path of a sharded limit: take the first shard,
+// going up from a random one, that no other transaction holds, and consume from it alone
 // when it has enough. done is false when the caller must fall back to
 // locking every shard; the shard's lock has then been released. With
 // WithRemaining the other shards are read, as last committed, in the same
 // statement, for the result's Remaining; without it the result is Partial.
 func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now *time.Time) (Result, bool, error) {
-	order := make([]int32, r.config.Shards)
-	for i, s := range rand.Perm(len(order)) {
-		order[i] = int32(s)
-	}
+	start := int32(rand.IntN(r.config.Shards))
 	lockStart := r.obs.lockStart()
-	tried, err := l.store.TryLockShard(ctx, tx, TryLockParams{Name: r.name, Key: r.key, Order: order, Now: now, ReadAll: r.remaining})
+	tried, err := l.store.TryLockShard(ctx, tx, TryLockParams{Name: r.name, Key: r.key, Start: start, Now: now, ReadAll: r.remaining})
 	if err == nil && !tried.Locked && (!r.remaining || len(tried.All) >= r.config.Shards) {
 		// Every shard is held (or, without ReadAll, possibly missing).
-		// Queue for one, the first of the random order, rather than for all
+		// Queue for one, the random first choice, rather than for all
 		// of them: holding nothing of this key while waiting for a single
 		// row cannot deadlock, and locking every shard here would make each
 		// call that starts meanwhile find them all busy too. A missing row
 		// comes back unlocked at once, and lockAll creates it.
 		var all []ShardRow
 		all, tried.All = tried.All, nil
-		tried, err = l.store.WaitShard(ctx, tx, WaitShardParams{Name: r.name, Key: r.key, Shard: order[0], Now: now})
+		tried, err = l.store.WaitShard(ctx, tx, WaitShardParams{Name: r.name, Key: r.key, Shard: start, Now: now})
 		if r.remaining {
 			tried.All = all
 		}

@@ -31,11 +31,11 @@ type Store[TTx any] interface {
 	// order is what keeps two transactions from deadlocking on it.
 	InsertShards(ctx context.Context, tx TTx, p InsertParams) error
 
-	// TryLockShard locks the first row of (Name, Key) in Order that no
-	// other transaction holds, without waiting, and, when ReadAll is set,
-	// reads every row of (Name, Key) without locking them, as ReadShards
-	// does, in the same round trip. Locked is false when every listed row
-	// is held or missing. The lock is taken inside a savepoint the Limiter
+	// TryLockShard locks the first row of (Name, Key) that no other
+	// transaction holds, without waiting, going up from shard Start and
+	// then on from shard 0, and, when ReadAll is set, reads every row of
+	// (Name, Key) without locking them, as ReadShards does, in the same
+	// round trip. Locked is false when every row is held or missing. The lock is taken inside a savepoint the Limiter
 	// later ends with KeepTry or UndoTry, so that a lock it does not use
 	// can be let go.
 	TryLockShard(ctx context.Context, tx TTx, p TryLockParams) (TryLockResult, error)
@@ -110,12 +110,14 @@ type InsertParams struct {
 	TS     time.Time
 }
 
-// TryLockParams lists, in order of preference, the shards TryLockShard may
-// take.
+// TryLockParams names the key whose shards TryLockShard may take and the
+// shard it tries first.
 type TryLockParams struct {
-	Name  string
-	Key   string
-	Order []int32
+	Name string
+	Key  string
+	// Start is the first shard tried; the rows after it come next, then
+	// the rows from shard 0 up to it.
+	Start int32
 	Now   *time.Time
 	// ReadAll asks for every row of the key too (TryLockResult.All).
 	ReadAll bool

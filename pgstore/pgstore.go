@@ -92,9 +92,9 @@ func (s *Store) TryLockShard(ctx context.Context, tx pgx.Tx, p txlimit.TryLockPa
 	b := &pgx.Batch{}
 	b.Queue(savepoint)
 	if p.ReadAll {
-		b.Queue(db.TryLockShardAndRead, p.Now, p.Name, p.Key, p.Order) // as db.Queries.TryLockShardAndRead
+		b.Queue(db.TryLockShardAndRead, p.Now, p.Name, p.Key, p.Start) // as db.Queries.TryLockShardAndRead
 	} else {
-		b.Queue(db.TryLockShard, p.Now, p.Name, p.Key, p.Order) // as db.Queries.TryLockShard
+		b.Queue(db.TryLockShard, p.Now, p.Name, p.Key, p.Start) // as db.Queries.TryLockShard
 	}
 	res := tx.SendBatch(ctx, b)
 	var out txlimit.TryLockResult

@@ -90,6 +90,7 @@
 package sqlitestore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -239,24 +240,26 @@ func (s *Store) insertShards(ctx context.Context, tx *sql.Tx, p txlimit.InsertPa
 // TryLockShard implements txlimit.Store for completeness; the Limiter does
 // not call it, since SkipsLocked is false. SQLite cannot skip what another
 // transaction holds, so it waits for the write lock like LockShards and
-// locks the first row in p.Order that exists (Locked is false when none
-// does). The lock cannot be given back before the transaction ends: UndoTry
-// leaves it held, which is always correct, only not concurrent.
+// returns the first row that exists going up from p.Start, then on from
+// shard 0 (Locked is false when the key has none). The lock cannot be given
+// back before the transaction ends: UndoTry leaves it held, which is always
+// correct, only not concurrent.
 func (s *Store) TryLockShard(ctx context.Context, tx *sql.Tx, p txlimit.TryLockParams) (txlimit.TryLockResult, error) {
 	rows, now, err := s.LockShards(ctx, tx, txlimit.KeyParams{Name: p.Name, Key: p.Key, Now: p.Now})
 	if err != nil {
 		return txlimit.TryLockResult{}, err
 	}
 	out := txlimit.TryLockResult{All: rows, Now: now}
-	for _, shard := range p.Order {
-		i, found := slices.BinarySearchFunc(rows, shard, func(r txlimit.ShardRow, s int32) int { return int(r.Shard) - int(s) })
-		if found {
-			out.Row, out.Locked = rows[i], true
-			break
-		}
+	if len(rows) > 0 {
+		// rows are in shard order: the first at or after Start, else the
+		// first of all.
+		i, _ := slices.BinarySearchFunc(rows, p.Start, compareShard)
+		out.Row, out.Locked = rows[i%len(rows)], true
 	}
 	return out, nil
 }
+
+func compareShard(r txlimit.ShardRow, shard int32) int { return cmp.Compare(r.Shard, shard) }
 
 // KeepTry implements txlimit.Store: it writes rows as WriteShards does.
 // TryLockShard opened no savepoint, so there is nothing to release.
@@ -267,7 +270,15 @@ func (s *Store) KeepTry(ctx context.Context, tx *sql.Tx, rows []txlimit.ShardWri
 // WaitShard implements txlimit.Store for completeness, like TryLockShard:
 // it takes the write lock and returns the row when it exists.
 func (s *Store) WaitShard(ctx context.Context, tx *sql.Tx, p txlimit.WaitShardParams) (txlimit.TryLockResult, error) {
-	return s.TryLockShard(ctx, tx, txlimit.TryLockParams{Name: p.Name, Key: p.Key, Order: []int32{p.Shard}, Now: p.Now})
+	rows, now, err := s.LockShards(ctx, tx, txlimit.KeyParams{Name: p.Name, Key: p.Key, Now: p.Now})
+	if err != nil {
+		return txlimit.TryLockResult{}, err
+	}
+	out := txlimit.TryLockResult{Now: now}
+	if i, found := slices.BinarySearchFunc(rows, p.Shard, compareShard); found {
+		out.Row, out.Locked = rows[i], true
+	}
+	return out, nil
 }
 
 // UndoTry implements txlimit.Store. TryLockShard wrote nothing, so there is

@@ -9,29 +9,56 @@ ORDER BY shard
 FOR UPDATE;
 
 -- name: TryLockShard :one
--- Locks the first row of (name, key) in the order given that no other
--- transaction holds, without waiting.
-SELECT shard, value, ts,
+-- Locks the first row of (name, key) that no other transaction holds,
+-- without waiting, going up from shard start and then on from shard 0: the
+-- index delivers the rows in that order, so the scan stops at the first free
+-- one instead of reading and sorting every shard, and the second half runs
+-- only when the first found nothing.
+WITH from_start AS MATERIALIZED (
+    SELECT f.shard, f.value, f.ts FROM txlimit AS f
+    WHERE f.name = sqlc.arg(name) AND f.key = sqlc.arg(key) AND f.shard >= sqlc.arg(start)::integer
+    ORDER BY f.shard
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), below_start AS MATERIALIZED (
+    SELECT b.shard, b.value, b.ts FROM txlimit AS b
+    WHERE b.name = sqlc.arg(name) AND b.key = sqlc.arg(key) AND b.shard < sqlc.arg(start)::integer
+    ORDER BY b.shard
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+SELECT l.shard, l.value, l.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
-FROM txlimit
-WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY(sqlc.arg(shards)::integer[])
-ORDER BY array_position(sqlc.arg(shards)::integer[], shard)
-LIMIT 1
-FOR UPDATE SKIP LOCKED;
+FROM (
+    SELECT shard, value, ts FROM from_start
+    UNION ALL
+    SELECT shard, value, ts FROM below_start
+    LIMIT 1
+) AS l;
 
 -- name: TryLockShardAndRead :many
 -- TryLockShard, reading every row of (name, key) in the same statement: one
--- row per shard, each with the locked row (NULL when every listed row is
--- held or missing), or a single row of NULLs with the clock when the key
--- has none. The locked row is returned as locked: the read of every row
--- sees the statement's snapshot, which a concurrent commit may have
--- overtaken.
-WITH l AS MATERIALIZED (
-    SELECT shard, value, ts FROM txlimit
-    WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY(sqlc.arg(shards)::integer[])
-    ORDER BY array_position(sqlc.arg(shards)::integer[], shard)
+-- row per shard, each with the locked row (NULL when every row is held or
+-- missing), or a single row of NULLs with the clock when the key has none.
+-- The locked row is returned as locked: the read of every row sees the
+-- statement's snapshot, which a concurrent commit may have overtaken.
+WITH from_start AS MATERIALIZED (
+    SELECT f.shard, f.value, f.ts FROM txlimit AS f
+    WHERE f.name = sqlc.arg(name) AND f.key = sqlc.arg(key) AND f.shard >= sqlc.arg(start)::integer
+    ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
+), below_start AS MATERIALIZED (
+    SELECT b.shard, b.value, b.ts FROM txlimit AS b
+    WHERE b.name = sqlc.arg(name) AND b.key = sqlc.arg(key) AND b.shard < sqlc.arg(start)::integer
+    ORDER BY b.shard
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), l AS MATERIALIZED (
+    SELECT shard, value, ts FROM from_start
+    UNION ALL
+    SELECT shard, value, ts FROM below_start
+    LIMIT 1
 )
 SELECT t.shard, t.value, t.ts, c.clock,
        l.shard AS locked_shard, l.value AS locked_value, l.ts AS locked_ts

@@ -416,20 +416,34 @@ func (q *Queries) ScanKeys(ctx context.Context, db DBTX, arg ScanKeysParams) ([]
 }
 
 const TryLockShard = `-- name: TryLockShard :one
-SELECT shard, value, ts,
+WITH from_start AS MATERIALIZED (
+    SELECT f.shard, f.value, f.ts FROM txlimit AS f
+    WHERE f.name = $2 AND f.key = $3 AND f.shard >= $4::integer
+    ORDER BY f.shard
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), below_start AS MATERIALIZED (
+    SELECT b.shard, b.value, b.ts FROM txlimit AS b
+    WHERE b.name = $2 AND b.key = $3 AND b.shard < $4::integer
+    ORDER BY b.shard
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+SELECT l.shard, l.value, l.ts,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
-FROM txlimit
-WHERE name = $2 AND key = $3 AND shard = ANY($4::integer[])
-ORDER BY array_position($4::integer[], shard)
-LIMIT 1
-FOR UPDATE SKIP LOCKED
+FROM (
+    SELECT shard, value, ts FROM from_start
+    UNION ALL
+    SELECT shard, value, ts FROM below_start
+    LIMIT 1
+) AS l
 `
 
 type TryLockShardParams struct {
-	Now    *time.Time
-	Name   string
-	Key    string
-	Shards []int32
+	Now   *time.Time
+	Name  string
+	Key   string
+	Start int32
 }
 
 type TryLockShardRow struct {
@@ -439,14 +453,17 @@ type TryLockShardRow struct {
 	Clock time.Time
 }
 
-// Locks the first row of (name, key) in the order given that no other
-// transaction holds, without waiting.
+// Locks the first row of (name, key) that no other transaction holds,
+// without waiting, going up from shard start and then on from shard 0: the
+// index delivers the rows in that order, so the scan stops at the first free
+// one instead of reading and sorting every shard, and the second half runs
+// only when the first found nothing.
 func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardParams) (TryLockShardRow, error) {
 	row := db.QueryRow(ctx, TryLockShard,
 		arg.Now,
 		arg.Name,
 		arg.Key,
-		arg.Shards,
+		arg.Start,
 	)
 	var i TryLockShardRow
 	err := row.Scan(
@@ -459,12 +476,23 @@ func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardPar
 }
 
 const TryLockShardAndRead = `-- name: TryLockShardAndRead :many
-WITH l AS MATERIALIZED (
-    SELECT shard, value, ts FROM txlimit
-    WHERE name = $2 AND key = $3 AND shard = ANY($4::integer[])
-    ORDER BY array_position($4::integer[], shard)
+WITH from_start AS MATERIALIZED (
+    SELECT f.shard, f.value, f.ts FROM txlimit AS f
+    WHERE f.name = $2 AND f.key = $3 AND f.shard >= $4::integer
+    ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
+), below_start AS MATERIALIZED (
+    SELECT b.shard, b.value, b.ts FROM txlimit AS b
+    WHERE b.name = $2 AND b.key = $3 AND b.shard < $4::integer
+    ORDER BY b.shard
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), l AS MATERIALIZED (
+    SELECT shard, value, ts FROM from_start
+    UNION ALL
+    SELECT shard, value, ts FROM below_start
+    LIMIT 1
 )
 SELECT t.shard, t.value, t.ts, c.clock,
        l.shard AS locked_shard, l.value AS locked_value, l.ts AS locked_ts
@@ -475,10 +503,10 @@ ORDER BY t.shard
 `
 
 type TryLockShardAndReadParams struct {
-	Now    *time.Time
-	Name   string
-	Key    string
-	Shards []int32
+	Now   *time.Time
+	Name  string
+	Key   string
+	Start int32
 }
 
 type TryLockShardAndReadRow struct {
@@ -492,17 +520,16 @@ type TryLockShardAndReadRow struct {
 }
 
 // TryLockShard, reading every row of (name, key) in the same statement: one
-// row per shard, each with the locked row (NULL when every listed row is
-// held or missing), or a single row of NULLs with the clock when the key
-// has none. The locked row is returned as locked: the read of every row
-// sees the statement's snapshot, which a concurrent commit may have
-// overtaken.
+// row per shard, each with the locked row (NULL when every row is held or
+// missing), or a single row of NULLs with the clock when the key has none.
+// The locked row is returned as locked: the read of every row sees the
+// statement's snapshot, which a concurrent commit may have overtaken.
 func (q *Queries) TryLockShardAndRead(ctx context.Context, db DBTX, arg TryLockShardAndReadParams) ([]TryLockShardAndReadRow, error) {
 	rows, err := db.Query(ctx, TryLockShardAndRead,
 		arg.Now,
 		arg.Name,
 		arg.Key,
-		arg.Shards,
+		arg.Start,
 	)
 	if err != nil {
 		return nil, err
