@@ -38,32 +38,45 @@ func TestQuickRun(t *testing.T) {
 	t.Log(stdout.String())
 	require.NoError(t, err)
 
-	// Every cell: PostgreSQL 5 scenarios (2 with a floor) at 3 client
+	// Every cell: PostgreSQL 5 scenarios, each with a floor, at 3 client
 	// counts, SQLite 2 scenarios with a floor at 2.
-	require.Len(t, rep.Rows, 7*3+4*2)
+	require.Len(t, rep.Rows, 10*3+4*2)
 	for _, r := range rep.Rows {
 		require.Positive(t, r.OpsPerSec, "%s %s %s %d", r.DB, r.Scenario, r.Impl, r.Clients)
 		require.Len(t, r.Runs, 1)
 		if r.Impl == "txlimit" {
 			require.Positive(t, r.VsFloor, "%s %s %d has a floor to compare with", r.DB, r.Scenario, r.Clients)
 		}
+		if r.Scenario != "distinct" {
+			require.Positive(t, r.VsDistinct, "%s %s %s %d is compared with distinct keys", r.DB, r.Scenario, r.Impl, r.Clients)
+		}
+		if r.Shards > 1 && r.Impl == "txlimit" {
+			require.Positive(t, r.VsHotFloor, "%s %d is compared with the unsharded hot floor", r.Scenario, r.Clients)
+		}
 		if r.DB == "postgres" {
 			// BEGIN, the call's statements, COMMIT: at least 4 round
-			// trips for txlimit and exactly 4 for the floor.
+			// trips, exactly 4 for the unsharded floor (the sharded one
+			// sends one more when it waits for a shard).
 			require.GreaterOrEqual(t, r.RoundTrips, 4.0, "%s %s %d", r.Scenario, r.Impl, r.Clients)
-			if r.Impl == "floor" {
+			if r.Impl == "floor" && r.Shards == 1 {
 				require.Equal(t, 4.0, r.RoundTrips)
 			}
 		}
 	}
 	// One all-admitted check per timed run, two saturating checks per
-	// scenario and implementation.
-	require.Len(t, rep.Checks, (7*3+4*2)+2*7+2*4)
+	// scenario and implementation, except the sharded floor, which does
+	// not pool its shards.
+	require.Len(t, rep.Checks, (10*3+4*2)+2*7+2*4)
 	for _, c := range rep.Checks {
 		require.True(t, c.OK, "%s: %s", c.Name, c.Detail)
 	}
 	require.Contains(t, stdout.String(), fmt.Sprintf("admission checks: %d passed, 0 failed", len(rep.Checks)))
 	require.Len(t, rep.Targets, 4)
+	for _, target := range rep.Targets {
+		if strings.Contains(target.Name, "16 shards") {
+			require.Positive(t, target.FloorGot, "the shards target shows what the floor reaches")
+		}
+	}
 
 	f, err := os.Open(filepath.Join(out, "results.csv"))
 	require.NoError(t, err)

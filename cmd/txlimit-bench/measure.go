@@ -45,6 +45,14 @@ func (s limitSpec) project(value float64, ts, now time.Time) float64 {
 	return math.Min(value+float64(elapsed)*s.Rate/float64(s.Period), s.Capacity)
 }
 
+// shard is one shard of s, for the sharded floor: a bucket with 1/Shards of
+// its rate and capacity.
+func (s limitSpec) shard() limitSpec {
+	n := float64(max(s.Shards, 1))
+	s.Rate, s.Capacity = s.Rate/n, s.Capacity/n
+	return s
+}
+
 // refill is the most a bucket of s gains in d.
 func (s limitSpec) refill(d time.Duration) float64 {
 	return float64(d) * s.Rate / float64(s.Period)

@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
+	mathrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,6 +32,25 @@ const (
 	pgFloorInsert = `INSERT INTO floor_table (k, value, ts) VALUES ($1, $2, $3) ON CONFLICT (k) DO NOTHING`
 	pgFloorSelect = `SELECT value, ts FROM floor_table WHERE k = $1 FOR UPDATE`
 	pgFloorUpdate = `UPDATE floor_table SET value = $2, ts = $3 WHERE k = $1`
+
+	// The sharded floor: the same rows per shard as txlimit's table, and
+	// the statement a careful hand would write to take a free one: the
+	// first row no other transaction holds going up from a random shard,
+	// then on from shard 0, read in index order (see TryLockShard in
+	// queries/postgres/txlimit.sql); when every row is held, wait for the
+	// random one.
+	pgShardFloorDDL = `CREATE TABLE floor_shards (k text NOT NULL, shard integer NOT NULL,
+		value double precision NOT NULL, ts timestamptz NOT NULL, PRIMARY KEY (k, shard))`
+	pgShardFloorInsert = `INSERT INTO floor_shards (k, shard, value, ts)
+		SELECT $1, s, $2, $3 FROM generate_series(0, $4::integer - 1) AS s ON CONFLICT DO NOTHING`
+	pgShardFloorTry = `WITH a AS MATERIALIZED (
+		SELECT shard, value, ts FROM floor_shards WHERE k = $1 AND shard >= $2 ORDER BY shard LIMIT 1 FOR UPDATE SKIP LOCKED
+	), b AS MATERIALIZED (
+		SELECT shard, value, ts FROM floor_shards WHERE k = $1 AND shard < $2 ORDER BY shard LIMIT 1 FOR UPDATE SKIP LOCKED
+	)
+	SELECT shard, value, ts FROM a UNION ALL SELECT shard, value, ts FROM b LIMIT 1`
+	pgShardFloorWait   = `SELECT shard, value, ts FROM floor_shards WHERE k = $1 AND shard = $2 FOR UPDATE`
+	pgShardFloorUpdate = `UPDATE floor_shards SET value = $3, ts = $4 WHERE k = $1 AND shard = $2`
 
 	sqliteFloorDDL    = `CREATE TABLE floor_table (k TEXT PRIMARY KEY, value REAL NOT NULL, ts INTEGER NOT NULL) WITHOUT ROWID`
 	sqliteFloorInsert = `INSERT INTO floor_table (k, value, ts) VALUES (?, ?, ?) ON CONFLICT (k) DO NOTHING`
@@ -93,9 +114,11 @@ func openPostgres(ctx context.Context, dsn string) (env *pgEnv, drop func(), err
 		drop()
 		return nil, nil, err
 	}
-	if _, err := pool.pool.Exec(ctx, pgFloorDDL); err != nil {
-		drop()
-		return nil, nil, fmt.Errorf("create the floor's table: %w", err)
+	for _, ddl := range []string{pgFloorDDL, pgShardFloorDDL} {
+		if _, err := pool.pool.Exec(ctx, ddl); err != nil {
+			drop()
+			return nil, nil, fmt.Errorf("create the floor's tables: %w", err)
+		}
 	}
 	return env, drop, nil
 }
@@ -287,6 +310,13 @@ func (s pgFloor) newClient(ctx context.Context, spec limitSpec, key string) (cli
 		return nil, err
 	}
 	k := floorKey(spec, key)
+	if spec.Shards > 1 {
+		if _, err := conn.Exec(ctx, pgShardFloorInsert, k, spec.Capacity/float64(spec.Shards), spec.now(), spec.Shards); err != nil {
+			conn.Release()
+			return nil, err
+		}
+		return &pgShardFloorClient{pgFloorClient{conn: conn, spec: spec, k: k}}, nil
+	}
 	if _, err := conn.Exec(ctx, pgFloorInsert, k, spec.Capacity, spec.now()); err != nil {
 		conn.Release()
 		return nil, err
@@ -315,7 +345,54 @@ func (c *pgFloorClient) take(ctx context.Context) (ok bool, err error) {
 
 func (c *pgFloorClient) close() { c.conn.Release() }
 
+// pgShardFloorClient is the floor of a sharded limit: one token from the
+// one shard it locks, each shard a bucket of its own with 1/Shards of the
+// rate and capacity. It does not pool shards (a call whose shard is short is
+// denied), so it takes part only in the timed runs, where no shard runs
+// out, and not in the saturating admission checks.
+type pgShardFloorClient struct{ pgFloorClient }
+
+func (c *pgShardFloorClient) take(ctx context.Context) (ok bool, err error) {
+	shard := c.spec.shard()
+	err = pgx.BeginFunc(ctx, c.conn, func(tx pgx.Tx) error {
+		start := int32(mathrand.IntN(c.spec.Shards))
+		var s int32
+		var value float64
+		var ts time.Time
+		err := tx.QueryRow(ctx, pgShardFloorTry, c.k, start).Scan(&s, &value, &ts)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = tx.QueryRow(ctx, pgShardFloorWait, c.k, start).Scan(&s, &value, &ts)
+		}
+		if err != nil {
+			return err
+		}
+		now := shard.now()
+		left := shard.project(value, ts, now) - 1
+		if left < 0 {
+			return nil
+		}
+		ok = true
+		_, err = tx.Exec(ctx, pgShardFloorUpdate, c.k, s, left, now)
+		return err
+	})
+	return ok, err
+}
+
 func (s pgFloor) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
+	if spec.Shards > 1 {
+		rows, err := s.p.pool.Query(ctx, `SELECT value, ts FROM floor_shards WHERE k = $1`, floorKey(spec, key))
+		if err != nil {
+			return 0, err
+		}
+		var value, sum float64
+		var ts time.Time
+		shard, now := spec.shard(), spec.now()
+		_, err = pgx.ForEachRow(rows, []any{&value, &ts}, func() error {
+			sum += shard.project(value, ts, now)
+			return nil
+		})
+		return sum, err
+	}
 	var value float64
 	var ts time.Time
 	if err := s.p.pool.QueryRow(ctx, `SELECT value, ts FROM floor_table WHERE k = $1`, floorKey(spec, key)).Scan(&value, &ts); err != nil {
