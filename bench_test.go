@@ -446,7 +446,7 @@ func TestRoundTrips(t *testing.T) {
 
 	t.Run("ShardedAllBusy", func(t *testing.T) {
 		// Another transaction holds every shard: the fast path finds none
-		// free and waits for one, the first of its random order, instead
+		// free and waits for one, the random shard it started from, instead
 		// of locking them all; it gets it when the holder commits.
 		limitTx(live, "sharded", "busy-rehearsal")
 		limitTx(live, "sharded", "busy")

@@ -119,8 +119,10 @@ var _ txlimit.Store[*sql.Tx] = (*Store)(nil)
 // runs them (in the background, on a connection of the pool, once per
 // Store: make one Store per *sql.DB and share it) and from then on runs them
 // prepared in the caller's transaction, so that SQLite does not compile the
-// same SQL again, under the write lock, on every call. The statements are
-// closed with db. A transaction of another *sql.DB, one that comes before a
+// same SQL again, under the write lock, on every call. Preparing takes a
+// connection of the pool that no transaction holds: while every connection
+// is held (SetMaxOpenConns(1) and a transaction open, say), the calls run the
+// text until one is free. The statements are closed with db. A transaction of another *sql.DB, one that comes before a
 // statement is ready, and every transaction on a database in another
 // journal mode run the SQL text as it is.
 func New(db *sql.DB) *Store {

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/txlimit/txlimit/sqlitestore"
 )
 
 // errChecks is returned by run when an admission check failed.
@@ -183,9 +185,11 @@ func (b *bench) postgres(ctx context.Context, env *pgEnv) error {
 
 func (b *bench) sqlite(ctx context.Context, env *sqliteEnv) error {
 	scenarios := []scenario{{name: "distinct", shards: 1}, {name: "hot", hot: true, shards: 1}}
-	subjects := map[string]subject{"floor": sqliteFloor{env.db}, "txlimit": sqliteLimit{env.db}}
+	subjects := map[string]subject{"floor": sqliteFloor{env.db}, "txlimit": sqliteLimit{env.db, sqlitestore.New(env.db)}}
 	for _, clients := range b.cfg.SQLiteClients {
-		env.db.SetMaxOpenConns(clients)
+		// Each client keeps a connection of its own; one more is free for
+		// the store to prepare its statements on (see sqlitestore.New).
+		env.db.SetMaxOpenConns(clients + 1)
 		var cells []cell
 		for _, s := range scenarios {
 			cells = append(cells, cell{"sqlite", s, "floor", clients}, cell{"sqlite", s, "txlimit", clients})
@@ -195,7 +199,7 @@ func (b *bench) sqlite(ctx context.Context, env *sqliteEnv) error {
 		}
 	}
 	clients := slices.Max(b.cfg.SQLiteClients)
-	env.db.SetMaxOpenConns(clients)
+	env.db.SetMaxOpenConns(clients + 1)
 	return b.checkLimits("sqlite", scenarios, clients, subjects)
 }
 

@@ -444,7 +444,12 @@ func openSQLite(ctx context.Context) (env *sqliteEnv, cleanup func(), err error)
 }
 
 // sqliteLimit is txlimit on SQLite: BeginTx (IMMEDIATE), LimitTx, Commit.
-type sqliteLimit struct{ db *sql.DB }
+// Its clients share one Store, as sqlitestore.New asks, so that the
+// statements it prepares serve every client and every cell.
+type sqliteLimit struct {
+	db    *sql.DB
+	store *sqlitestore.Store
+}
 
 type sqliteClient struct {
 	conn *sql.Conn
@@ -467,7 +472,7 @@ func (c *sqliteClient) take(ctx context.Context) (bool, error) {
 func (c *sqliteClient) close() { _ = c.conn.Close() }
 
 func (s sqliteLimit) newClient(ctx context.Context, spec limitSpec, key string) (client, error) {
-	l, err := newLimiter(sqlitestore.New(s.db), spec)
+	l, err := newLimiter(s.store, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -482,7 +487,7 @@ func (s sqliteLimit) newClient(ctx context.Context, spec limitSpec, key string) 
 }
 
 func (s sqliteLimit) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
-	l, err := newLimiter(sqlitestore.New(s.db), spec)
+	l, err := newLimiter(s.store, spec)
 	if err != nil {
 		return 0, err
 	}
