@@ -56,7 +56,10 @@ type Config struct {
 	// Shards spreads the limit over this many rows so that concurrent
 	// transactions do not queue on one row lock. Each shard holds
 	// Rate/Shards, Capacity/Shards and MaxReserved/Shards. Defaults to 1;
-	// at most MaxShards.
+	// at most MaxShards. A row is held until its transaction commits, so
+	// give a hot limit about as many shards as transactions hold it at
+	// once, and keep Capacity/Shards several times the count of one call
+	// (docs/sharding.md).
 	Shards int
 	// Start aligns the windows of a FixedWindow limit: windows begin at
 	// Start plus whole multiples of Period. When zero, each (name, key) gets
