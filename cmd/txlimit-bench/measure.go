@@ -83,6 +83,10 @@ type client interface {
 }
 
 // workload says how the clients of one run call.
+// minUntilDenied is the least time a workload with untilDenied may go on
+// past its duration.
+const minUntilDenied = 20 * time.Second
+
 type workload struct {
 	keys []string // the key of each client
 	// duration is how long the clients call; 0 means until each is denied
@@ -90,8 +94,11 @@ type workload struct {
 	duration time.Duration
 	maxOps   int
 	// untilDenied makes the clients of a run with a duration go on past
-	// it, up to ten times as long, until each has been denied once: the
-	// proof that demand exceeded the limit.
+	// it, until each has been denied once (the proof that demand exceeded
+	// the limit), for up to ten times as long and at least
+	// minUntilDenied: on a slow machine (or under -race) a sharded limit
+	// near saturation serves few calls a second, and the clients need
+	// that long to drain it.
 	untilDenied bool
 	// warmUp makes one untimed call per client first, which creates the
 	// rows and fills the connections' statement caches.
@@ -165,7 +172,7 @@ func drive(ctx context.Context, s subject, spec limitSpec, w workload) (runStats
 	var wg sync.WaitGroup
 	start := time.Now()
 	deadline := start.Add(w.duration)
-	hardDeadline := start.Add(10 * w.duration)
+	hardDeadline := start.Add(max(10*w.duration, minUntilDenied))
 	for i, c := range clients {
 		wg.Go(func() {
 			r := &results[i]
