@@ -576,9 +576,9 @@ func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, er
 }
 
 // limitOneShard is the fast path of a sharded limit: take the first shard,
-// going up from a random one, that no other transaction holds, and consume from it alone
-// when it has enough. done is false when the caller must fall back to
-// locking every shard; the shard's lock has then been released. With
+// going up from a random one, that no other transaction holds, and consume
+// from it alone when it has enough. done is false when the caller must fall
+// back to locking every shard; the shard's lock has then been released. With
 // WithRemaining the other shards are read, as last committed, in the same
 // statement, for the result's Remaining; without it the result is Partial.
 func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now *time.Time) (Result, bool, error) {

@@ -35,9 +35,9 @@ type Store[TTx any] interface {
 	// transaction holds, without waiting, going up from shard Start and
 	// then on from shard 0, and, when ReadAll is set, reads every row of
 	// (Name, Key) without locking them, as ReadShards does, in the same
-	// round trip. Locked is false when every row is held or missing. The lock is taken inside a savepoint the Limiter
-	// later ends with KeepTry or UndoTry, so that a lock it does not use
-	// can be let go.
+	// round trip. Locked is false when every row is held or missing. The
+	// lock is taken inside a savepoint the Limiter later ends with KeepTry
+	// or UndoTry, so that a lock it does not use can be let go.
 	TryLockShard(ctx context.Context, tx TTx, p TryLockParams) (TryLockResult, error)
 	// KeepTry writes rows (as WriteShards) and releases the savepoint of
 	// TryLockShard, keeping its lock.

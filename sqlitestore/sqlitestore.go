@@ -122,9 +122,10 @@ var _ txlimit.Store[*sql.Tx] = (*Store)(nil)
 // same SQL again, under the write lock, on every call. Preparing takes a
 // connection of the pool that no transaction holds: while every connection
 // is held (SetMaxOpenConns(1) and a transaction open, say), the calls run the
-// text until one is free. The statements are closed with db. A transaction of another *sql.DB, one that comes before a
-// statement is ready, and every transaction on a database in another
-// journal mode run the SQL text as it is.
+// text until one is free. The statements are closed with db. A transaction
+// of another *sql.DB, one that comes before a statement is ready, and every
+// transaction on a database in another journal mode run the SQL text as it
+// is.
 func New(db *sql.DB) *Store {
 	s := &Store{db: db, queries: gen.New()}
 	if db != nil {
