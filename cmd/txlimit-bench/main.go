@@ -47,7 +47,7 @@
 //   - on a frozen clock, with a capacity of 100 and clients that call until
 //     they are denied, exactly 100 must be admitted per key;
 //   - on the real clock, with a small capacity (8, or 2 a shard) refilled at
-//     a quarter of it a second and clients that call until each has been
+//     a sixteenth of it a second and clients that call until each has been
 //     denied, capacity <= admitted <= capacity + rate * elapsed per key.
 //
 // The last two run for every scenario, txlimit and floor (except the sharded
