@@ -78,6 +78,15 @@
 // return a serialization failure (SQLSTATE 40001), which is retryable: run
 // the whole transaction again. It never admits wrongly.
 //
+// # Waiting
+//
+// Wait is for callers that would rather wait than be denied, as
+// x/time/rate's Limiter.Wait: it calls Limit, and after a denial sleeps the
+// RetryAfter plus jitter, holding no transaction, and tries again until the
+// tokens are granted or the context ends. It returns at once when the wait
+// would outlast the context's deadline. For transactions that fail with a
+// serialization failure or a deadlock, pgstore.RunTx runs them again.
+//
 // # Time
 //
 // Each call reads one clock once. By default it is the database server's
@@ -91,9 +100,11 @@
 //
 // A Limiter is generic over the store's transaction type and is built from a
 // store: pgstore.New(pool) for pgx (TTx is pgx.Tx), sqlitestore.New(db) for
-// database/sql on SQLite (TTx is *sql.Tx). The schema is a goose migration in
-// package migrations, which the application runs at setup with
-// migrations.Up.
+// database/sql on SQLite (TTx is *sql.Tx). Each store does every operation
+// whole, in the caller's transaction, with its database's own locking (package
+// driver is that seam; it is not an API to implement). The schema is a goose
+// migration in package migrations, which the application runs at setup with
+// migrations.Up; Limiter.Ping checks it at startup.
 //
 // # Errors
 //
@@ -102,8 +113,17 @@
 // Errors returned by the methods are bad input (*InvalidError, which names the
 // field and the fix; nothing was written) or the database's own, returned as
 // the driver returns them so that callers can classify them (pgconn.PgError
-// and its SQLSTATE, context errors). After an error inside a caller's
-// transaction, roll that transaction back.
+// and its SQLSTATE, context errors), with the fix added where the cause is a
+// setup mistake: ErrNotMigrated for a missing table, the exec modes that work
+// behind a transaction-mode pooler, the DSN settings for SQLite's "database is
+// locked". After an error inside a caller's transaction, roll that
+// transaction back.
+//
+// A form without Tx (Limit, Check, Value, ...) runs in a transaction of its
+// own: calling it for a key that the caller's open transaction already holds
+// (after a LimitTx on it) waits for that transaction's row lock, which is
+// released only when the caller, who is waiting too, ends: the call returns
+// only when its context does. Inside a transaction, use the …Tx forms.
 package txlimit
 
 //go:generate bash scripts/sqlc.sh generate

@@ -43,6 +43,9 @@ type harness[TTx any] struct {
 	rows func(t *testing.T, name, key string) []string
 	// conns is how many transactions may be open at once.
 	conns int
+	// skipsLocked is set for a store that serves a sharded limit from one
+	// shard no other transaction holds (PostgreSQL's SKIP LOCKED).
+	skipsLocked bool
 }
 
 // testClock is an injectable clock that only moves when told to.
@@ -621,16 +624,8 @@ func pgHarness(t *testing.T, pool *pgxpool.Pool) harness[pgx.Tx] {
 			require.NoError(t, err)
 			return out
 		},
-		conns: int(pool.Config().MaxConns) - 1,
-	}
-}
-
-func TestPostgres(t *testing.T) {
-	schema := testdb.Schema(t)
-	for _, mode := range testdb.ExecModes {
-		t.Run(mode.String(), func(t *testing.T) {
-			runConformance(t, pgHarness(t, testdb.Pool(t, schema, mode, 40)))
-		})
+		conns:       int(pool.Config().MaxConns) - 1,
+		skipsLocked: true,
 	}
 }
 
@@ -669,86 +664,6 @@ func TestPostgresLockIsHeldUntilCommit(t *testing.T) {
 	snap, err := l.Value(ctx, name, "k")
 	require.NoError(t, err)
 	require.InDelta(t, 8, snap.Value, 0.5, "two spent, a little refilled")
-}
-
-// TryLockShard takes the first row no other transaction holds going up from
-// Start, then on from shard 0, and never waits; WaitShard waits for one
-// row. Checked at the store, with another transaction holding rows.
-func TestPostgresTryLockShard(t *testing.T) {
-	ctx := context.Background()
-	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 8)
-	s := pgstore.New(pool)
-	name := uniqueName(t, "trylock")
-	now := t0
-	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return s.InsertShards(ctx, tx, txlimit.InsertParams{Name: name, Key: "k", Shards: 4, Value: 1, TS: now})
-	}))
-
-	holder, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer holder.Rollback(ctx)
-	_, err = holder.Exec(ctx, `SELECT 1 FROM txlimit WHERE name = $1 AND key = 'k' AND shard IN (1, 2) FOR UPDATE`, name)
-	require.NoError(t, err)
-
-	try := func(start int32, readAll bool) (txlimit.TryLockResult, pgx.Tx) {
-		t.Helper()
-		tx, err := pool.Begin(ctx)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = tx.Rollback(ctx) })
-		got, err := s.TryLockShard(ctx, tx, txlimit.TryLockParams{Name: name, Key: "k", Start: start, Now: &now, ReadAll: readAll})
-		require.NoError(t, err)
-		return got, tx
-	}
-	for _, tc := range []struct {
-		start int32
-		want  int32
-	}{{0, 0}, {1, 3}, {2, 3}, {3, 3}} {
-		for _, readAll := range []bool{false, true} {
-			got, tx := try(tc.start, readAll)
-			require.True(t, got.Locked, "start %d", tc.start)
-			require.Equal(t, tc.want, got.Row.Shard, "start %d: the first free row from there", tc.start)
-			require.True(t, got.Now.Equal(now))
-			if readAll {
-				require.Len(t, got.All, 4, "every row is read, held or not")
-			}
-			require.NoError(t, tx.Rollback(ctx))
-		}
-	}
-
-	// With 0 and 3 taken too, starting past them wraps around to nothing.
-	other, tx := try(3, false)
-	require.Equal(t, int32(3), other.Row.Shard)
-	zero, tx0 := try(0, false)
-	require.Equal(t, int32(0), zero.Row.Shard)
-	for _, readAll := range []bool{false, true} {
-		got, tx := try(2, readAll)
-		require.False(t, got.Locked, "every row is held")
-		require.NoError(t, tx.Rollback(ctx))
-	}
-
-	// WaitShard queues for the row; the holder's rollback lets it through.
-	waiter, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer waiter.Rollback(ctx)
-	done := make(chan txlimit.TryLockResult, 1)
-	go func() {
-		got, err := s.WaitShard(ctx, waiter, txlimit.WaitShardParams{Name: name, Key: "k", Shard: 3, Now: &now})
-		if err != nil {
-			t.Error(err)
-		}
-		done <- got
-	}()
-	select {
-	case <-done:
-		t.Fatal("WaitShard returned while another transaction held the row")
-	case <-time.After(100 * time.Millisecond):
-	}
-	require.NoError(t, tx.Rollback(ctx))
-	got := <-done
-	require.True(t, got.Locked)
-	require.Equal(t, int32(3), got.Row.Shard)
-	require.NoError(t, tx0.Rollback(ctx))
-	require.NoError(t, holder.Rollback(ctx))
 }
 
 // Under REPEATABLE READ and SERIALIZABLE a concurrent update of the same
@@ -877,8 +792,4 @@ func sqliteHarness(t *testing.T, db *sql.DB) harness[*sql.Tx] {
 		},
 		conns: 15,
 	}
-}
-
-func TestSQLite(t *testing.T) {
-	runConformance(t, sqliteHarness(t, openSQLite(t)))
 }

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
-	"math/rand/v2"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
 )
 
 // Kind is the refill rule of a limit.
@@ -105,18 +105,6 @@ func (c Config) normalized(name string) (Config, error) {
 	return c, nil
 }
 
-// shard returns the configuration of one of c's shards.
-func (c Config) shard() algo.Config {
-	n := float64(c.Shards)
-	return algo.Config{
-		Kind:        algo.Kind(c.Kind),
-		Rate:        c.Rate / n,
-		Period:      c.Period.Microseconds(),
-		Capacity:    c.Capacity / n,
-		MaxReserved: c.MaxReserved / n,
-	}
-}
-
 // origin returns the instant (µs since the epoch) that the windows of a
 // fixed-window limit are aligned to.
 func (c Config) origin(name, key string) int64 {
@@ -143,7 +131,7 @@ type Options struct {
 	// fails (the database is down, the pool exhausted past the context's
 	// deadline, a lock timeout), they return an OK Result with FailedOpen
 	// set and a nil error, consuming nothing, and the error goes to the
-	// Observer. Bad input, ErrNoPool and a cancelled context are still
+	// Observer. Bad input, ErrNoPool, ErrNotMigrated and a cancelled context are still
 	// returned as errors. The …Tx forms never fail open: the caller's
 	// transaction has failed with the store, and only the caller can
 	// decide what to do with it. Defaults to false: every error is
@@ -327,7 +315,12 @@ var (
 	ErrUnknownLimit = errors.New("txlimit: unknown limit")
 	// ErrNoPool is returned by the forms without Tx when the store has no
 	// pool or database.
-	ErrNoPool = errors.New("txlimit: the store has no pool or database; use the ...Tx forms or pass one to the store's New")
+	ErrNoPool = driver.ErrNoPool
+	// ErrNotMigrated matches the error of every call on a database whose
+	// txlimit table is missing or out of date: run migrations.Up first.
+	// Limiter.Ping reports it at startup. Options.FailOpen never grants on
+	// it: it is a mistake in the deployment, not an outage.
+	ErrNotMigrated = driver.ErrNotMigrated
 )
 
 // RateLimitedError is the error form of a denied Result.
@@ -380,7 +373,25 @@ func validName(name string) error {
 	return validText("name", name, name)
 }
 
+// MaxNameLen and MaxKeyLen bound the length in bytes of a limit's name and
+// key, so that (name, key, shard) fits one index entry on every store
+// (PostgreSQL's B-tree takes at most 2704 bytes). A longer key is an
+// *InvalidError on every store; hash it first (for example the hex of its
+// SHA-256) when it can be longer.
+const (
+	MaxNameLen = 256
+	MaxKeyLen  = 2048
+)
+
 func validText(field, limit, s string) error {
+	bound := MaxKeyLen
+	if field == "name" {
+		bound = MaxNameLen
+	}
+	if len(s) > bound {
+		return &InvalidError{Limit: limit, Field: field, Problem: fmt.Sprintf(
+			"is %d bytes long, more than the %d a limit's %s may have; hash it first (for example the hex of its SHA-256)", len(s), bound, field)}
+	}
 	if strings.IndexByte(s, 0) >= 0 {
 		return &InvalidError{Limit: limit, Field: field, Problem: "contains a NUL byte, which PostgreSQL text cannot hold; encode it (hex, base64) first"}
 	}
@@ -390,7 +401,7 @@ func validText(field, limit, s string) error {
 	return nil
 }
 
-// request is one validated call.
+// request is one call, validated by newRequest.
 type request struct {
 	name      string
 	key       string
@@ -398,56 +409,62 @@ type request struct {
 	reserve   bool
 	remaining bool
 	config    Config
-	shard     algo.Config
-	origin    int64
+	limit     driver.Limit
 	obs       *observation // nil unless the Limiter has an Observer
 }
 
+// newRequest validates a call. The request it returns on an error still
+// names the call (name, key, count), for the Observer.
 func (l *Limiter[TTx]) newRequest(name, key string, opts []Option) (request, error) {
 	o := callOptions{count: 1}
 	for _, opt := range opts {
 		opt(&o)
 	}
+	r := request{name: name, key: key, count: o.count, reserve: o.reserve, remaining: o.remaining}
 	if err := validName(name); err != nil {
-		return request{}, err
+		return r, err
 	}
 	if err := validText("key", name, key); err != nil {
-		return request{}, err
+		return r, err
 	}
-	var cfg Config
 	if o.config != nil {
 		c, err := o.config.normalized(name)
 		if err != nil {
-			return request{}, err
+			return r, err
 		}
-		cfg = c
+		r.config = c
 	} else {
 		c, ok := l.limits[name]
 		if !ok {
-			return request{}, &InvalidError{Limit: name, Field: "name", unknown: true,
+			return r, &InvalidError{Limit: name, Field: "name", unknown: true,
 				Problem: "is not a limit given to txlimit.New; add it there or pass txlimit.WithConfig"}
 		}
-		cfg = c
+		r.config = c
 	}
 	if !finite(o.count) || o.count < 0 {
-		return request{}, &InvalidError{Limit: name, Field: "Count", Problem: fmt.Sprintf("must be a finite number >= 0, got %v", o.count)}
+		return r, &InvalidError{Limit: name, Field: "Count", Problem: fmt.Sprintf("must be a finite number >= 0, got %v", o.count)}
 	}
-	r := request{name: name, key: key, count: o.count, reserve: o.reserve, remaining: o.remaining, config: cfg, shard: cfg.shard()}
-	if cfg.Kind == FixedWindow {
-		r.origin = cfg.origin(name, key)
-	}
+	r.limit = r.config.limit(name, key)
 	return r, nil
 }
 
-// countOf returns the count opts ask for, for the Observer and a failed-open
-// Result, which have no validated request to take it from.
-func countOf(opts []Option) float64 {
-	o := callOptions{count: 1}
-	for _, opt := range opts {
-		opt(&o)
+// limit returns the limit of c for (name, key), as a store sees it.
+func (c Config) limit(name, key string) driver.Limit {
+	l := driver.Limit{
+		Name: name, Key: key, Shards: c.Shards,
+		Config: algo.Config{
+			Kind: algo.Kind(c.Kind), Rate: c.Rate, Period: c.Period.Microseconds(),
+			Capacity: c.Capacity, MaxReserved: c.MaxReserved,
+		},
 	}
-	return o.count
+	if c.Kind == FixedWindow {
+		l.Origin = c.origin(name, key)
+	}
+	return l
 }
+
+// shard is the configuration of one of r's shards.
+func (r request) shard() algo.Config { return r.limit.Shard(r.limit.Shards) }
 
 // checkCount rejects a count that no amount of waiting would grant.
 func (r request) checkCount() error {
@@ -461,6 +478,14 @@ func (r request) checkCount() error {
 			"%v exceeds Capacity+MaxReserved %v and could never be reserved; raise MaxReserved", r.count, c.Capacity+c.MaxReserved)}
 	}
 	return nil
+}
+
+// take is the store's Take for r.
+func (r request) take(now *time.Time) driver.TakeParams {
+	return driver.TakeParams{
+		Limit: r.limit, Count: r.count, Reserve: r.reserve, ReadAll: r.remaining,
+		Now: now, TimeLocks: r.obs != nil,
+	}
 }
 
 func (l *Limiter[TTx]) now() *time.Time {
@@ -483,7 +508,7 @@ func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Opti
 			return err
 		})
 	}
-	return l.finish(ctx, obs, OpLimit, name, key, opts, res, err, true)
+	return l.finish(ctx, OpLimit, r, res, err, true)
 }
 
 // LimitTx checks the limit name for key and, when the tokens are there (or
@@ -497,6 +522,10 @@ func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Opti
 // error style. Errors are bad input (*InvalidError, nothing written) or the
 // database's own; a serialization failure under REPEATABLE READ or
 // SERIALIZABLE is retryable like any other.
+//
+// Do not call Limit, Check or any other form without Tx for the same key
+// while tx holds it: that call runs in a transaction of its own, which waits
+// for tx's row lock, and tx waits for the call: it ends only with ctx.
 func (l *Limiter[TTx]) LimitTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Result, error) {
 	obs := l.observe()
 	r, err := l.limitRequest(name, key, opts, obs)
@@ -504,7 +533,7 @@ func (l *Limiter[TTx]) LimitTx(ctx context.Context, tx TTx, name, key string, op
 	if err == nil {
 		res, err = l.limit(ctx, tx, r)
 	}
-	return l.finish(ctx, obs, OpLimit, name, key, opts, res, err, false)
+	return l.finish(ctx, OpLimit, r, res, err, false)
 }
 
 // limitRequest validates a Limit call.
@@ -519,174 +548,51 @@ func (l *Limiter[TTx]) limitRequest(name, key string, opts []Option, obs *observ
 
 // finish ends a Limit or Check call: it applies Options.FailOpen to the
 // error of a form without Tx (mayFailOpen) and tells the Observer.
-func (l *Limiter[TTx]) finish(ctx context.Context, obs *observation, op Op, name, key string, opts []Option, res Result, err error, mayFailOpen bool) (Result, error) {
+func (l *Limiter[TTx]) finish(ctx context.Context, op Op, r request, res Result, err error, mayFailOpen bool) (Result, error) {
 	failedOpen := mayFailOpen && l.failOpen(err)
 	switch {
 	case failedOpen:
-		res = Result{Name: name, Key: key, Count: countOf(opts), OK: true, FailedOpen: true, At: time.Now()}
+		res = r.failedOpen(time.Now())
 	case err != nil:
 		res = Result{}
 	}
-	if obs != nil {
-		l.report(ctx, obs, op, request{name: name, key: key, count: countOf(opts)}, res, err, failedOpen)
-	}
+	l.report(ctx, r.obs, op, r, res, err, failedOpen)
 	if failedOpen {
 		return res, nil
 	}
 	return res, err
 }
 
+// failedOpen is the Result of r granted by Options.FailOpen.
+func (r request) failedOpen(at time.Time) Result {
+	return Result{Name: r.name, Key: r.key, Count: r.count, OK: true, FailedOpen: true, At: at}
+}
+
 func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, error) {
-	now := l.now()
-	n := r.config.Shards
-	if n > 1 && l.store.SkipsLocked() && r.count <= r.shard.Capacity {
-		res, done, err := l.limitOneShard(ctx, tx, r, now)
-		if err != nil || done {
-			return res, err
-		}
-	}
-	if n > 1 && !r.reserve && l.store.SkipsLocked() {
-		// Before queueing on every shard, see whether the committed state
-		// already rules the request out. Concurrent transactions can only
-		// lower it further (a concurrent Credit or Reset is ordered after
-		// this call), so such a denial is right without any lock. (A store
-		// with one writer at a time has no queue per row to avoid, and a
-		// read before the write lock would only hold a stale snapshot.)
-		rows, at, err := l.store.ReadShards(ctx, tx, KeyParams{Name: r.name, Key: r.key, Now: now})
-		if err != nil {
-			return Result{}, err
-		}
-		states := r.states(rows)
-		if _, d := algo.TakeShards(r.shard, states, at.UnixMicro(), r.count, false); !d.OK {
-			return r.result(d, at, states), nil
-		}
-	}
-	rows, at, err := l.lockAll(ctx, tx, r, now)
+	t, err := l.store.Take(ctx, tx, r.take(l.now()))
 	if err != nil {
 		return Result{}, err
 	}
-	states := r.states(rows)
-	next, d := algo.TakeShards(r.shard, states, at.UnixMicro(), r.count, r.reserve)
-	if d.OK {
-		if err := l.store.WriteShards(ctx, tx, r.writes(next)); err != nil {
-			return Result{}, err
-		}
-	}
-	return r.result(d, at, next), nil
-}
-
-// limitOneShard is the fast path of a sharded limit: take the first shard,
-// going up from a random one, that no other transaction holds, and consume
-// from it alone when it has enough. done is false when the caller must fall
-// back to locking every shard; the shard's lock has then been released. With
-// WithRemaining the other shards are read, as last committed, in the same
-// statement, for the result's Remaining; without it the result is Partial.
-func (l *Limiter[TTx]) limitOneShard(ctx context.Context, tx TTx, r request, now *time.Time) (Result, bool, error) {
-	start := int32(rand.IntN(r.config.Shards))
-	lockStart := r.obs.lockStart()
-	tried, err := l.store.TryLockShard(ctx, tx, TryLockParams{Name: r.name, Key: r.key, Start: start, Now: now, ReadAll: r.remaining})
-	if err == nil && !tried.Locked && (!r.remaining || len(tried.All) >= r.config.Shards) {
-		// Every shard is held (or, without ReadAll, possibly missing).
-		// Queue for one, the random first choice, rather than for all
-		// of them: holding nothing of this key while waiting for a single
-		// row cannot deadlock, and locking every shard here would make each
-		// call that starts meanwhile find them all busy too. A missing row
-		// comes back unlocked at once, and lockAll creates it.
-		var all []ShardRow
-		all, tried.All = tried.All, nil
-		tried, err = l.store.WaitShard(ctx, tx, WaitShardParams{Name: r.name, Key: r.key, Shard: start, Now: now})
-		if r.remaining {
-			tried.All = all
-		}
-	}
-	r.obs.lockEnd(lockStart)
-	if err != nil {
-		return Result{}, false, err
-	}
-	if tried.Locked && int(tried.Row.Shard) < r.config.Shards {
-		at := tried.Now
-		st := algo.State{Value: tried.Row.Value, TS: tried.Row.TS.UnixMicro()}
-		next, d := algo.Take(r.shard, st, at.UnixMicro(), r.count, false)
-		if d.OK {
-			err := l.store.KeepTry(ctx, tx, []ShardWrite{{
-				Name: r.name, Key: r.key, Shard: tried.Row.Shard, Value: next.Value, TS: time.UnixMicro(next.TS),
-			}})
-			if err != nil {
-				return Result{}, false, err
-			}
-			if !r.remaining {
-				return Result{
-					Name: r.name, Key: r.key, Count: r.count, OK: true, At: at, Partial: true,
-					RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
-				}, true, nil
-			}
-			states := r.states(tried.All)
-			states[tried.Row.Shard] = next
-			return r.result(d, at, states), true, nil
-		}
-	}
-	return Result{}, false, l.store.UndoTry(ctx, tx)
-}
-
-// lockAll locks every shard of r's limit in shard order, creating the
-// missing ones as full: it locks the rows there are, and when some are
-// missing, creates them, locking the others as it goes in shard order
-// (InsertShards), and reads them all again.
-func (l *Limiter[TTx]) lockAll(ctx context.Context, tx TTx, r request, now *time.Time) ([]ShardRow, time.Time, error) {
-	lockStart := r.obs.lockStart()
-	defer r.obs.lockEnd(lockStart)
-	p := KeyParams{Name: r.name, Key: r.key, Now: now}
-	rows, at, err := l.store.LockShards(ctx, tx, p)
-	if err != nil || len(rows) >= r.config.Shards {
-		return rows, at, err
-	}
-	full := algo.Full(r.shard, r.origin)
-	err = l.store.InsertShards(ctx, tx, InsertParams{
-		Name: r.name, Key: r.key, Shards: int32(r.config.Shards), Value: full.Value, TS: time.UnixMicro(full.TS),
-	})
-	if err != nil {
-		return nil, time.Time{}, err
-	}
-	return l.store.LockShards(ctx, tx, p)
-}
-
-// states returns the state of every shard of r's limit: the stored row, or a
-// full state for a row that does not exist. Rows beyond the configured number
-// of shards (left by an earlier config with more) are ignored.
-func (r request) states(rows []ShardRow) []algo.State {
-	full := algo.Full(r.shard, r.origin)
-	states := make([]algo.State, r.config.Shards)
-	for i := range states {
-		states[i] = full
-	}
-	for _, row := range rows {
-		if int(row.Shard) < len(states) {
-			states[row.Shard] = algo.State{Value: row.Value, TS: row.TS.UnixMicro()}
-		}
-	}
-	return states
-}
-
-func (r request) writes(states []algo.State) []ShardWrite {
-	w := make([]ShardWrite, len(states))
-	for i, s := range states {
-		w[i] = ShardWrite{Name: r.name, Key: r.key, Shard: int32(i), Value: s.Value, TS: time.UnixMicro(s.TS)}
-	}
-	return w
+	r.obs.addLockWait(t.LockWait)
+	return r.result(t.Decision, t.At, t.States)
 }
 
 // result is the Result of decision d made at at, where states are the
-// shards after the call (unchanged when nothing was taken).
-func (r request) result(d algo.Decision, at time.Time, states []algo.State) Result {
-	now := at.UnixMicro()
-	remaining := algo.Pooled(r.shard, states, now)
-	return Result{
+// shards after the call (unchanged when nothing was taken), or nil when the
+// store read one shard only (Partial).
+func (r request) result(d algo.Decision, at time.Time, states []algo.State) (Result, error) {
+	res := Result{
 		Name: r.name, Key: r.key, Count: r.count, OK: d.OK,
 		RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
 		At:         at,
-		Remaining:  remaining,
-		NextToken:  r.nextToken(states, now, remaining),
+		Partial:    states == nil,
 	}
+	if states != nil {
+		now := at.UnixMicro()
+		res.Remaining = algo.Pooled(r.shard(), states, now)
+		res.NextToken = r.nextToken(states, now, res.Remaining)
+	}
+	return res, nil
 }
 
 // nextToken returns the time until the shards, left alone, pool one whole
@@ -699,7 +605,7 @@ func (r request) nextToken(states []algo.State, now int64, remaining float64) ti
 	}
 	// The time until a request of target tokens would fit is exactly the
 	// time until the limit holds target tokens.
-	_, d := algo.TakeShards(r.shard, states, now, target, false)
+	_, d := algo.TakeShards(r.shard(), states, now, target, false)
 	return time.Duration(d.RetryAfter) * time.Microsecond
 }
 
@@ -707,12 +613,15 @@ func (r request) nextToken(states []algo.State, now int64, remaining float64) ti
 // Options.FailOpen, a failure of the store answers OK (see Options).
 func (l *Limiter[TTx]) Check(ctx context.Context, name, key string, opts ...Option) (Result, error) {
 	obs := l.observe()
+	r, err := l.limitRequest(name, key, opts, obs)
 	var res Result
-	err := l.store.InTx(ctx, true, func(tx TTx) (err error) {
-		res, err = l.check(ctx, tx, name, key, opts)
-		return err
-	})
-	return l.finish(ctx, obs, OpCheck, name, key, opts, res, err, true)
+	if err == nil {
+		err = l.store.InTx(ctx, true, func(tx TTx) (err error) {
+			res, err = l.check(ctx, tx, r)
+			return err
+		})
+	}
+	return l.finish(ctx, OpCheck, r, res, err, true)
 }
 
 // CheckTx returns the decision LimitTx would make now, consuming nothing,
@@ -720,51 +629,74 @@ func (l *Limiter[TTx]) Check(ctx context.Context, name, key string, opts ...Opti
 // stale by the time it is used; only LimitTx consumes atomically.
 func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Result, error) {
 	obs := l.observe()
-	res, err := l.check(ctx, tx, name, key, opts)
-	return l.finish(ctx, obs, OpCheck, name, key, opts, res, err, false)
+	r, err := l.limitRequest(name, key, opts, obs)
+	var res Result
+	if err == nil {
+		res, err = l.check(ctx, tx, r)
+	}
+	return l.finish(ctx, OpCheck, r, res, err, false)
 }
 
-func (l *Limiter[TTx]) check(ctx context.Context, tx TTx, name, key string, opts []Option) (Result, error) {
-	r, err := l.newRequest(name, key, opts)
-	if err == nil {
-		err = r.checkCount()
-	}
+func (l *Limiter[TTx]) check(ctx context.Context, tx TTx, r request) (Result, error) {
+	read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: l.now()})
 	if err != nil {
 		return Result{}, err
 	}
-	rows, at, err := l.store.ReadShards(ctx, tx, KeyParams{Name: r.name, Key: r.key, Now: l.now()})
-	if err != nil {
-		return Result{}, err
-	}
-	states := r.states(rows)
-	_, d := algo.TakeShards(r.shard, states, at.UnixMicro(), r.count, r.reserve)
-	return r.result(d, at, states), nil
+	now := read.At.UnixMicro()
+	states, _ := r.limit.States(read.Rows, now)
+	_, d := algo.TakeShards(r.shard(), states, now, r.count, r.reserve)
+	return r.result(d, read.At, states)
 }
 
 // Reset is ResetTx in a short transaction of its own.
 func (l *Limiter[TTx]) Reset(ctx context.Context, name, key string) error {
-	return l.store.InTx(ctx, false, func(tx TTx) error { return l.ResetTx(ctx, tx, name, key) })
+	obs := l.observe()
+	r, err := l.keyRequest(name, key, obs)
+	if err == nil {
+		err = l.store.InTx(ctx, false, func(tx TTx) error { return l.reset(ctx, tx, r) })
+	}
+	l.report(ctx, obs, OpReset, r, Result{}, err, false)
+	return err
 }
 
 // ResetTx deletes the state of (name, key), all shards, so that the limit is
 // full again. It needs no config, so it also clears limits no longer defined.
 func (l *Limiter[TTx]) ResetTx(ctx context.Context, tx TTx, name, key string) error {
+	obs := l.observe()
+	r, err := l.keyRequest(name, key, obs)
+	if err == nil {
+		err = l.reset(ctx, tx, r)
+	}
+	l.report(ctx, obs, OpReset, r, Result{}, err, false)
+	return err
+}
+
+// keyRequest validates a call that names a key and needs no config.
+func (l *Limiter[TTx]) keyRequest(name, key string, obs *observation) (request, error) {
+	r := request{name: name, key: key, obs: obs}
 	if err := validName(name); err != nil {
-		return err
+		return r, err
 	}
-	if err := validText("key", name, key); err != nil {
-		return err
-	}
-	return l.store.DeleteKey(ctx, tx, name, key)
+	return r, validText("key", name, key)
+}
+
+func (l *Limiter[TTx]) reset(ctx context.Context, tx TTx, r request) error {
+	return l.store.Delete(ctx, tx, driver.KeyParams{Name: r.name, Key: r.key})
 }
 
 // Value is ValueTx in a short transaction of its own.
 func (l *Limiter[TTx]) Value(ctx context.Context, name, key string, opts ...Option) (Snapshot, error) {
+	obs := l.observe()
+	r, err := l.newRequest(name, key, opts)
+	r.obs = obs
 	var s Snapshot
-	err := l.store.InTx(ctx, true, func(tx TTx) (err error) {
-		s, err = l.ValueTx(ctx, tx, name, key, opts...)
-		return err
-	})
+	if err == nil {
+		err = l.store.InTx(ctx, true, func(tx TTx) (err error) {
+			s, err = l.value(ctx, tx, r)
+			return err
+		})
+	}
+	l.report(ctx, obs, OpValue, r, Result{}, err, false)
 	return s, err
 }
 
@@ -773,20 +705,36 @@ func (l *Limiter[TTx]) Value(ctx context.Context, name, key string, opts ...Opti
 // draw the limit. It locks and writes nothing. Only WithConfig is used among
 // opts.
 func (l *Limiter[TTx]) ValueTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Snapshot, error) {
+	obs := l.observe()
 	r, err := l.newRequest(name, key, opts)
+	r.obs = obs
+	var s Snapshot
+	if err == nil {
+		s, err = l.value(ctx, tx, r)
+	}
+	l.report(ctx, obs, OpValue, r, Result{}, err, false)
+	return s, err
+}
+
+func (l *Limiter[TTx]) value(ctx context.Context, tx TTx, r request) (Snapshot, error) {
+	read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: l.now()})
 	if err != nil {
 		return Snapshot{}, err
 	}
-	rows, at, err := l.store.ReadShards(ctx, tx, KeyParams{Name: r.name, Key: r.key, Now: l.now()})
-	if err != nil {
-		return Snapshot{}, err
-	}
-	return Snapshot{Value: algo.Pooled(r.shard, r.states(rows), at.UnixMicro()), At: at, Config: r.config}, nil
+	now := read.At.UnixMicro()
+	states, _ := r.limit.States(read.Rows, now)
+	return Snapshot{Value: algo.Pooled(r.shard(), states, now), At: read.At, Config: r.config}, nil
 }
 
 // Credit is CreditTx in a short transaction of its own.
 func (l *Limiter[TTx]) Credit(ctx context.Context, name, key string, count float64, opts ...Option) error {
-	return l.store.InTx(ctx, false, func(tx TTx) error { return l.CreditTx(ctx, tx, name, key, count, opts...) })
+	obs := l.observe()
+	r, err := l.creditRequest(name, key, count, opts, obs)
+	if err == nil {
+		err = l.store.InTx(ctx, false, func(tx TTx) error { return l.credit(ctx, tx, r) })
+	}
+	l.report(ctx, obs, OpCredit, r, Result{}, err, false)
+	return err
 }
 
 // CreditTx gives count tokens back to (name, key), for example those of a
@@ -799,14 +747,30 @@ func (l *Limiter[TTx]) Credit(ctx context.Context, name, key string, count float
 // River job: credit only when JobCancelTx reports the job cancelled, in the
 // same transaction; examples/river does exactly that).
 func (l *Limiter[TTx]) CreditTx(ctx context.Context, tx TTx, name, key string, count float64, opts ...Option) error {
+	obs := l.observe()
+	r, err := l.creditRequest(name, key, count, opts, obs)
+	if err == nil {
+		err = l.credit(ctx, tx, r)
+	}
+	l.report(ctx, obs, OpCredit, r, Result{}, err, false)
+	return err
+}
+
+func (l *Limiter[TTx]) creditRequest(name, key string, count float64, opts []Option, obs *observation) (request, error) {
 	r, err := l.newRequest(name, key, append(opts[:len(opts):len(opts)], Count(count)))
-	if err != nil {
-		return err
-	}
-	rows, at, err := l.lockAll(ctx, tx, r, l.now())
-	if err != nil {
-		return err
-	}
-	next := algo.CreditShards(r.shard, r.states(rows), at.UnixMicro(), r.count)
-	return l.store.WriteShards(ctx, tx, r.writes(next))
+	r.obs = obs
+	return r, err
+}
+
+func (l *Limiter[TTx]) credit(ctx context.Context, tx TTx, r request) error {
+	return l.store.Credit(ctx, tx, driver.CreditParams{Limit: r.limit, Count: r.count, Now: l.now()})
+}
+
+// Ping checks that the store's database answers and holds the txlimit
+// table with every column this version uses, on the store's pool: call it
+// at startup to fail fast. A missing or outdated table is an error matching
+// ErrNotMigrated, whose message names migrations.Up. It returns ErrNoPool
+// when the store has no pool.
+func (l *Limiter[TTx]) Ping(ctx context.Context) error {
+	return l.store.Ping(ctx)
 }

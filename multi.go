@@ -3,11 +3,9 @@ package txlimit
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
-	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
 )
 
 // Request is one limit of a LimitAll call: the name and key of the limit and
@@ -87,38 +85,39 @@ func (l *Limiter[TTx]) LimitAll(ctx context.Context, reqs ...Request) (MultiResu
 			return err
 		})
 	}
-	if err != nil && l.failOpen(err) {
-		res = MultiResult{OK: true, Results: make([]Result, len(rs)), At: time.Now()}
-		for i, r := range rs {
-			res.Results[i] = Result{Name: r.name, Key: r.key, Count: r.count, OK: true, FailedOpen: true, At: res.At}
-		}
-		l.reportAll(ctx, obs, rs, res, err)
-		return res, nil
-	}
-	if err != nil {
-		res = MultiResult{}
-	}
-	l.reportAll(ctx, obs, rs, res, err)
-	return res, err
+	return l.finishAll(ctx, obs, rs, res, err, true)
 }
 
-// reportAll tells the Observer about a LimitAll call: one Event per limit,
+// finishAll ends a LimitAll call as finish ends a Limit call: FailOpen for
+// a form without Tx (mayFailOpen), then the Observer, one Event per limit,
 // or a single one with the error when the call failed without results.
-func (l *Limiter[TTx]) reportAll(ctx context.Context, obs *observation, rs []request, res MultiResult, err error) {
-	if obs == nil {
-		return
+func (l *Limiter[TTx]) finishAll(ctx context.Context, obs *observation, rs []request, res MultiResult, err error, mayFailOpen bool) (MultiResult, error) {
+	failedOpen := mayFailOpen && l.failOpen(err)
+	switch {
+	case failedOpen:
+		res = MultiResult{OK: true, Results: make([]Result, len(rs)), At: time.Now()}
+		for i, r := range rs {
+			res.Results[i] = r.failedOpen(res.At)
+		}
+	case err != nil:
+		res = MultiResult{}
 	}
-	if len(res.Results) != len(rs) {
-		l.report(ctx, obs, OpLimitAll, request{}, Result{}, err, false)
-		return
+	if obs != nil {
+		if len(res.Results) != len(rs) {
+			l.report(ctx, obs, OpLimitAll, request{}, Result{}, err, false)
+		}
+		for i := range res.Results {
+			one := res.Results[i]
+			// A denied call took nothing from any limit: report each as
+			// denied, also those whose own tokens were there.
+			one.OK = one.OK && res.OK
+			l.report(ctx, obs, OpLimitAll, rs[i], one, err, failedOpen)
+		}
 	}
-	for i, r := range rs {
-		one := res.Results[i]
-		// A denied call took nothing from any limit: report each as
-		// denied, also those whose own tokens were there.
-		one.OK = one.OK && res.OK
-		l.report(ctx, obs, OpLimitAll, r, one, err, one.FailedOpen)
+	if failedOpen {
+		return res, nil
 	}
+	return res, err
 }
 
 // LimitAllTx checks several limits at once and consumes all of them or none:
@@ -148,11 +147,7 @@ func (l *Limiter[TTx]) LimitAllTx(ctx context.Context, tx TTx, reqs ...Request) 
 	if err == nil {
 		res, err = l.limitAll(ctx, tx, rs, obs)
 	}
-	if err != nil {
-		res = MultiResult{}
-	}
-	l.reportAll(ctx, obs, rs, res, err)
-	return res, err
+	return l.finishAll(ctx, obs, rs, res, err, false)
 }
 
 // newRequests validates every request of a LimitAll call.
@@ -161,7 +156,7 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 		return nil, &InvalidError{Field: "reqs", Problem: "is empty; LimitAll needs at least one Request"}
 	}
 	rs := make([]request, len(reqs))
-	seen := make(map[KeyRef]int, len(reqs))
+	seen := make(map[driver.KeyRef]int, len(reqs))
 	for i, q := range reqs {
 		r, err := l.newRequest(q.Name, q.Key, q.Options)
 		if err == nil {
@@ -170,7 +165,7 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 		if err != nil {
 			return nil, err
 		}
-		k := KeyRef{Name: q.Name, Key: q.Key}
+		k := driver.KeyRef{Name: q.Name, Key: q.Key}
 		if j, dup := seen[k]; dup {
 			return nil, &InvalidError{Limit: q.Name, Field: "reqs", Problem: fmt.Sprintf(
 				"holds key %q twice (requests %d and %d); make them one request with the sum of their counts", q.Key, j, i)}
@@ -182,70 +177,25 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 }
 
 func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
-	// The store locks in the canonical order whatever the order of the
-	// keys; passing them sorted keeps the SQL and the Go order visibly the
-	// same.
-	order := make([]int, len(rs))
-	for i := range order {
-		order[i] = i
+	p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(rs)), Now: l.now(), TimeLocks: obs != nil}
+	for i, r := range rs {
+		p.Takes[i] = r.take(p.Now)
 	}
-	slices.SortFunc(order, func(a, b int) int {
-		if c := strings.Compare(rs[a].name, rs[b].name); c != 0 {
-			return c
-		}
-		return strings.Compare(rs[a].key, rs[b].key)
-	})
-	p := LockKeysParams{Keys: make([]InsertParams, len(rs)), Now: l.now()}
-	for i, j := range order {
-		r := rs[j]
-		full := algo.Full(r.shard, r.origin)
-		p.Keys[i] = InsertParams{
-			Name: r.name, Key: r.key, Shards: int32(r.config.Shards), Value: full.Value, TS: time.UnixMicro(full.TS),
-		}
-	}
-	lockStart := obs.lockStart()
-	locked, err := l.store.LockKeys(ctx, tx, p)
-	obs.lockEnd(lockStart)
+	all, err := l.store.TakeAll(ctx, tx, p)
 	if err != nil {
 		return MultiResult{}, err
 	}
-	at := locked.Now
-	now := at.UnixMicro()
-
-	// Decide every limit before writing any.
-	current := make([][]algo.State, len(rs))
-	next := make([][]algo.State, len(rs))
-	decisions := make([]algo.Decision, len(rs))
-	out := MultiResult{OK: true, Results: make([]Result, len(rs)), At: at}
-	for i, j := range order {
-		r := rs[j]
-		current[j] = r.states(locked.Rows[i])
-		next[j], decisions[j] = algo.TakeShards(r.shard, current[j], now, r.count, r.reserve)
-		out.OK = out.OK && decisions[j].OK
-	}
-	var writes []ShardWrite
-	for j, r := range rs {
-		d := decisions[j]
-		states := current[j]
-		if out.OK {
-			states = next[j]
-			writes = append(writes, r.writes(next[j])...)
+	obs.addLockWait(all.LockWait)
+	out := MultiResult{OK: all.OK, Results: make([]Result, len(rs)), At: all.At}
+	for i, r := range rs {
+		t := all.Results[i]
+		if out.Results[i], err = r.result(t.Decision, all.At, t.States); err != nil {
+			return MultiResult{}, err
 		}
-		out.Results[j] = r.result(d, at, states)
-		if d.OK == out.OK {
+		if t.Decision.OK == out.OK {
 			// The longest wait among the denials, or among the
 			// reservations of a grant.
-			out.RetryAfter = max(out.RetryAfter, out.Results[j].RetryAfter)
-		}
-	}
-	if out.OK {
-		return out, l.store.WriteShards(ctx, tx, writes)
-	}
-	// A denied call writes nothing: the rows LockKeys created (full, so
-	// equal to no row) go again, and the limits are as they were.
-	if len(locked.Created) > 0 {
-		if _, err := l.store.DeleteShards(ctx, tx, locked.Created); err != nil {
-			return MultiResult{}, err
+			out.RetryAfter = max(out.RetryAfter, out.Results[i].RetryAfter)
 		}
 	}
 	return out, nil

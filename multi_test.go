@@ -299,19 +299,6 @@ func names(rs []txlimit.Result) []string {
 	return out
 }
 
-func TestMultiPostgres(t *testing.T) {
-	schema := testdb.Schema(t)
-	for _, mode := range testdb.ExecModes {
-		t.Run(mode.String(), func(t *testing.T) {
-			runMulti(t, pgHarness(t, testdb.Pool(t, schema, mode, 20)))
-		})
-	}
-}
-
-func TestMultiSQLite(t *testing.T) {
-	runMulti(t, sqliteHarness(t, openSQLite(t)))
-}
-
 // LimitAll, the form with its own transaction, needs the pool.
 func TestMultiOwnTransaction(t *testing.T) {
 	ctx := context.Background()
@@ -389,7 +376,7 @@ func runRemaining[TTx any](t *testing.T, h harness[TTx]) {
 	require.Equal(t, want{true, 14, time.Second}, got(call(false, sharded, txlimit.WithRemaining())),
 		"one free shard on PostgreSQL, the others read in the same statement")
 	res := call(false, sharded)
-	if h.store.SkipsLocked() {
+	if h.skipsLocked {
 		// Every shard holds at least 2.75: the one free shard grants, and
 		// without WithRemaining the others are not read.
 		require.Equal(t, txlimit.Result{Name: sharded, Key: "k", Count: 1, OK: true, At: res.At, Partial: true}, res)
@@ -409,12 +396,4 @@ func runRemaining[TTx any](t *testing.T, h harness[TTx]) {
 	// window.
 	require.Equal(t, want{true, 3, 39500 * time.Millisecond}, got(call(false, fw, txlimit.Count(2))))
 	require.Equal(t, want{false, 3, 39500 * time.Millisecond}, got(call(false, fw, txlimit.Count(4))))
-}
-
-func TestRemainingPostgres(t *testing.T) {
-	runRemaining(t, pgHarness(t, testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4)))
-}
-
-func TestRemainingSQLite(t *testing.T) {
-	runRemaining(t, sqliteHarness(t, openSQLite(t)))
 }

@@ -6,8 +6,10 @@ import (
 	"time"
 )
 
-// Observer is told about every decision a Limiter makes and every error it
-// returns: set Options.Observer to export metrics or logs. It is called on
+// Observer is told about every call of a Limiter, with its decision or its
+// error: Limit, Check, LimitAll (one Event per limit), Value, Credit, Reset,
+// each with its …Tx form, and each batch of Prune (Op says which). Set
+// Options.Observer to export metrics or logs. It is called on
 // the caller's goroutine after the call has decided (for the …Tx forms,
 // before the caller's transaction ends), so it must be fast and safe for
 // concurrent use, and must not use the transaction. A Limiter without an
@@ -35,6 +37,16 @@ const (
 	// denied, every limit's Event is a denial (nothing was taken from any
 	// of them), with RetryAfter 0 for a limit whose own tokens were there.
 	OpLimitAll
+	// OpValue is Value or ValueTx: an Event with Err, or with no Result
+	// (the Snapshot is the caller's).
+	OpValue
+	// OpCredit is Credit or CreditTx; Count is the count credited.
+	OpCredit
+	// OpReset is Reset or ResetTx.
+	OpReset
+	// OpPrune is one batch of Prune: Name and Key are empty, Count is the
+	// number of rows the batch deleted.
+	OpPrune
 )
 
 func (o Op) String() string {
@@ -45,6 +57,14 @@ func (o Op) String() string {
 		return "check"
 	case OpLimitAll:
 		return "limit_all"
+	case OpValue:
+		return "value"
+	case OpCredit:
+		return "credit"
+	case OpReset:
+		return "reset"
+	case OpPrune:
+		return "prune"
 	}
 	return "op?"
 }
@@ -89,6 +109,29 @@ func (e Event) Outcome() string {
 	return "denied"
 }
 
+// ErrorKind classifies Err for a metric label, with few values so that a
+// label on it stays cheap: "" when Err is nil; "invalid" for bad input and
+// unknown limits (ErrInvalid); "not_migrated" (ErrNotMigrated); "no_pool"
+// (ErrNoPool); "canceled" and "deadline_exceeded" for the context; and
+// "database" for every other error of the store.
+func (e Event) ErrorKind() string {
+	switch err := e.Err; {
+	case err == nil:
+		return ""
+	case errors.Is(err, ErrInvalid):
+		return "invalid"
+	case errors.Is(err, ErrNotMigrated):
+		return "not_migrated"
+	case errors.Is(err, ErrNoPool):
+		return "no_pool"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline_exceeded"
+	}
+	return "database"
+}
+
 // observation times one call for the Observer; it is nil, and every method
 // a no-op, when the Limiter has none.
 type observation struct {
@@ -103,17 +146,10 @@ func (l *Limiter[TTx]) observe() *observation {
 	return &observation{start: time.Now()}
 }
 
-// lockStart and lockEnd bracket a statement that takes row locks.
-func (o *observation) lockStart() time.Time {
-	if o == nil {
-		return time.Time{}
-	}
-	return time.Now()
-}
-
-func (o *observation) lockEnd(start time.Time) {
+// addLockWait adds the lock wait a store measured.
+func (o *observation) addLockWait(d time.Duration) {
 	if o != nil {
-		o.lockWait += time.Since(start)
+		o.lockWait += d
 	}
 }
 
@@ -128,10 +164,10 @@ func (l *Limiter[TTx]) report(ctx context.Context, o *observation, op Op, r requ
 }
 
 // failOpen decides whether an error of a form without Tx is turned into a
-// grant under Options.FailOpen. Bad input and a missing pool are the
-// program's mistakes, and a cancelled context means the caller has gone:
-// those stay errors.
+// grant under Options.FailOpen. Bad input, a missing pool and a database
+// without txlimit's table are the program's or the deployment's mistakes,
+// and a cancelled context means the caller has gone: those stay errors.
 func (l *Limiter[TTx]) failOpen(err error) bool {
 	return l.failOpenOnError && err != nil && !errors.Is(err, ErrInvalid) &&
-		!errors.Is(err, ErrNoPool) && !errors.Is(err, context.Canceled)
+		!errors.Is(err, ErrNoPool) && !errors.Is(err, ErrNotMigrated) && !errors.Is(err, context.Canceled)
 }

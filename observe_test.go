@@ -285,3 +285,22 @@ func Example_observer() {
 	// login denied: 2
 	// login error: 1
 }
+
+func TestEventErrorKind(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{nil, ""},
+		{&txlimit.InvalidError{Field: "Count"}, "invalid"},
+		{fmt.Errorf("wrapped: %w", txlimit.ErrNoPool), "no_pool"},
+		{fmt.Errorf("take: %w", txlimit.ErrNotMigrated), "not_migrated"},
+		{fmt.Errorf("begin: %w", context.Canceled), "canceled"},
+		{context.DeadlineExceeded, "deadline_exceeded"},
+		{sql.ErrConnDone, "database"},
+		{errors.New("SQLSTATE 40001"), "database"},
+	} {
+		require.Equal(t, c.want, txlimit.Event{Err: c.err}.ErrorKind(), "%v", c.err)
+	}
+}

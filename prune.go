@@ -1,11 +1,14 @@
 package txlimit
 
 import (
+	"time"
+
 	"context"
 	"fmt"
 	"sync"
 
 	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
 )
 
 // DefaultPruneBatchSize is the number of keys one Prune batch examines when
@@ -52,7 +55,7 @@ type PruneResult struct {
 // pruneCursor is where the next Prune call of a Limiter starts.
 type pruneCursor struct {
 	mu    sync.Mutex
-	after KeyRef
+	after driver.KeyRef
 }
 
 // Prune deletes the state of limits that have refilled to capacity. A full
@@ -118,95 +121,50 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		var batch pruneBatch
+		p := driver.PruneParams{
+			After: after, Max: o.BatchSize, Now: l.now(),
+			Known: func(name string) bool { _, ok := configs[name]; return ok },
+			Full: func(name, key string, rows []driver.Row, now time.Time) bool {
+				return isFull(configs[name], name, key, rows, now.UnixMicro())
+			},
+		}
+		obs := l.observe()
+		var batch driver.PruneResult
 		err := l.store.InTx(ctx, false, func(tx TTx) (err error) {
-			batch, err = l.pruneBatch(ctx, tx, configs, after, o.BatchSize)
+			batch, err = l.store.Prune(ctx, tx, p)
 			return err
 		})
+		l.report(ctx, obs, OpPrune, request{count: float64(batch.Deleted)}, Result{}, err, false)
 		if err != nil {
 			return res, err
 		}
 		res.Batches++
-		res.Keys += batch.keys
-		res.Unknown += batch.unknown
-		res.Deleted += batch.deleted
-		if batch.keys < o.BatchSize {
-			after = KeyRef{}
+		res.Keys += batch.Keys
+		res.Unknown += batch.Unknown
+		res.Deleted += batch.Deleted
+		if batch.Keys < o.BatchSize {
+			after = driver.KeyRef{}
 			res.Complete = true
 			break
 		}
-		after = batch.last
+		after = batch.Last
 	}
 	return res, nil
 }
 
-type pruneBatch struct {
-	keys, unknown, deleted int
-	last                   KeyRef
-}
-
-// pruneBatch examines up to size keys after the cursor and deletes those
-// that are full.
-func (l *Limiter[TTx]) pruneBatch(ctx context.Context, tx TTx, configs map[string]Config, after KeyRef, size int) (pruneBatch, error) {
-	keys, err := l.store.ScanKeys(ctx, tx, ScanKeysParams{AfterName: after.Name, AfterKey: after.Key, Max: size})
-	if err != nil || len(keys) == 0 {
-		return pruneBatch{}, err
-	}
-	b := pruneBatch{keys: len(keys), last: keys[len(keys)-1]}
-	known := keys[:0:0]
-	for _, k := range keys {
-		if _, ok := configs[k.Name]; ok {
-			known = append(known, k)
-		} else {
-			b.unknown++
-		}
-	}
-	if len(known) == 0 {
-		return b, nil
-	}
-	idle, at, err := l.store.LockIdle(ctx, tx, known, l.now())
-	if err != nil {
-		return pruneBatch{}, err
-	}
-	var doomed []ShardKey
-	for _, k := range idle {
-		if len(k.Rows) != k.Total {
-			continue // another transaction holds a row: the key is in use
-		}
-		if !isFull(configs[k.Name], k.Name, k.Key, k.Rows, at.UnixMicro()) {
-			continue
-		}
-		for _, row := range k.Rows {
-			doomed = append(doomed, ShardKey{Name: k.Name, Key: k.Key, Shard: row.Shard})
-		}
-	}
-	if len(doomed) > 0 {
-		if b.deleted, err = l.store.DeleteShards(ctx, tx, doomed); err != nil {
-			return pruneBatch{}, err
-		}
-	}
-	return b, nil
-}
-
 // isFull reports whether the rows of (name, key) are, at now, the same as no
-// row: every shard the config has projects to exactly what a missing shard
-// projects to (algo.Full, which request.states puts in its place). Rows of
-// shards beyond the config's (left by a config with more) are read by no
-// call. Once equal, the two stay equal at every later instant, since Project
+// row: every shard the config has (rows of another Shards resharded, as every
+// call reads them) projects to exactly what a missing shard projects to
+// (algo.Full, which driver.Limit.States puts in its place). Once equal, the two stay equal at every later instant, since Project
 // of a full state depends only on the window origin; a row whose time lies
 // after now (a clock that stepped back) is not equal, and is kept.
-func isFull(c Config, name, key string, rows []ShardRow, now int64) bool {
-	shard := c.shard()
-	var origin int64
-	if c.Kind == FixedWindow {
-		origin = c.origin(name, key)
-	}
-	empty := algo.Project(shard, algo.Full(shard, origin), now)
-	for _, row := range rows {
-		if int(row.Shard) >= c.Shards {
-			continue
-		}
-		if algo.Project(shard, algo.State{Value: row.Value, TS: row.TS.UnixMicro()}, now) != empty {
+func isFull(c Config, name, key string, rows []driver.Row, now int64) bool {
+	l := c.limit(name, key)
+	shard := l.Shard(l.Shards)
+	empty := algo.Project(shard, l.Full(), now)
+	states, _ := l.States(rows, now)
+	for _, s := range states {
+		if algo.Project(shard, s, now) != empty {
 			return false
 		}
 	}

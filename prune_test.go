@@ -181,17 +181,25 @@ func runPruneEquivalence[TTx any](t *testing.T, plain, pruned harness[TTx], seed
 }
 
 func TestPruneChangesNoDecisionPostgres(t *testing.T) {
-	plain := pgHarness(t, testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4))
-	pruned := pgHarness(t, testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4))
+	t.Parallel()
 	for _, seed := range []uint64{1, 2, 3} {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { runPruneEquivalence(t, plain, pruned, seed) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			plain := pgHarness(t, testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4))
+			pruned := pgHarness(t, testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4))
+			runPruneEquivalence(t, plain, pruned, seed)
+		})
 	}
 }
 
 func TestPruneChangesNoDecisionSQLite(t *testing.T) {
-	plain, pruned := sqliteHarness(t, openSQLite(t)), sqliteHarness(t, openSQLite(t))
+	t.Parallel()
 	for _, seed := range []uint64{1, 2, 3} {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { runPruneEquivalence(t, plain, pruned, seed) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			plain, pruned := sqliteHarness(t, openSQLite(t)), sqliteHarness(t, openSQLite(t))
+			runPruneEquivalence(t, plain, pruned, seed)
+		})
 	}
 }
 
@@ -311,14 +319,6 @@ func runPruneBasics[TTx any](t *testing.T, h harness[TTx]) {
 		_, err := l.Prune(ctx, bad)
 		require.ErrorIs(t, err, txlimit.ErrInvalid)
 	}
-}
-
-func TestPrunePostgres(t *testing.T) {
-	runPruneBasics(t, pgHarness(t, testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeSimpleProtocol, 4)))
-}
-
-func TestPruneSQLite(t *testing.T) {
-	runPruneBasics(t, sqliteHarness(t, openSQLite(t)))
 }
 
 // lockTimeoutPool is a pool on schema whose every statement gives up after

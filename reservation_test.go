@@ -14,23 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/internal/testdb"
 )
-
-func TestReservationsPostgres(t *testing.T) {
-	t.Parallel()
-	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 8)
-	runReservations(t, pgHarness(t, pool))
-}
-
-func TestReservationsSQLite(t *testing.T) {
-	t.Parallel()
-	runReservations(t, sqliteHarness(t, openSQLite(t)))
-}
 
 // tokenBucketDebtWait is DESIGN.md's token-bucket RetryAfter for a limit
 // debt tokens below zero: -value / (Rate/Period), rounded up to the

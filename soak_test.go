@@ -200,6 +200,7 @@ func runSoak[TTx any](t *testing.T, s soakStore[TTx], workers int) {
 }
 
 func TestSoakPostgres(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	// The workers' connections carry an application_name of their own, so
@@ -252,6 +253,7 @@ func TestSoakPostgres(t *testing.T) {
 }
 
 func TestSoakSQLite(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := openSQLite(t)
 	_, err := db.Exec(`CREATE TABLE soak_events (id INTEGER PRIMARY KEY, limit_name TEXT NOT NULL)`)

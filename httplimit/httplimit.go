@@ -13,12 +13,17 @@
 // what the server has established (the authenticated user, an API key it has
 // checked, the peer address), never by a value the client picks freely: a
 // client that chooses its key chooses its limit. RemoteAddrKey keys by the
-// peer's IP address. Behind a reverse proxy every request comes from the
-// proxy, and the client's address is in a header the proxy adds
-// (X-Forwarded-For); write a KeyFunc that reads it only when every request
-// reaches the server through a proxy you run, and take the address your proxy
-// appended (the last one), not the first, which the client can forge.
-// docs/http.md shows one.
+// peer's IP address, an IPv6 peer by its /64 (one host usually holds a whole
+// /64, and would otherwise get a limit per address). Behind reverse proxies
+// every request comes from a proxy, and the client's address is in a header
+// the proxies append to; ClientIPKey reads it, believing only what the
+// proxies you name (ClientIP.TrustedProxies) wrote.
+//
+// # Several limits
+//
+// NewAll applies several limits to each request, all or none: a per-client
+// limit beside a global one, say. The header fields describe the limit that
+// binds; NewAll says which.
 //
 // # Header fields
 //
@@ -39,13 +44,13 @@
 package httplimit
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
-	"net"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -53,60 +58,67 @@ import (
 	"github.com/txlimit/txlimit"
 )
 
-// KeyFunc returns the limit key of a request. An error stops the request:
-// Options.Error answers it.
-type KeyFunc func(r *http.Request) (string, error)
-
-// RemoteAddrKey keys a request by the IP address of its peer: the host of
-// r.RemoteAddr, without the port, an IPv4 address mapped into IPv6 written as
-// IPv4. It trusts no header. Behind a reverse proxy the peer is the proxy;
-// see the package documentation.
-func RemoteAddrKey(r *http.Request) (string, error) {
-	host := r.RemoteAddr
-	if h, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		host = h
-	}
-	addr, err := netip.ParseAddr(host)
-	if err != nil {
-		return "", fmt.Errorf("httplimit: RemoteAddr %q holds no IP address: %w", r.RemoteAddr, err)
-	}
-	return addr.Unmap().WithZone("").String(), nil
-}
-
 // Options configures a Limit. A nil *Options is the zero value: every field
 // takes its default.
 type Options struct {
 	// Policy is the name the RateLimit and RateLimit-Policy fields give
 	// the limit. It must be printable ASCII (the fields quote it as a
-	// Structured Fields String). Defaults to the limit's name.
+	// Structured Fields String). Defaults to the limit's name. NewAll
+	// takes it from each Rule instead.
 	Policy string
 	// Count returns the number of tokens a request takes. Defaults to 1
 	// for every request. A count the limit could never grant (above its
-	// Capacity) is an error, answered by Error.
+	// Capacity) is an error, answered by Error. NewAll takes it from each
+	// Rule instead.
 	Count func(r *http.Request) float64
 	// Denied writes the response to a request the limit denied. When it
-	// runs, Retry-After and the RateLimit fields are set on w. Defaults
-	// to a 429 Too Many Requests with an application/problem+json body of
-	// the "quota-exceeded" type of the draft (section 5.1).
+	// runs, Retry-After and the RateLimit fields are set on w, and res is
+	// the result of the limit that binds (see NewAll). Defaults to a 429
+	// Too Many Requests with an application/problem+json body of the
+	// "quota-exceeded" type of the draft (section 5.1) that names every
+	// policy that denied.
 	Denied func(w http.ResponseWriter, r *http.Request, res txlimit.Result)
 	// Error writes the response when the key cannot be found or the limit
 	// fails (the database is down, the count is invalid). Defaults to a
-	// 500 Internal Server Error that does not show err to the client.
+	// 500 Internal Server Error with the text body "Internal Server
+	// Error", which does not show err to the client; err goes to Logger
+	// instead.
 	Error func(w http.ResponseWriter, r *http.Request, err error)
+	// Logger receives, at level Error, what the default Error hides from
+	// the client: the error, with the request's method and path and the
+	// limits' names. Defaults to slog.Default() at the time of logging.
+	// Unused when Error is set.
+	Logger *slog.Logger
 }
 
-// Limit applies the limit of one name to HTTP requests. It is safe for
-// concurrent use.
+// A Rule is one limit of a Limit made by NewAll.
+type Rule struct {
+	// Name is the limit's name, which the limiter must have been given.
+	Name string
+	// Key returns the request's key for this limit. Required.
+	Key KeyFunc
+	// Policy is the name the header fields give this limit, as
+	// Options.Policy. Defaults to Name.
+	Policy string
+	// Count returns the number of tokens a request takes from this limit.
+	// Defaults to 1.
+	Count func(r *http.Request) float64
+}
+
+// rule is a Rule ready to apply.
+type rule struct {
+	Rule
+	policy string // Policy quoted for the header fields
+	header string // the RateLimit-Policy field value
+}
+
+// Limit applies one limit, or several all or none, to HTTP requests. It is
+// safe for concurrent use.
 type Limit[TTx any] struct {
-	limiter    *txlimit.Limiter[TTx]
-	name       string
-	key        KeyFunc
-	count      func(r *http.Request) float64
-	denied     func(w http.ResponseWriter, r *http.Request, res txlimit.Result)
-	fail       func(w http.ResponseWriter, r *http.Request, err error)
-	policyName string
-	policy     string // policyName quoted for the header fields
-	header     string // the RateLimit-Policy field value
+	limiter *txlimit.Limiter[TTx]
+	rules   []rule
+	denied  func(w http.ResponseWriter, r *http.Request, res txlimit.Result)
+	fail    func(w http.ResponseWriter, r *http.Request, err error)
 }
 
 // New returns a Limit that applies the limit name of l, which l must have
@@ -116,44 +128,85 @@ func New[TTx any](l *txlimit.Limiter[TTx], name string, key KeyFunc, opts *Optio
 	if opts != nil {
 		o = *opts
 	}
-	cfg, err := config(l, name, key)
-	if err != nil {
-		return nil, err
+	return newLimit(l, []Rule{{Name: name, Key: key, Policy: o.Policy, Count: o.Count}}, o)
+}
+
+// NewAll returns a Limit that applies several limits of l to each request,
+// all or none (txlimit.Limiter.LimitAll): a request that one of them denies
+// takes nothing from any, and a granted one takes from all. Use it for a
+// per-client limit beside a per-route or global one. The rules' (name, key)
+// pairs must differ for every request. opts may be nil; its Policy and
+// Count must be empty (each Rule has its own).
+//
+// The header fields describe one limit, the one that binds. When the
+// request is denied, it is the denied limit with the longest RetryAfter,
+// the one the client must wait for (Retry-After is its RetryAfter). When it
+// is granted, it is the limit with the fewest whole requests like this one
+// left (Remaining divided by the request's count for that limit, rounded
+// down), the one that will deny first if the client goes on; among those,
+// the one whose next token is furthest away. On a tie, the first in rules.
+// The default 429 body names every policy that denied.
+func NewAll[TTx any](l *txlimit.Limiter[TTx], rules []Rule, opts *Options) (*Limit[TTx], error) {
+	var o Options
+	if opts != nil {
+		o = *opts
 	}
-	if o.Policy == "" {
-		o.Policy = name
+	switch {
+	case len(rules) == 0:
+		return nil, errors.New("httplimit: NewAll has no rules; give it at least one Rule")
+	case o.Policy != "":
+		return nil, errors.New("httplimit: Options.Policy is set for NewAll; set the Policy of each Rule instead")
+	case o.Count != nil:
+		return nil, errors.New("httplimit: Options.Count is set for NewAll; set the Count of each Rule instead")
 	}
-	policy, err := quote(o.Policy)
-	if err != nil {
-		return nil, err
-	}
-	m := &Limit[TTx]{
-		limiter: l, name: name, key: key,
-		count: o.Count, denied: o.Denied, fail: o.Error,
-		policyName: o.Policy, policy: policy,
-	}
-	if m.denied == nil {
-		m.denied = m.problem
+	return newLimit(l, rules, o)
+}
+
+func newLimit[TTx any](l *txlimit.Limiter[TTx], rules []Rule, o Options) (*Limit[TTx], error) {
+	m := &Limit[TTx]{limiter: l, rules: make([]rule, len(rules)), denied: o.Denied, fail: o.Error}
+	policies := make(map[string]int, len(rules))
+	for i, r := range rules {
+		cfg, err := config(l, r.Name, r.Key)
+		if err != nil {
+			return nil, err
+		}
+		if r.Policy == "" {
+			r.Policy = r.Name
+		}
+		if j, dup := policies[r.Policy]; dup {
+			return nil, fmt.Errorf("httplimit: rules %d and %d have the policy name %q; give each Rule a Policy of its own", j, i, r.Policy)
+		}
+		policies[r.Policy] = i
+		policy, err := quote(r.Policy)
+		if err != nil {
+			return nil, err
+		}
+		// w is the period in whole seconds, rounded up (the field has no
+		// fractions), and q what the limit adds over w, rounded down: a
+		// client that keeps to q per w keeps to the limit.
+		w := max(1, int64(math.Ceil(cfg.Period.Seconds())))
+		q := math.Floor(cfg.Rate * float64(time.Duration(w)*time.Second) / float64(cfg.Period))
+		m.rules[i] = rule{Rule: r, policy: policy, header: fmt.Sprintf("%s;q=%d;w=%d", policy, sfInteger(q), w)}
 	}
 	if m.fail == nil {
-		m.fail = internalError
+		m.fail = logError(o.Logger, func() []string {
+			names := make([]string, len(m.rules))
+			for i, r := range m.rules {
+				names[i] = r.Name
+			}
+			return names
+		}())
 	}
-	// w is the period in whole seconds, rounded up (the field has no
-	// fractions), and q what the limit adds over w, rounded down: a client
-	// that keeps to q per w keeps to the limit.
-	w := max(1, int64(math.Ceil(cfg.Period.Seconds())))
-	q := math.Floor(cfg.Rate * float64(time.Duration(w)*time.Second) / float64(cfg.Period))
-	m.header = fmt.Sprintf("%s;q=%d;w=%d", policy, sfInteger(q), w)
 	return m, nil
 }
 
-// config checks the arguments shared by New and ValueHandler.
+// config checks the arguments shared by New, NewAll and ValueHandler.
 func config[TTx any](l *txlimit.Limiter[TTx], name string, key KeyFunc) (txlimit.Config, error) {
 	if l == nil {
 		return txlimit.Config{}, errors.New("httplimit: the limiter is nil; pass the *txlimit.Limiter built with txlimit.New")
 	}
 	if key == nil {
-		return txlimit.Config{}, errors.New("httplimit: the KeyFunc is nil; pass httplimit.RemoteAddrKey or a function that names the caller")
+		return txlimit.Config{}, fmt.Errorf("httplimit: the KeyFunc of limit %q is nil; pass httplimit.RemoteAddrKey or a function that names the caller", name)
 	}
 	cfg, ok := l.Config(name)
 	if !ok {
@@ -163,16 +216,16 @@ func config[TTx any](l *txlimit.Limiter[TTx], name string, key KeyFunc) (txlimit
 }
 
 // Handler returns middleware around next: each request takes its tokens in
-// a short transaction of its own (txlimit.Limiter.Limit) before next runs,
-// and next runs only when the limit grants them. The tokens stay spent
-// whatever next does; to spend them only when the handler's own work
-// commits, call Tx from the handler instead.
+// a short transaction of its own (txlimit.Limiter.Limit, or LimitAll for
+// several rules) before next runs, and next runs only when they are
+// granted. The tokens stay spent whatever next does; to spend them only
+// when the handler's own work commits, call Tx from the handler instead.
 func (m *Limit[TTx]) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, opts, err := m.request(r)
-		var res txlimit.Result
+		reqs, err := m.requests(r)
+		var res txlimit.MultiResult
 		if err == nil {
-			res, err = m.limiter.Limit(r.Context(), m.name, key, opts...)
+			res, err = m.limit(r.Context(), reqs, nil)
 		}
 		if err != nil {
 			m.fail(w, r, err)
@@ -195,42 +248,99 @@ func (m *Limit[TTx]) Handler(next http.Handler) http.Handler {
 // back, the tokens come back and the client was told it had fewer than it
 // has, which errs on the safe side.
 func (m *Limit[TTx]) Tx(w http.ResponseWriter, r *http.Request, tx TTx) (bool, error) {
-	key, opts, err := m.request(r)
+	reqs, err := m.requests(r)
 	if err != nil {
 		return false, err
 	}
-	res, err := m.limiter.LimitTx(r.Context(), tx, m.name, key, opts...)
+	res, err := m.limit(r.Context(), reqs, &tx)
 	if err != nil {
 		return false, err
 	}
 	return m.respond(w, r, res), nil
 }
 
-// request returns the key and options of r's call. WithRemaining: the
-// header fields need Remaining on every path, sharded limits included.
-func (m *Limit[TTx]) request(r *http.Request) (string, []txlimit.Option, error) {
-	key, err := m.key(r)
-	if err != nil {
-		return "", nil, err
+// requests returns the limits of r's call. WithRemaining: the header
+// fields need Remaining on every path, sharded limits included.
+func (m *Limit[TTx]) requests(r *http.Request) ([]txlimit.Request, error) {
+	reqs := make([]txlimit.Request, len(m.rules))
+	for i, ru := range m.rules {
+		key, err := ru.Key(r)
+		if err != nil {
+			return nil, err
+		}
+		opts := []txlimit.Option{txlimit.WithRemaining()}
+		if ru.Count != nil {
+			opts = append(opts, txlimit.Count(ru.Count(r)))
+		}
+		reqs[i] = txlimit.Req(ru.Name, key, opts...)
 	}
-	opts := []txlimit.Option{txlimit.WithRemaining()}
-	if m.count != nil {
-		opts = append(opts, txlimit.Count(m.count(r)))
-	}
-	return key, opts, nil
+	return reqs, nil
 }
 
-// respond sets the header fields of res on w and, for a denial, writes the
-// response; it reports whether the request may go on.
-func (m *Limit[TTx]) respond(w http.ResponseWriter, r *http.Request, res txlimit.Result) bool {
+// limit takes reqs in tx, or in a transaction of its own when tx is nil.
+// One limit goes through Limit, which has a faster path for sharded limits
+// than LimitAll.
+func (m *Limit[TTx]) limit(ctx context.Context, reqs []txlimit.Request, tx *TTx) (txlimit.MultiResult, error) {
+	if len(reqs) > 1 {
+		if tx != nil {
+			return m.limiter.LimitAllTx(ctx, *tx, reqs...)
+		}
+		return m.limiter.LimitAll(ctx, reqs...)
+	}
+	q := reqs[0]
+	var res txlimit.Result
+	var err error
+	if tx != nil {
+		res, err = m.limiter.LimitTx(ctx, *tx, q.Name, q.Key, q.Options...)
+	} else {
+		res, err = m.limiter.Limit(ctx, q.Name, q.Key, q.Options...)
+	}
+	return txlimit.MultiResult{OK: res.OK, RetryAfter: res.RetryAfter, Results: []txlimit.Result{res}, At: res.At}, err
+}
+
+// binding returns the index of the limit whose header fields res gets: see
+// NewAll.
+func binding(res txlimit.MultiResult) int {
+	best := 0
+	if !res.OK {
+		best = -1
+		for i, r := range res.Results {
+			if !r.OK && (best < 0 || r.RetryAfter > res.Results[best].RetryAfter) {
+				best = i
+			}
+		}
+		return best
+	}
+	// Whole requests like this one left, as a client reads r; +Inf for a
+	// limit the request takes nothing from.
+	left := func(r txlimit.Result) float64 {
+		if r.Count <= 0 {
+			return math.Inf(1)
+		}
+		return math.Floor(max(r.Remaining, 0) / r.Count)
+	}
+	for i, r := range res.Results {
+		b := res.Results[best]
+		if left(r) < left(b) || (left(r) == left(b) && r.NextToken > b.NextToken) {
+			best = i
+		}
+	}
+	return best
+}
+
+// respond sets the header fields of the binding limit of res on w and, for
+// a denial, writes the response; it reports whether the request may go on.
+func (m *Limit[TTx]) respond(w http.ResponseWriter, r *http.Request, res txlimit.MultiResult) bool {
+	i := binding(res)
+	ru, b := m.rules[i], res.Results[i]
 	h := w.Header()
-	h.Set("RateLimit-Policy", m.header)
-	field := fmt.Sprintf("%s;r=%d", m.policy, sfInteger(math.Floor(max(res.Remaining, 0))))
-	if res.NextToken > 0 {
-		t := int64(res.NextToken / time.Second)
-		if !res.OK {
+	h.Set("RateLimit-Policy", ru.header)
+	field := fmt.Sprintf("%s;r=%d", ru.policy, sfInteger(math.Floor(max(b.Remaining, 0))))
+	if b.NextToken > 0 {
+		t := int64(b.NextToken / time.Second)
+		if !b.OK {
 			// Retry-After must not end before the effective window.
-			t = min(t, retrySeconds(res.RetryAfter))
+			t = min(t, retrySeconds(b.RetryAfter))
 		}
 		field += ";t=" + strconv.FormatInt(t, 10)
 	}
@@ -238,8 +348,18 @@ func (m *Limit[TTx]) respond(w http.ResponseWriter, r *http.Request, res txlimit
 	if res.OK {
 		return true
 	}
-	h.Set("Retry-After", strconv.FormatInt(retrySeconds(res.RetryAfter), 10))
-	m.denied(w, r, res)
+	h.Set("Retry-After", strconv.FormatInt(retrySeconds(b.RetryAfter), 10))
+	if m.denied != nil {
+		m.denied(w, r, b)
+		return false
+	}
+	var violated []string
+	for j, rr := range res.Results {
+		if !rr.OK {
+			violated = append(violated, m.rules[j].Policy)
+		}
+	}
+	problem(w, violated)
 	return false
 }
 
@@ -251,21 +371,32 @@ func retrySeconds(d time.Duration) int64 {
 
 // problem is the default Denied: RFC 9457 problem details of the draft's
 // quota-exceeded type.
-func (m *Limit[TTx]) problem(w http.ResponseWriter, r *http.Request, res txlimit.Result) {
+func problem(w http.ResponseWriter, violated []string) {
 	body, _ := json.Marshal(map[string]any{
 		"type":              "https://iana.org/assignments/http-problem-types#quota-exceeded",
 		"title":             "Too Many Requests",
 		"status":            http.StatusTooManyRequests,
 		"detail":            fmt.Sprintf("Rate limit exceeded; retry after %s seconds.", w.Header().Get("Retry-After")),
-		"violated-policies": []string{m.policyName},
+		"violated-policies": violated,
 	})
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(http.StatusTooManyRequests)
 	_, _ = w.Write(append(body, '\n'))
 }
 
-func internalError(w http.ResponseWriter, r *http.Request, err error) {
-	http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+// logError returns the default Options.Error: a 500 that shows the client
+// nothing, and err logged with what identifies the request.
+func logError(logger *slog.Logger, limits []string) func(w http.ResponseWriter, r *http.Request, err error) {
+	return func(w http.ResponseWriter, r *http.Request, err error) {
+		l := logger
+		if l == nil {
+			l = slog.Default()
+		}
+		l.LogAttrs(r.Context(), slog.LevelError, "httplimit: answered 500: the limit could not be applied",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path),
+			slog.Any("limits", limits), slog.String("err", err.Error()))
+		http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+	}
 }
 
 // quote returns s as a Structured Fields String (RFC 9651, section 3.3.3).
@@ -315,15 +446,17 @@ type Value struct {
 // the limit name for the key of the request, as JSON: what a front end needs
 // to show the limit and count it down. The key comes from key, on the
 // server, never from the request's parameters, so that one caller cannot
-// read another's limit. Only opts.Error is used (for key and database
-// errors); opts may be nil.
+// read another's limit. Only opts.Error and opts.Logger are used (for key
+// and database errors); opts may be nil.
 func ValueHandler[TTx any](l *txlimit.Limiter[TTx], name string, key KeyFunc, opts *Options) (http.Handler, error) {
 	if _, err := config(l, name, key); err != nil {
 		return nil, err
 	}
-	fail := internalError
+	fail := logError(nil, []string{name})
 	if opts != nil && opts.Error != nil {
 		fail = opts.Error
+	} else if opts != nil {
+		fail = logError(opts.Logger, []string{name})
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {

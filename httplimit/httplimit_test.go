@@ -52,12 +52,14 @@ type backend[TTx any] struct {
 
 func TestPostgres(t *testing.T) {
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 8)
-	run(t, backend[pgx.Tx]{
+	b := backend[pgx.Tx]{
 		store: pgstore.New(pool),
 		inTx: func(ctx context.Context, fn func(pgx.Tx) error) error {
 			return pgx.BeginFunc(ctx, pool, fn)
 		},
-	})
+	}
+	run(t, b)
+	runDeployments(t, b)
 }
 
 func TestSQLite(t *testing.T) {
@@ -67,12 +69,14 @@ func TestSQLite(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() })
 	require.NoError(t, migrations.Up(context.Background(), db, migrations.SQLite))
 	store := sqlitestore.New(db)
-	run(t, backend[*sql.Tx]{
+	b := backend[*sql.Tx]{
 		store: store,
 		inTx: func(ctx context.Context, fn func(*sql.Tx) error) error {
 			return store.InTx(ctx, false, fn)
 		},
-	})
+	}
+	run(t, b)
+	runDeployments(t, b)
 }
 
 // userKey is what an application's authentication middleware would give
@@ -323,7 +327,7 @@ func run[TTx any](t *testing.T, b backend[TTx]) {
 		_, err = httplimit.New(limiter, "nope", userKey, nil)
 		require.ErrorContains(t, err, `"nope" is not a limit`)
 		_, err = httplimit.New(limiter, "api", nil, nil)
-		require.ErrorContains(t, err, "KeyFunc is nil")
+		require.ErrorContains(t, err, "KeyFunc of limit \"api\" is nil")
 		_, err = httplimit.New(limiter, "api", userKey, &httplimit.Options{Policy: "café"})
 		require.ErrorContains(t, err, "printable ASCII")
 		_, err = httplimit.ValueHandler(limiter, "nope", userKey, nil)
@@ -339,11 +343,12 @@ func itoa(n int64) string {
 func TestRemoteAddrKey(t *testing.T) {
 	for addr, want := range map[string]string{
 		"192.0.2.1:1234":          "192.0.2.1",
-		"[2001:db8::1]:443":       "2001:db8::1",
+		"[2001:db8::1]:443":       "2001:db8::/64",
 		"[::ffff:192.0.2.7]:80":   "192.0.2.7",
-		"[fe80::1%eth0]:80":       "fe80::1",
+		"[fe80::1%eth0]:80":       "fe80::/64",
 		"198.51.100.3":            "198.51.100.3",
-		"[2001:DB8:0:0::2]:65535": "2001:db8::2",
+		"[2001:DB8:0:0::2]:65535": "2001:db8::/64",
+		"[2001:db8:0:1::2]:65535": "2001:db8:0:1::/64",
 	} {
 		req := httptest.NewRequest(http.MethodGet, "/", nil)
 		req.RemoteAddr = addr

@@ -8,6 +8,10 @@
 //	sqlDB := stdlib.OpenDBFromPool(pool) // github.com/jackc/pgx/v5/stdlib
 //	if err := migrations.Up(ctx, sqlDB, migrations.Postgres); err != nil { … }
 //
+// Concurrent Up calls (several instances of the application starting at
+// once) are serialized on PostgreSQL by a lock row in LockTable, not by a
+// session advisory lock: see Provider for why.
+//
 // The files are plain goose migrations too: an application that prefers one
 // history may copy migrations/postgres/*.sql (or sqlite/*.sql) into its own
 // goose directory, renumbered to follow its own.
@@ -19,6 +23,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"time"
 
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
@@ -28,6 +33,14 @@ import (
 // VersionTable is the goose version table in which Up records txlimit's
 // migrations.
 const VersionTable = "txlimit_goose_version"
+
+// LockTable is the table holding the lock row that serializes concurrent Up
+// calls on PostgreSQL (goose's table locker). It is created on first use in
+// the current schema and keeps one row, unlocked between runs.
+const LockTable = "txlimit_goose_lock"
+
+// lockID is the lock row's id in LockTable: crc32 (IEEE) of "txlimit".
+const lockID = 3683564439
 
 // Dialect selects a set of migrations.
 type Dialect string
@@ -55,6 +68,14 @@ func FS(dialect Dialect) (fs.FS, error) {
 // Provider returns a goose provider for txlimit's migrations of dialect on
 // db, recording them in VersionTable. Use it for more than Up: status,
 // down, a specific version.
+//
+// On PostgreSQL the provider takes goose's table-based lock (a row in
+// LockTable with a 30 s lease renewed every 5 s) around Up and Down, never a
+// session advisory lock, so it is safe behind PgBouncer in transaction mode
+// and on CockroachDB. Behind a transaction-mode pooler, open db with a pgx
+// exec mode that does not prepare named statements
+// (pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol): see
+// docs/scale-out.md.
 func Provider(db *sql.DB, dialect Dialect) (*goose.Provider, error) {
 	fsys, err := FS(dialect)
 	if err != nil {
@@ -71,12 +92,30 @@ func Provider(db *sql.DB, dialect Dialect) (*goose.Provider, error) {
 	opts := []goose.ProviderOption{goose.WithStore(store)}
 	if dialect == Postgres {
 		// Serialize concurrent Up calls (several app instances starting at
-		// once) on a PostgreSQL advisory lock.
-		locker, err := lock.NewPostgresSessionLocker()
+		// once) on a lock row, not on a session advisory lock. A session
+		// lock belongs to a server connection: behind a pooler in
+		// transaction mode (PgBouncer, PgCat, Supavisor) pg_advisory_unlock
+		// may run on another server connection than the lock did, so the
+		// lock leaks to whichever client gets that connection next and the
+		// other instances wait until their deadline. A row in a table is
+		// taken and released by ordinary autocommit statements, which work
+		// through any pooler and on engines where advisory locks are no-ops
+		// (CockroachDB). The lease makes a lock left by a crashed instance
+		// expire after 30 s; the holder renews it every 5 s.
+		locker, err := lock.NewPostgresTableLocker(
+			lock.WithTableName(LockTable),
+			lock.WithTableLockID(lockID),
+			lock.WithTableLeaseDuration(30*time.Second),
+			lock.WithTableHeartbeatInterval(5*time.Second),
+			// Retry every second (±25% jitter) for up to 5 minutes; the
+			// caller's context bounds it further.
+			lock.WithTableLockTimeout(time.Second, 300),
+			lock.WithTableUnlockTimeout(time.Second, 60),
+		)
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, goose.WithSessionLocker(locker))
+		opts = append(opts, goose.WithLocker(locker))
 	}
 	return goose.NewProvider("", db, fsys, opts...)
 }

@@ -35,7 +35,8 @@ func Retryable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
-		case "40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "53300":
+		case serializationFailure, deadlockDetected, lockNotAvailable, queryCanceled,
+			adminShutdown, crashShutdown, cannotConnectNow, tooManyConnections:
 			return true
 		}
 		return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08"

@@ -67,7 +67,9 @@
 //
 // SQLITE_BUSY ("database is locked") and every other database error is
 // returned as an error, wrapped so that errors.As still reaches the driver's
-// error type; it is never turned into a denial or a grant. After an error,
+// error type; it is never turned into a denial or a grant. The error for
+// SQLITE_BUSY names the DSN settings above; a missing txlimit table matches
+// txlimit.ErrNotMigrated. After an error,
 // roll the transaction back (part of what the call meant to write may be in
 // it) and, for SQLITE_BUSY, run the whole transaction again.
 //
@@ -84,32 +86,31 @@
 //
 // Shards spread a limit over several rows so that PostgreSQL transactions do
 // not queue on one row lock. SQLite locks the whole database, so they do not
-// add concurrency here: SkipsLocked reports false and the Limiter locks every
-// shard of a limit. A sharded limit still admits exactly what the same
+// add concurrency here: the store reads and writes every shard of a limit
+// under the write lock. A sharded limit still admits exactly what the same
 // unsharded limit would.
 package sqlitestore
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
-	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
 	gen "github.com/txlimit/txlimit/sqlitestore/internal/db"
 )
 
-// Store implements txlimit.Store for database/sql on SQLite.
+// Store is txlimit's store for database/sql on SQLite.
 type Store struct {
 	db      *sql.DB
 	queries *gen.Queries
 	stmts   *stmtCache // nil when db is
 }
 
-var _ txlimit.Store[*sql.Tx] = (*Store)(nil)
+var _ driver.Store[*sql.Tx] = (*Store)(nil)
 
 // New returns a store on db, opened with any SQLite driver and configured as
 // the package documentation says. db may be nil when only the …Tx forms of
@@ -134,9 +135,20 @@ func New(db *sql.DB) *Store {
 	return s
 }
 
+// wrap names the operation that failed and, for the errors a setup mistake
+// causes, what to do about it; errors.As still reaches the driver's error.
 func wrap(op string, err error) error {
 	if err == nil {
 		return nil
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "no such table") || strings.Contains(msg, "no such column"):
+		return fmt.Errorf("txlimit/sqlitestore: %s: %w: %w", op, driver.ErrNotMigrated, err)
+	case strings.Contains(msg, "database is locked") || strings.Contains(msg, "SQLITE_BUSY"):
+		return fmt.Errorf("txlimit/sqlitestore: %s: another connection held the write lock; roll back and retry the "+
+			"transaction, and open the database with busy_timeout, WAL and _txlock=immediate in the DSN "+
+			"(see the sqlitestore package documentation): %w", op, err)
 	}
 	return fmt.Errorf("txlimit/sqlitestore: %s: %w", op, err)
 }
@@ -150,7 +162,7 @@ func clock(now *time.Time) time.Time {
 	return time.UnixMicro(time.Now().UnixMicro())
 }
 
-// InTx implements txlimit.Store. A transaction that will write is begun
+// InTx implements driver.Store. A transaction that will write is begun
 // with default options, so the DSN's _txlock decides whether it is
 // IMMEDIATE; one that only reads (Check, Value) is begun read-only, which
 // modernc.org/sqlite begins without taking the write lock. It is rolled back
@@ -158,7 +170,7 @@ func clock(now *time.Time) time.Time {
 // committed otherwise.
 func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
 	if s.db == nil {
-		return txlimit.ErrNoPool
+		return driver.ErrNoPool
 	}
 	var opts *sql.TxOptions
 	if readOnly {
@@ -181,247 +193,204 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) err
 	return wrap("commit", tx.Commit())
 }
 
-// SkipsLocked implements txlimit.Store: SQLite has one writer at a time and
-// no row locks to skip.
-func (s *Store) SkipsLocked() bool { return false }
-
-// lock takes SQLite's write lock for tx, waiting up to busy_timeout; it is a
-// no-op when tx holds it already.
-func (s *Store) lock(ctx context.Context, tx *sql.Tx, name, key string) error {
-	return wrap("take the write lock", s.queries.TouchKey(ctx, s.on(tx), gen.TouchKeyParams{Name: name, Key: key}))
+// Ping implements driver.Store.
+func (s *Store) Ping(ctx context.Context) error {
+	if s.db == nil {
+		return driver.ErrNoPool
+	}
+	return wrap("ping", s.queries.ProbeTable(ctx, s.db))
 }
 
-func shardRow(shard int64, value float64, ts int64) txlimit.ShardRow {
-	return txlimit.ShardRow{Shard: int32(shard), Value: value, TS: time.UnixMicro(ts)}
-}
-
-// LockShards implements txlimit.Store: it takes the write lock, which locks
-// every row of the database, then reads the rows of (Name, Key) and the
-// clock. The clock is returned even when there is no row.
-func (s *Store) LockShards(ctx context.Context, tx *sql.Tx, p txlimit.KeyParams) ([]txlimit.ShardRow, time.Time, error) {
-	if err := s.lock(ctx, tx, p.Name, p.Key); err != nil {
-		return nil, time.Time{}, err
+// lockKey takes SQLite's write lock for tx, waiting up to busy_timeout (a
+// no-op when tx holds it already), then reads every row of (name, key) and
+// the clock. The write lock locks every row of the database, so the rows
+// cannot change before tx ends.
+func (s *Store) lockKey(ctx context.Context, tx *sql.Tx, name, key string, now *time.Time) ([]driver.Row, time.Time, error) {
+	if err := s.queries.TouchKey(ctx, s.on(tx), gen.TouchKeyParams{Name: name, Key: key}); err != nil {
+		return nil, time.Time{}, wrap("take the write lock", err)
 	}
 	s.stmts.learnMode(ctx, tx)
-	rows, err := s.queries.LockShards(ctx, s.on(tx), gen.LockShardsParams{Name: p.Name, Key: p.Key})
-	if err != nil {
-		return nil, time.Time{}, wrap("lock shards", err)
-	}
-	var out []txlimit.ShardRow
-	for _, r := range rows {
-		out = append(out, shardRow(r.Shard, r.Value, r.Ts))
-	}
-	return out, clock(p.Now), nil
-}
-
-// InsertShards implements txlimit.Store, one INSERT … ON CONFLICT DO NOTHING
-// per shard in ascending order, all under the write lock the first one
-// takes (or the transaction holds already), which locks every row.
-func (s *Store) InsertShards(ctx context.Context, tx *sql.Tx, p txlimit.InsertParams) error {
-	_, err := s.insertShards(ctx, tx, p)
-	return err
-}
-
-// insertShards is InsertShards, returning the rows it created.
-func (s *Store) insertShards(ctx context.Context, tx *sql.Tx, p txlimit.InsertParams) ([]txlimit.ShardKey, error) {
-	ts := p.TS.UnixMicro()
-	var created []txlimit.ShardKey
-	for shard := range int64(max(p.Shards, 0)) {
-		n, err := s.queries.InsertShard(ctx, s.on(tx), gen.InsertShardParams{
-			Name: p.Name, Key: p.Key, Shard: shard, Value: p.Value, Ts: ts,
-		})
-		if err != nil {
-			return nil, wrap("insert shards", err)
-		}
-		if n > 0 {
-			created = append(created, txlimit.ShardKey{Name: p.Name, Key: p.Key, Shard: int32(shard)})
-		}
-	}
-	return created, nil
-}
-
-// TryLockShard implements txlimit.Store for completeness; the Limiter does
-// not call it, since SkipsLocked is false. SQLite cannot skip what another
-// transaction holds, so it waits for the write lock like LockShards and
-// returns the first row that exists going up from p.Start, then on from
-// shard 0 (Locked is false when the key has none). The lock cannot be given
-// back before the transaction ends: UndoTry leaves it held, which is always
-// correct, only not concurrent.
-func (s *Store) TryLockShard(ctx context.Context, tx *sql.Tx, p txlimit.TryLockParams) (txlimit.TryLockResult, error) {
-	rows, now, err := s.LockShards(ctx, tx, txlimit.KeyParams{Name: p.Name, Key: p.Key, Now: p.Now})
-	if err != nil {
-		return txlimit.TryLockResult{}, err
-	}
-	out := txlimit.TryLockResult{All: rows, Now: now}
-	if len(rows) > 0 {
-		// rows are in shard order: the first at or after Start, else the
-		// first of all.
-		i, _ := slices.BinarySearchFunc(rows, p.Start, compareShard)
-		out.Row, out.Locked = rows[i%len(rows)], true
-	}
-	return out, nil
-}
-
-func compareShard(r txlimit.ShardRow, shard int32) int { return cmp.Compare(r.Shard, shard) }
-
-// KeepTry implements txlimit.Store: it writes rows as WriteShards does.
-// TryLockShard opened no savepoint, so there is nothing to release.
-func (s *Store) KeepTry(ctx context.Context, tx *sql.Tx, rows []txlimit.ShardWrite) error {
-	return s.WriteShards(ctx, tx, rows)
-}
-
-// WaitShard implements txlimit.Store for completeness, like TryLockShard:
-// it takes the write lock and returns the row when it exists.
-func (s *Store) WaitShard(ctx context.Context, tx *sql.Tx, p txlimit.WaitShardParams) (txlimit.TryLockResult, error) {
-	rows, now, err := s.LockShards(ctx, tx, txlimit.KeyParams{Name: p.Name, Key: p.Key, Now: p.Now})
-	if err != nil {
-		return txlimit.TryLockResult{}, err
-	}
-	out := txlimit.TryLockResult{Now: now}
-	if i, found := slices.BinarySearchFunc(rows, p.Shard, compareShard); found {
-		out.Row, out.Locked = rows[i], true
-	}
-	return out, nil
-}
-
-// UndoTry implements txlimit.Store. TryLockShard wrote nothing, so there is
-// nothing to undo, and SQLite's write lock is held until the transaction
-// ends whatever UndoTry does: it does nothing.
-func (s *Store) UndoTry(ctx context.Context, tx *sql.Tx) error { return nil }
-
-// ReadShards implements txlimit.Store with a plain SELECT, which takes no
-// write lock: it sees tx's snapshot (and tx's own writes).
-func (s *Store) ReadShards(ctx context.Context, tx *sql.Tx, p txlimit.KeyParams) ([]txlimit.ShardRow, time.Time, error) {
-	rows, err := s.queries.ReadShards(ctx, s.on(tx), gen.ReadShardsParams{Name: p.Name, Key: p.Key})
+	rows, err := s.queries.LockShards(ctx, s.on(tx), gen.LockShardsParams{Name: name, Key: key})
 	if err != nil {
 		return nil, time.Time{}, wrap("read shards", err)
 	}
-	var out []txlimit.ShardRow
-	for _, r := range rows {
-		out = append(out, shardRow(r.Shard, r.Value, r.Ts))
+	out := make([]driver.Row, len(rows))
+	for i, r := range rows {
+		out[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, TS: time.UnixMicro(r.Ts)}
 	}
-	return out, clock(p.Now), nil
+	return out, clock(now), nil
 }
 
-// WriteShards implements txlimit.Store, one UPDATE per row.
-func (s *Store) WriteShards(ctx context.Context, tx *sql.Tx, rows []txlimit.ShardWrite) error {
-	for _, r := range rows {
-		err := s.queries.WriteShard(ctx, s.on(tx), gen.WriteShardParams{
-			Name: r.Name, Key: r.Key, Shard: int64(r.Shard), Value: r.Value, Ts: r.TS.UnixMicro(),
-		})
+// store writes states to rows 0..Shards-1 of l's key, whose rows were had:
+// it creates the rows that are missing and deletes those beyond Shards (a
+// limit redeployed with other Shards).
+func (s *Store) store(ctx context.Context, tx *sql.Tx, l driver.Limit, had []driver.Row, states []algo.State) error {
+	exists := make([]bool, len(states))
+	for _, r := range had {
+		if int(r.Shard) < len(exists) {
+			exists[r.Shard] = true
+		}
+	}
+	for i, st := range states {
+		var err error
+		if exists[i] {
+			err = s.queries.WriteShard(ctx, s.on(tx), gen.WriteShardParams{
+				Name: l.Name, Key: l.Key, Shard: int64(i), Value: st.Value, Ts: st.TS,
+			})
+		} else {
+			_, err = s.queries.InsertShard(ctx, s.on(tx), gen.InsertShardParams{
+				Name: l.Name, Key: l.Key, Shard: int64(i), Value: st.Value, Ts: st.TS,
+			})
+		}
 		if err != nil {
 			return wrap("write shards", err)
+		}
+	}
+	for _, shard := range driver.Extra(had, l.Shards) {
+		if _, err := s.queries.DeleteShard(ctx, s.on(tx), gen.DeleteShardParams{Name: l.Name, Key: l.Key, Shard: int64(shard)}); err != nil {
+			return wrap("delete shards", err)
 		}
 	}
 	return nil
 }
 
-// DeleteKey implements txlimit.Store.
-func (s *Store) DeleteKey(ctx context.Context, tx *sql.Tx, name, key string) error {
-	return wrap("delete key", s.queries.DeleteKey(ctx, s.on(tx), gen.DeleteKeyParams{Name: name, Key: key}))
+// Take implements driver.Store: under the write lock, every shard of the
+// limit is read, decided on and written. There is no row lock to skip, so a
+// sharded limit is never served from one shard.
+func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+	var start time.Time
+	if p.TimeLocks {
+		start = time.Now()
+	}
+	rows, at, err := s.lockKey(ctx, tx, p.Name, p.Key, p.Now)
+	if err != nil {
+		return driver.TakeResult{}, err
+	}
+	res := driver.TakeResult{At: at}
+	if p.TimeLocks {
+		res.LockWait = time.Since(start)
+	}
+	var write bool
+	res.States, res.Decision, write = driver.Decide(p, rows, at)
+	if write {
+		if err := s.store(ctx, tx, p.Limit, rows, res.States); err != nil {
+			return driver.TakeResult{}, err
+		}
+	}
+	return res, nil
 }
 
-// LockKeys implements txlimit.Store. The write lock locks every row at once,
-// so the order does not matter here; the keys are still gone through in the
-// canonical order, each one as InsertShards and LockShards do.
-func (s *Store) LockKeys(ctx context.Context, tx *sql.Tx, p txlimit.LockKeysParams) (txlimit.LockedKeys, error) {
-	out := txlimit.LockedKeys{Rows: make([][]txlimit.ShardRow, len(p.Keys))}
-	order := make([]int, len(p.Keys))
-	for i := range order {
-		order[i] = i
+// TakeAll implements driver.Store. The write lock locks every row at once,
+// so the order does not matter here; the keys are still read in the
+// canonical order.
+func (s *Store) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	var start time.Time
+	if p.TimeLocks {
+		start = time.Now()
 	}
-	slices.SortFunc(order, func(a, b int) int {
-		ka, kb := p.Keys[a], p.Keys[b]
-		if c := strings.Compare(ka.Name, kb.Name); c != 0 {
-			return c
+	rows := make([][]driver.Row, len(p.Takes))
+	var at time.Time
+	for _, i := range driver.CanonicalOrder(p.Takes) {
+		var err error
+		if rows[i], at, err = s.lockKey(ctx, tx, p.Takes[i].Name, p.Takes[i].Key, p.Now); err != nil {
+			return driver.TakeAllResult{}, err
 		}
-		return strings.Compare(ka.Key, kb.Key)
-	})
-	for _, i := range order {
-		k := p.Keys[i]
-		if err := s.lock(ctx, tx, k.Name, k.Key); err != nil {
-			return txlimit.LockedKeys{}, err
-		}
-		created, err := s.insertShards(ctx, tx, k)
-		if err != nil {
-			return txlimit.LockedKeys{}, err
-		}
-		out.Created = append(out.Created, created...)
-		rows, err := s.queries.LockShards(ctx, s.on(tx), gen.LockShardsParams{Name: k.Name, Key: k.Key})
-		if err != nil {
-			return txlimit.LockedKeys{}, wrap("lock keys", err)
-		}
-		for _, r := range rows {
-			if r.Shard < int64(k.Shards) {
-				out.Rows[i] = append(out.Rows[i], shardRow(r.Shard, r.Value, r.Ts))
+	}
+	var lockWait time.Duration
+	if p.TimeLocks {
+		lockWait = time.Since(start)
+	}
+	out, writes := driver.DecideAll(p, rows, at)
+	out.LockWait = lockWait
+	for i, t := range p.Takes {
+		if writes[i] != nil {
+			if err := s.store(ctx, tx, t.Limit, rows[i], out.Results[i].States); err != nil {
+				return driver.TakeAllResult{}, err
 			}
 		}
 	}
-	out.Now = clock(p.Now)
 	return out, nil
 }
 
-// DeleteShards implements txlimit.Store, one DELETE per row.
-func (s *Store) DeleteShards(ctx context.Context, tx *sql.Tx, rows []txlimit.ShardKey) (int, error) {
-	deleted := 0
-	for _, r := range rows {
-		n, err := s.queries.DeleteShard(ctx, s.on(tx), gen.DeleteShardParams{Name: r.Name, Key: r.Key, Shard: int64(r.Shard)})
-		if err != nil {
-			return deleted, wrap("delete shards", err)
-		}
-		deleted += int(n)
-	}
-	return deleted, nil
-}
-
-// ScanKeys implements txlimit.Store, in primary-key order (SQLite's BINARY
-// collation: byte by byte).
-func (s *Store) ScanKeys(ctx context.Context, tx *sql.Tx, p txlimit.ScanKeysParams) ([]txlimit.KeyRef, error) {
-	rows, err := s.queries.ScanKeys(ctx, s.on(tx), gen.ScanKeysParams{AfterName: p.AfterName, AfterKey: p.AfterKey, MaxKeys: int64(p.Max)})
+// Read implements driver.Store with a plain SELECT, which takes no write
+// lock: it sees tx's snapshot (and tx's own writes).
+func (s *Store) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
+	rows, err := s.queries.ReadShards(ctx, s.on(tx), gen.ReadShardsParams{Name: p.Name, Key: p.Key})
 	if err != nil {
-		return nil, wrap("scan keys", err)
+		return driver.ReadResult{}, wrap("read shards", err)
 	}
-	out := make([]txlimit.KeyRef, len(rows))
+	out := driver.ReadResult{Rows: make([]driver.Row, len(rows)), At: clock(p.Now)}
 	for i, r := range rows {
-		out[i] = txlimit.KeyRef{Name: r.Name, Key: r.Key}
+		out.Rows[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, TS: time.UnixMicro(r.Ts)}
 	}
 	return out, nil
 }
 
-// LockIdle implements txlimit.Store. SQLite cannot pass over rows that
-// another transaction holds: it takes the write lock, waiting up to
-// busy_timeout like every writer, and then holds every row, so each key's
-// Total is the number of its rows. The rows of all the keys are read in one
-// range scan of the primary key, from the first key to the last.
-func (s *Store) LockIdle(ctx context.Context, tx *sql.Tx, keys []txlimit.KeyRef, now *time.Time) ([]txlimit.IdleKey, time.Time, error) {
-	if len(keys) == 0 {
-		return nil, clock(now), nil
+// Credit implements driver.Store. A key with no row is full: there is
+// nothing to give back to it.
+func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
+	rows, at, err := s.lockKey(ctx, tx, p.Name, p.Key, p.Now)
+	if err != nil || len(rows) == 0 {
+		return err
+	}
+	return s.store(ctx, tx, p.Limit, rows, driver.CreditStates(p, rows, at))
+}
+
+// Delete implements driver.Store.
+func (s *Store) Delete(ctx context.Context, tx *sql.Tx, p driver.KeyParams) error {
+	return wrap("delete key", s.queries.DeleteKey(ctx, s.on(tx), gen.DeleteKeyParams{Name: p.Name, Key: p.Key}))
+}
+
+// Prune implements driver.Store. SQLite cannot pass over rows that another
+// transaction holds: the batch takes the write lock, waiting up to
+// busy_timeout like every writer, and then holds every row. The rows of the
+// batch's keys are read in one range scan of the primary key (SQLite's
+// BINARY collation: byte by byte), from the first key to the last.
+func (s *Store) Prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneResult, error) {
+	keys, err := s.queries.ScanKeys(ctx, s.on(tx), gen.ScanKeysParams{AfterName: p.After.Name, AfterKey: p.After.Key, MaxKeys: int64(p.Max)})
+	if err != nil || len(keys) == 0 {
+		return driver.PruneResult{}, wrap("scan keys", err)
+	}
+	out := driver.PruneResult{Keys: len(keys), Last: driver.KeyRef{Name: keys[len(keys)-1].Name, Key: keys[len(keys)-1].Key}}
+	known := make(map[driver.KeyRef]bool, len(keys))
+	for _, k := range keys {
+		if p.Known(k.Name) {
+			known[driver.KeyRef{Name: k.Name, Key: k.Key}] = true
+		} else {
+			out.Unknown++
+		}
+	}
+	if len(known) == 0 {
+		return out, nil
 	}
 	first, last := keys[0], keys[len(keys)-1]
-	if err := s.lock(ctx, tx, first.Name, first.Key); err != nil {
-		return nil, time.Time{}, err
+	if err := s.queries.TouchKey(ctx, s.on(tx), gen.TouchKeyParams(first)); err != nil {
+		return driver.PruneResult{}, wrap("take the write lock", err)
 	}
 	rows, err := s.queries.RowsBetween(ctx, s.on(tx), gen.RowsBetweenParams{
 		FirstName: first.Name, FirstKey: first.Key, LastName: last.Name, LastKey: last.Key,
 	})
 	if err != nil {
-		return nil, time.Time{}, wrap("lock idle", err)
+		return driver.PruneResult{}, wrap("read idle keys", err)
 	}
-	wanted := make(map[txlimit.KeyRef]bool, len(keys))
-	for _, k := range keys {
-		wanted[k] = true
-	}
-	var out []txlimit.IdleKey
-	for _, r := range rows {
-		if !wanted[txlimit.KeyRef{Name: r.Name, Key: r.Key}] {
-			continue
+	at := clock(p.Now)
+	for i := 0; i < len(rows); {
+		j := i
+		var keyRows []driver.Row
+		for ; j < len(rows) && rows[j].Name == rows[i].Name && rows[j].Key == rows[i].Key; j++ {
+			keyRows = append(keyRows, driver.Row{Shard: int32(rows[j].Shard), Value: rows[j].Value, TS: time.UnixMicro(rows[j].Ts)})
 		}
-		if len(out) == 0 || out[len(out)-1].Name != r.Name || out[len(out)-1].Key != r.Key {
-			out = append(out, txlimit.IdleKey{Name: r.Name, Key: r.Key})
+		k := driver.KeyRef{Name: rows[i].Name, Key: rows[i].Key}
+		if known[k] && p.Full(k.Name, k.Key, keyRows, at) {
+			for _, r := range keyRows {
+				n, err := s.queries.DeleteShard(ctx, s.on(tx), gen.DeleteShardParams{Name: k.Name, Key: k.Key, Shard: int64(r.Shard)})
+				if err != nil {
+					return driver.PruneResult{}, wrap("delete shards", err)
+				}
+				out.Deleted += int(n)
+			}
 		}
-		last := &out[len(out)-1]
-		last.Rows = append(last.Rows, shardRow(r.Shard, r.Value, r.Ts))
-		last.Total++
+		i = j
 	}
-	return out, clock(now), nil
+	return out, nil
 }

@@ -3,7 +3,9 @@ package sqlitestore
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,8 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/migrations"
 )
 
@@ -28,24 +32,83 @@ func openTestDBMode(t *testing.T, mode string) *sql.DB {
 	return db
 }
 
-// prepareAll runs a LockShards, InsertShards and WriteShards until the
-// store has prepared their statements in the background.
+// frozen is the clock of these tests: with it and the limit of takeOne,
+// nothing refills between calls.
+var frozen = time.UnixMicro(1_700_000_000_000_000)
+
+// takeOne takes one token, as a reservation so that it always grants and
+// writes, from an unsharded token bucket of capacity 1000 on (name, key).
+// On a key with no row Take runs TouchKey, LockShards and InsertShard; on a
+// key with its row, TouchKey, LockShards and WriteShard. It returns the
+// value left.
+func takeOne(ctx context.Context, s *Store, tx *sql.Tx, name, key string) (float64, error) {
+	res, err := s.Take(ctx, tx, driver.TakeParams{
+		Limit: driver.Limit{Name: name, Key: key, Shards: 1, Config: algo.Config{
+			Kind: algo.TokenBucket, Rate: 1, Period: time.Hour.Microseconds(), Capacity: 1000,
+		}},
+		Count: 1, Reserve: true, Now: &frozen,
+	})
+	if err != nil {
+		return 0, err
+	}
+	if !res.Decision.OK || len(res.States) != 1 {
+		return 0, fmt.Errorf("Take: %+v, want a grant with one state", res)
+	}
+	return res.States[0].Value, nil
+}
+
+// readRows reads (name, key) with Read in a read-only transaction of s.
+func readRows(t *testing.T, s *Store, name, key string) []driver.Row {
+	t.Helper()
+	var rows []driver.Row
+	require.NoError(t, s.InTx(context.Background(), true, func(tx *sql.Tx) error {
+		r, err := s.Read(context.Background(), tx, driver.ReadParams{Name: name, Key: key})
+		rows = r.Rows
+		return err
+	}))
+	return rows
+}
+
+// prepared returns the names (sqlc's "-- name: X") of the statements the
+// store has prepared.
+func prepared(s *Store) map[string]bool {
+	out := map[string]bool{}
+	s.stmts.ready.Range(func(q, _ any) bool {
+		name, _, _ := strings.Cut(strings.TrimPrefix(q.(string), "-- name: "), " ")
+		out[name] = true
+		return true
+	})
+	return out
+}
+
+// everyStatement is what Take (on a new key and on an existing one) and
+// Read run.
+var everyStatement = []string{"TouchKey", "LockShards", "InsertShard", "WriteShard", "ReadShards"}
+
+// prepareAll runs Takes (creating a key, then writing it) and a Read until
+// the store has prepared their statements in the background.
 func prepareAll(t *testing.T, s *Store) {
 	t.Helper()
 	ctx := context.Background()
+	i := 0
 	ready := func() bool {
+		i++
+		key := "up"
+		if i%2 == 0 {
+			key = time.Duration(i).String() // a new key: InsertShard
+		}
 		require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
-			if _, _, err := s.LockShards(ctx, tx, txlimit.KeyParams{Name: "warm", Key: "up"}); err != nil {
-				return err
-			}
-			if err := s.InsertShards(ctx, tx, txlimit.InsertParams{Name: "warm", Key: "up", Shards: 1, TS: time.UnixMicro(0)}); err != nil {
-				return err
-			}
-			return s.WriteShards(ctx, tx, []txlimit.ShardWrite{{Name: "warm", Key: "up", Value: 1, TS: time.UnixMicro(1)}})
+			_, err := takeOne(ctx, s, tx, "warm", key)
+			return err
 		}))
-		n := 0
-		s.stmts.ready.Range(func(_, _ any) bool { n++; return true })
-		return n >= 4 // TouchKey, LockShards, InsertShard and WriteShard
+		readRows(t, s, "warm", "up")
+		p := prepared(s)
+		for _, name := range everyStatement {
+			if !p[name] {
+				return false
+			}
+		}
+		return true
 	}
 	require.Eventually(t, ready, 10*time.Second, time.Millisecond)
 }
@@ -61,11 +124,14 @@ func TestTxOfAnotherDB(t *testing.T) {
 	tx, err := other.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
-	require.NoError(t, s.InsertShards(ctx, tx, txlimit.InsertParams{Name: "n", Key: "k", Shards: 1, Value: 7, TS: time.UnixMicro(0)}))
-	rows, _, err := s.LockShards(ctx, tx, txlimit.KeyParams{Name: "n", Key: "k"})
+	for _, want := range []float64{999, 998} { // InsertShard, then WriteShard
+		v, err := takeOne(ctx, s, tx, "n", "k")
+		require.NoError(t, err)
+		require.Equal(t, want, v)
+	}
+	r, err := s.Read(ctx, tx, driver.ReadParams{Name: "n", Key: "k"})
 	require.NoError(t, err)
-	require.Len(t, rows, 1)
-	require.Equal(t, 7.0, rows[0].Value)
+	require.Equal(t, []driver.Row{{Shard: 0, Value: 998, TS: frozen}}, r.Rows, "the transaction reads its own writes")
 	require.NoError(t, tx.Commit())
 
 	var n int
@@ -73,6 +139,7 @@ func TestTxOfAnotherDB(t *testing.T) {
 	require.Equal(t, 1, n, "the row is in the transaction's DB")
 	require.NoError(t, s.db.QueryRow(`SELECT count(*) FROM txlimit WHERE name = 'n'`).Scan(&n))
 	require.Equal(t, 0, n, "and not in the store's")
+	require.Empty(t, readRows(t, s, "n", "k"))
 }
 
 // With a pool of one connection, the transaction holds the only connection:
@@ -81,7 +148,6 @@ func TestTxOfAnotherDB(t *testing.T) {
 func TestOneConnectionPool(t *testing.T) {
 	db := openTestDB(t)
 	db.SetMaxOpenConns(1)
-	frozen := time.UnixMicro(1_700_000_000_000_000)
 	store := New(db)
 	l, err := txlimit.New(store, map[string]txlimit.Config{
 		"l": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, Capacity: 5},
@@ -110,9 +176,8 @@ func TestOneConnectionPool(t *testing.T) {
 	// the calls run prepared, on the one connection, and still count
 	// exactly.
 	ready := func() bool {
-		n := 0
-		store.stmts.ready.Range(func(_, _ any) bool { n++; return true })
-		return n >= 4
+		p := prepared(store)
+		return p["TouchKey"] && p["LockShards"] && p["InsertShard"] && p["WriteShard"]
 	}
 	require.Eventually(t, ready, 10*time.Second, time.Millisecond)
 	granted = 0
@@ -125,28 +190,38 @@ func TestOneConnectionPool(t *testing.T) {
 }
 
 // Once the statements are ready, the calls run them and read and write
-// what the text would, and another Store of the same DB shares them.
+// what the text would.
 func TestPreparedStatements(t *testing.T) {
 	ctx := context.Background()
 	s := New(openTestDB(t))
 	prepareAll(t, s)
+	before := readRows(t, s, "warm", "up")
+	require.Len(t, before, 1)
 
-	for _, v := range []float64{3, 4} {
+	for i := range 3 {
 		require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
-			if _, _, err := s.LockShards(ctx, tx, txlimit.KeyParams{Name: "warm", Key: "up"}); err != nil {
-				return err
-			}
-			return s.WriteShards(ctx, tx, []txlimit.ShardWrite{{Name: "warm", Key: "up", Value: v, TS: time.UnixMicro(2)}})
+			v, err := takeOne(ctx, s, tx, "warm", "up")
+			require.Equal(t, before[0].Value-float64(i+1), v, "LockShards read the value WriteShard wrote")
+			return err
 		}))
-		require.NoError(t, s.InTx(ctx, true, func(tx *sql.Tx) error {
-			rows, _, err := s.ReadShards(ctx, tx, txlimit.KeyParams{Name: "warm", Key: "up"})
-			require.NoError(t, err)
-			require.Len(t, rows, 1)
-			require.Equal(t, v, rows[0].Value)
-			return nil
-		}))
+		require.Equal(t, []driver.Row{{Shard: 0, Value: before[0].Value - float64(i+1), TS: frozen}},
+			readRows(t, s, "warm", "up"))
 	}
+	// A new key: InsertShard, prepared.
+	require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
+		_, err := takeOne(ctx, s, tx, "warm", "new")
+		return err
+	}))
+	require.Equal(t, []driver.Row{{Shard: 0, Value: 999, TS: frozen}}, readRows(t, s, "warm", "new"))
+	require.ElementsMatch(t, everyStatement, keys(prepared(s)), "nothing else is prepared")
+}
 
+func keys(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
 }
 
 // In rollback-journal mode a connection the pool opened to prepare could
@@ -155,24 +230,15 @@ func TestPreparedStatements(t *testing.T) {
 func TestRollbackJournalPreparesNothing(t *testing.T) {
 	ctx := context.Background()
 	s := New(openTestDBMode(t, "delete"))
-	for i := range 20 {
+	for range 20 {
 		require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
-			if _, _, err := s.LockShards(ctx, tx, txlimit.KeyParams{Name: "n", Key: "k"}); err != nil {
-				return err
-			}
-			if err := s.InsertShards(ctx, tx, txlimit.InsertParams{Name: "n", Key: "k", Shards: 1, TS: time.UnixMicro(0)}); err != nil {
-				return err
-			}
-			return s.WriteShards(ctx, tx, []txlimit.ShardWrite{{Name: "n", Key: "k", Value: float64(i), TS: time.UnixMicro(1)}})
+			_, err := takeOne(ctx, s, tx, "n", "k")
+			return err
 		}))
+		readRows(t, s, "n", "k")
 	}
 	require.Equal(t, modeOther, s.stmts.mode.Load())
 	s.stmts.pending.Range(func(q, _ any) bool { t.Errorf("preparing %q", q); return true })
 	s.stmts.ready.Range(func(q, _ any) bool { t.Errorf("prepared %q", q); return true })
-	require.NoError(t, s.InTx(ctx, true, func(tx *sql.Tx) error {
-		rows, _, err := s.ReadShards(ctx, tx, txlimit.KeyParams{Name: "n", Key: "k"})
-		require.NoError(t, err)
-		require.Equal(t, 19.0, rows[0].Value)
-		return nil
-	}))
+	require.Equal(t, []driver.Row{{Shard: 0, Value: 980, TS: frozen}}, readRows(t, s, "n", "k"))
 }

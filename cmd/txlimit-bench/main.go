@@ -3,7 +3,7 @@
 // UPDATE; COMMIT), in one run on one PostgreSQL database, and on a SQLite
 // file:
 //
-//	go run ./cmd/txlimit-bench -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' -out docs/bench
+//	cd cmd/txlimit-bench && go run . -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' -out ../../docs/bench
 //
 // It needs only the DSN: it creates a schema of its own (txlimit_bench_…),
 // runs txlimit's migrations and the floor's table into it, and drops it at

@@ -3,9 +3,17 @@
 //
 // The server is, in order: TEST_DATABASE_URL; a local server on
 // 127.0.0.1:5432 (database test, user postgres, trust auth, as DEVELOPERS.md
-// sets up); a throwaway container through testcontainers-go when a Docker
-// engine answers. When none is reachable the tests skip, loudly, except
-// under CI=true, where a missing PostgreSQL fails the run.
+// sets up); a throwaway container, only when a Docker engine answers. The
+// container is started by the program in internal/pgcontainer, a module of
+// its own so that testcontainers-go and its Docker client stay out of the
+// library's go.mod: testdb runs it with `go run`, reads the server's URL from
+// its first line of output, and the program removes the container when the
+// test binary exits (its stdin closes).
+//
+// When no server is reachable the tests skip, except under CI=true, where a
+// missing PostgreSQL fails the run. `go test ./...` hides the output of a
+// passing package, skips included, so testdb also prints one SKIPPING line
+// per test binary where the user sees it (see notice.go).
 package testdb
 
 import (
@@ -21,8 +29,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/wait"
 
 	"github.com/txlimit/txlimit/migrations"
 )
@@ -40,30 +46,61 @@ var (
 // tb when there is none.
 func URL(tb testing.TB) string {
 	tb.Helper()
-	findOnce.Do(func() { baseURL, findErr = find() })
+	findOnce.Do(func() {
+		baseURL, findErr = finder{
+			getenv:    os.Getenv,
+			ping:      ping,
+			docker:    func() error { return dockerEngine(os.Getenv) },
+			container: startContainer,
+		}.find()
+	})
 	if findErr != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("PostgreSQL is required under CI=true: %v", findErr)
-		}
-		tb.Skipf("SKIPPING PostgreSQL tests: %v (set TEST_DATABASE_URL, start a local server, or start Docker)", findErr)
+		missing(tb, findErr, os.Getenv("CI") == "true", printNotice)
 	}
 	return baseURL
 }
 
-func find() (string, error) {
-	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		if err := ping(u); err != nil {
+// missing fails tb under CI and skips it otherwise; notice makes the skip
+// visible where `go test ./...` would hide it.
+func missing(tb testing.TB, err error, ci bool, notice func(string)) {
+	tb.Helper()
+	if ci {
+		tb.Fatalf("PostgreSQL is required under CI=true: %v", err)
+		return
+	}
+	msg := fmt.Sprintf("SKIPPING PostgreSQL tests: %v (set TEST_DATABASE_URL, run scripts/postgres.sh, or start Docker)", err)
+	notice(msg)
+	tb.Skip(msg)
+}
+
+// finder holds the steps of the search, replaced by fakes in tests.
+type finder struct {
+	getenv    func(string) string
+	ping      func(url string) error
+	docker    func() error // nil when a Docker engine answers
+	container func() (url string, err error)
+}
+
+func (f finder) find() (string, error) {
+	if u := f.getenv("TEST_DATABASE_URL"); u != "" {
+		if err := f.ping(u); err != nil {
 			return "", fmt.Errorf("TEST_DATABASE_URL is set but unreachable: %w", err)
 		}
 		return u, nil
 	}
-	localErr := ping(LocalURL)
+	localErr := f.ping(LocalURL)
 	if localErr == nil {
 		return LocalURL, nil
 	}
-	u, err := container()
+	if err := f.docker(); err != nil {
+		return "", fmt.Errorf("no server at %s (%v) and no Docker engine for a container (%v)", LocalURL, localErr, err)
+	}
+	u, err := f.container()
 	if err != nil {
-		return "", fmt.Errorf("no server at %s (%v) and no container (%v)", LocalURL, localErr, err)
+		return "", fmt.Errorf("no server at %s (%v) and no container: %w", LocalURL, localErr, err)
+	}
+	if err := f.ping(u); err != nil {
+		return "", fmt.Errorf("the container's server at %s is unreachable: %w", u, err)
 	}
 	return u, nil
 }
@@ -77,39 +114,6 @@ func ping(url string) error {
 	}
 	defer conn.Close(ctx)
 	return conn.Ping(ctx)
-}
-
-// container starts PostgreSQL with testcontainers-go. testcontainers' reaper
-// removes it when the test process ends.
-func container() (url string, err error) {
-	defer func() {
-		if r := recover(); r != nil { // testcontainers panics on some Docker setups
-			err = fmt.Errorf("docker: %v", r)
-		}
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	provider, err := testcontainers.ProviderDefault.GetProvider()
-	if err != nil {
-		return "", err
-	}
-	defer provider.Close()
-	if err := provider.Health(ctx); err != nil {
-		return "", err
-	}
-	c, err := testcontainers.Run(ctx, "postgres:16-alpine",
-		testcontainers.WithExposedPorts("5432/tcp"),
-		testcontainers.WithEnv(map[string]string{"POSTGRES_HOST_AUTH_METHOD": "trust", "POSTGRES_DB": "test"}),
-		testcontainers.WithWaitStrategy(wait.ForLog("database system is ready to accept connections").WithOccurrence(2)),
-	)
-	if err != nil {
-		return "", err
-	}
-	hostPort, err := c.PortEndpoint(ctx, "5432/tcp", "")
-	if err != nil {
-		return "", err
-	}
-	return "postgres://postgres@" + hostPort + "/test?sslmode=disable", nil
 }
 
 // Schema creates a new schema with txlimit's migrations applied, dropped when

@@ -1,6 +1,8 @@
 -- name: LockShards :many
 -- Locks every row of (name, key), waiting, in ascending shard order. The
--- clock is the argument now or, when it is NULL, the server's.
+-- clock is the argument now or, when it is NULL, the server's, read for each
+-- row before that row's lock is taken: the store takes the latest reading,
+-- and algo never loses or doubles refill for a clock behind a row's time.
 SELECT shard, value, ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit
@@ -28,7 +30,11 @@ WITH from_start AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 )
 SELECT l.shard, l.value, l.ts,
-       CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+       CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
+       -- The highest shard the key has: rows written under another Shards
+       -- (a redeployed config) make the caller reshard on every row.
+       CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
+                      WHERE m.name = sqlc.arg(name) AND m.key = sqlc.arg(key)), -1) AS integer) AS top_shard
 FROM (
     SELECT shard, value, ts FROM from_start
     UNION ALL
@@ -69,12 +75,15 @@ ORDER BY t.shard;
 
 -- name: WaitShard :one
 -- Locks one row of (name, key), waiting for the transaction that holds it:
--- the sharded fast path when every shard was busy.
-SELECT shard, value, ts,
-       CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
-FROM txlimit
-WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard)
-FOR UPDATE;
+-- the sharded fast path when every shard was busy. top_shard as in
+-- TryLockShard.
+SELECT w.shard, w.value, w.ts,
+       CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
+       CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
+                      WHERE m.name = sqlc.arg(name) AND m.key = sqlc.arg(key)), -1) AS integer) AS top_shard
+FROM txlimit AS w
+WHERE w.name = sqlc.arg(name) AND w.key = sqlc.arg(key) AND w.shard = sqlc.arg(shard)
+FOR UPDATE OF w;
 
 -- name: ReadShards :many
 -- Reads the committed rows of (name, key) without locking. The clock comes
@@ -150,19 +159,19 @@ ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
 RETURNING name, key, shard;
 
 -- name: LockKeys :many
--- Returns rows 0..shards-1 of several keys, which InsertKeys has locked in
--- this transaction (so it does not wait), with the clock, read now that every
--- lock is held. FOR UPDATE makes a REPEATABLE READ transaction fail with a
+-- Returns every row of several keys, with the clock. InsertKeys has locked
+-- rows 0..shards-1 in this transaction (so they do not wait); rows beyond
+-- them, left by a config with more shards, come after them in the same
+-- canonical order. FOR UPDATE makes a REPEATABLE READ transaction fail with a
 -- serialization error rather than read a stale row.
 SELECT t.name, t.key, t.shard, t.value, t.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
 JOIN (
     SELECT unnest(sqlc.arg(names)::text[]) AS name,
-           unnest(sqlc.arg(keys)::text[]) AS key,
-           unnest(sqlc.arg(shard_counts)::integer[]) AS shards
+           unnest(sqlc.arg(keys)::text[]) AS key
 ) AS k
-    ON t.name = k.name AND t.key = k.key AND t.shard < k.shards
+    ON t.name = k.name AND t.key = k.key
 ORDER BY t.name COLLATE "C", t.key COLLATE "C", t.shard
 FOR UPDATE OF t;
 
@@ -199,3 +208,8 @@ JOIN (
     ON t.name = k.name AND t.key = k.key
 ORDER BY t.name, t.key, t.shard
 FOR UPDATE OF t SKIP LOCKED;
+
+-- name: ProbeTable :exec
+-- Reads no row, but fails when the table or one of its columns is missing:
+-- the check behind Limiter.Ping.
+SELECT name, key, shard, value, ts FROM txlimit LIMIT 0;

@@ -64,3 +64,8 @@ SELECT name, key, shard, value, ts FROM txlimit
 WHERE (name, key) >= (sqlc.arg(first_name), sqlc.arg(first_key))
   AND (name, key) <= (sqlc.arg(last_name), sqlc.arg(last_key))
 ORDER BY name, key, shard;
+
+-- name: ProbeTable :exec
+-- Reads no row, but fails when the table or one of its columns is missing:
+-- the check behind Limiter.Ping.
+SELECT name, key, shard, value, ts FROM txlimit LIMIT 0;

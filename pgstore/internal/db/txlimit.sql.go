@@ -219,19 +219,17 @@ SELECT t.name, t.key, t.shard, t.value, t.ts,
 FROM txlimit AS t
 JOIN (
     SELECT unnest($2::text[]) AS name,
-           unnest($3::text[]) AS key,
-           unnest($4::integer[]) AS shards
+           unnest($3::text[]) AS key
 ) AS k
-    ON t.name = k.name AND t.key = k.key AND t.shard < k.shards
+    ON t.name = k.name AND t.key = k.key
 ORDER BY t.name COLLATE "C", t.key COLLATE "C", t.shard
 FOR UPDATE OF t
 `
 
 type LockKeysParams struct {
-	Now         *time.Time
-	Names       []string
-	Keys        []string
-	ShardCounts []int32
+	Now   *time.Time
+	Names []string
+	Keys  []string
 }
 
 type LockKeysRow struct {
@@ -243,17 +241,13 @@ type LockKeysRow struct {
 	Clock time.Time
 }
 
-// Returns rows 0..shards-1 of several keys, which InsertKeys has locked in
-// this transaction (so it does not wait), with the clock, read now that every
-// lock is held. FOR UPDATE makes a REPEATABLE READ transaction fail with a
+// Returns every row of several keys, with the clock. InsertKeys has locked
+// rows 0..shards-1 in this transaction (so they do not wait); rows beyond
+// them, left by a config with more shards, come after them in the same
+// canonical order. FOR UPDATE makes a REPEATABLE READ transaction fail with a
 // serialization error rather than read a stale row.
 func (q *Queries) LockKeys(ctx context.Context, db DBTX, arg LockKeysParams) ([]LockKeysRow, error) {
-	rows, err := db.Query(ctx, LockKeys,
-		arg.Now,
-		arg.Names,
-		arg.Keys,
-		arg.ShardCounts,
-	)
+	rows, err := db.Query(ctx, LockKeys, arg.Now, arg.Names, arg.Keys)
 	if err != nil {
 		return nil, err
 	}
@@ -302,7 +296,9 @@ type LockShardsRow struct {
 }
 
 // Locks every row of (name, key), waiting, in ascending shard order. The
-// clock is the argument now or, when it is NULL, the server's.
+// clock is the argument now or, when it is NULL, the server's, read for each
+// row before that row's lock is taken: the store takes the latest reading,
+// and algo never loses or doubles refill for a clock behind a row's time.
 func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams) ([]LockShardsRow, error) {
 	rows, err := db.Query(ctx, LockShards, arg.Now, arg.Name, arg.Key)
 	if err != nil {
@@ -326,6 +322,17 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 		return nil, err
 	}
 	return items, nil
+}
+
+const ProbeTable = `-- name: ProbeTable :exec
+SELECT name, key, shard, value, ts FROM txlimit LIMIT 0
+`
+
+// Reads no row, but fails when the table or one of its columns is missing:
+// the check behind Limiter.Ping.
+func (q *Queries) ProbeTable(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, ProbeTable)
+	return err
 }
 
 const ReadShards = `-- name: ReadShards :many
@@ -430,7 +437,11 @@ WITH from_start AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 )
 SELECT l.shard, l.value, l.ts,
-       CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+       CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
+       -- The highest shard the key has: rows written under another Shards
+       -- (a redeployed config) make the caller reshard on every row.
+       CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
+                      WHERE m.name = $2 AND m.key = $3), -1) AS integer) AS top_shard
 FROM (
     SELECT shard, value, ts FROM from_start
     UNION ALL
@@ -447,10 +458,11 @@ type TryLockShardParams struct {
 }
 
 type TryLockShardRow struct {
-	Shard int32
-	Value float64
-	Ts    time.Time
-	Clock time.Time
+	Shard    int32
+	Value    float64
+	Ts       time.Time
+	Clock    time.Time
+	TopShard int32
 }
 
 // Locks the first row of (name, key) that no other transaction holds,
@@ -471,6 +483,7 @@ func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardPar
 		&i.Value,
 		&i.Ts,
 		&i.Clock,
+		&i.TopShard,
 	)
 	return i, err
 }
@@ -558,11 +571,13 @@ func (q *Queries) TryLockShardAndRead(ctx context.Context, db DBTX, arg TryLockS
 }
 
 const WaitShard = `-- name: WaitShard :one
-SELECT shard, value, ts,
-       CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
-FROM txlimit
-WHERE name = $2 AND key = $3 AND shard = $4
-FOR UPDATE
+SELECT w.shard, w.value, w.ts,
+       CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
+       CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
+                      WHERE m.name = $2 AND m.key = $3), -1) AS integer) AS top_shard
+FROM txlimit AS w
+WHERE w.name = $2 AND w.key = $3 AND w.shard = $4
+FOR UPDATE OF w
 `
 
 type WaitShardParams struct {
@@ -573,14 +588,16 @@ type WaitShardParams struct {
 }
 
 type WaitShardRow struct {
-	Shard int32
-	Value float64
-	Ts    time.Time
-	Clock time.Time
+	Shard    int32
+	Value    float64
+	Ts       time.Time
+	Clock    time.Time
+	TopShard int32
 }
 
 // Locks one row of (name, key), waiting for the transaction that holds it:
-// the sharded fast path when every shard was busy.
+// the sharded fast path when every shard was busy. top_shard as in
+// TryLockShard.
 func (q *Queries) WaitShard(ctx context.Context, db DBTX, arg WaitShardParams) (WaitShardRow, error) {
 	row := db.QueryRow(ctx, WaitShard,
 		arg.Now,
@@ -594,6 +611,7 @@ func (q *Queries) WaitShard(ctx context.Context, db DBTX, arg WaitShardParams) (
 		&i.Value,
 		&i.Ts,
 		&i.Clock,
+		&i.TopShard,
 	)
 	return i, err
 }

@@ -117,6 +117,17 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 	return items, nil
 }
 
+const probeTable = `-- name: ProbeTable :exec
+SELECT name, key, shard, value, ts FROM txlimit LIMIT 0
+`
+
+// Reads no row, but fails when the table or one of its columns is missing:
+// the check behind Limiter.Ping.
+func (q *Queries) ProbeTable(ctx context.Context, db DBTX) error {
+	_, err := db.ExecContext(ctx, probeTable)
+	return err
+}
+
 const readShards = `-- name: ReadShards :many
 SELECT shard, value, ts FROM txlimit
 WHERE name = ?1 AND key = ?2

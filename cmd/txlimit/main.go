@@ -1,0 +1,137 @@
+// Command txlimit operates the rate limits that txlimit keeps in a
+// PostgreSQL or SQLite database: it runs the migrations, shows the tokens a
+// limit holds, per shard and in total, lists the keys that have state,
+// emptiest first, resets a key and prunes full limits.
+//
+//	cd cmd/txlimit && go install . # from a checkout of txlimit
+//	export TXLIMIT_DSN='postgres://app@db.internal/app?search_path=app'
+//	txlimit migrate status
+//	txlimit value sendMessage alice -kind token_bucket -rate 10 -period 1m -capacity 20
+//	txlimit keys -config limits.json
+//
+// Run txlimit -help for every command and flag. It is a module of its own, so
+// that its dependencies stay out of the library's.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/txlimit/txlimit"
+)
+
+// Exit statuses.
+const (
+	exitOK    = 0 // the command did what it was asked
+	exitError = 1 // it could not: the database, a file, a failed migration
+	exitUsage = 2 // it was asked wrongly: an unknown command or flag, a missing argument, an invalid config
+)
+
+const usage = `txlimit operates the rate limits that github.com/txlimit/txlimit keeps in your
+PostgreSQL or SQLite database (the table txlimit, one row per limit name, key and shard).
+
+Usage:
+  txlimit COMMAND [ARGUMENTS] [FLAGS]
+
+Commands:
+  migrate up         Create or upgrade the table txlimit (safe to run again). The
+                     migrations are recorded in their own goose table,
+                     txlimit_goose_version, apart from your application's.
+  migrate status     List txlimit's migrations and whether each is applied.
+  migrate down -yes  Roll back the last migration. Rolling back the first one DROPS
+                     the table and the state of every limit: every limit is full again.
+  value NAME KEY     The tokens limit NAME holds for KEY now, per shard and in total.
+                     Needs the limit's config (flags below, or -config).
+  reset NAME KEY     Delete the state of NAME for KEY, every shard: the limit is full
+                     again. Needs no config.
+  keys [NAME]        The keys that have state (of limit NAME, or of every limit),
+                     emptiest first: tokens now as a share of capacity. Keys of limits
+                     without a config are listed last, unprojected. Reads every row
+                     (of NAME) in one read-only transaction.
+  prune              Delete the state of every limit that has refilled to capacity; it
+                     changes no decision (a missing row is a full limit). Needs the
+                     configs of every limit (-config); rows of other limits are kept.
+
+The database keeps no copy of the limits' configs (they live in your code), so the
+commands that compute tokens take them from a JSON file (-config) or, for one limit,
+from flags, which win over the file:
+
+  {
+    "sendMessage": {"kind": "token_bucket", "rate": 10, "period": "1m", "capacity": 20},
+    "signup": {"kind": "fixed_window", "rate": 1000, "period": "1h", "shards": 16,
+               "start": "1970-01-01T00:00:00Z"}
+  }
+
+Fields are those of txlimit.Config: kind (token_bucket or fixed_window), rate, period
+(a Go duration: 1m, 1h30m), capacity (defaults to rate), max_reserved, shards (defaults
+to 1), start (RFC 3339, fixed windows only). Give the values your application uses:
+tokens are projected with them.
+
+Flags (before or after the arguments):
+  -dsn DSN         The database. postgres://user:pass@host:5432/db?sslmode=disable
+                   (add &search_path=SCHEMA when the table is not in public), or a
+                   SQLite file path or file: URI. Defaults to $TXLIMIT_DSN.
+  -config FILE     Limits' configs, JSON as above.
+  -kind KIND       One limit's config, for value and keys NAME: token_bucket or fixed_window.
+  -rate N          tokens per period
+  -period D        e.g. 1m, 24h
+  -capacity N      defaults to rate
+  -max-reserved N  defaults to 0 (no cap)
+  -shards N        defaults to 1
+  -start T         fixed windows: RFC 3339 time the windows align to
+  -n N             keys: show at most N keys (default 20; 0 for all)
+  -batch N         prune: keys per transaction (default 1000)
+  -json            value and keys: print JSON instead of a table
+  -yes             migrate down: confirm
+  -timeout D       give up after D (default 1m)
+
+Keys that are empty or contain spaces, quotes or control characters are printed
+Go-quoted ("a b"); give value and reset the key itself, quoted for your shell
+(txlimit reset sendMessage 'a b'). After --, every word is an argument, for a key
+that begins with a dash: txlimit reset sendMessage -- -x.
+
+Exit status: 0 done; 1 failed (database, file, migration); 2 usage error (unknown
+command or flag, missing argument, invalid config).
+
+Examples:
+  txlimit migrate up -dsn 'postgres://postgres@127.0.0.1:5432/app?sslmode=disable'
+  txlimit value sendMessage alice -dsn app.db -kind token_bucket -rate 10 -period 1m -capacity 20
+  txlimit keys sendMessage -dsn app.db -config limits.json -n 50
+  txlimit reset sendMessage alice -dsn app.db
+  txlimit prune -dsn app.db -config limits.json
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run runs the command line args (without the program name) and returns the
+// exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	inv, err := parse(args)
+	if err != nil {
+		if err == errHelp {
+			fmt.Fprint(stdout, usage)
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "txlimit: %v\nRun txlimit -help for usage.\n", err)
+		return exitUsage
+	}
+	if err := inv.execute(stdout); err != nil {
+		fmt.Fprintf(stderr, "txlimit: %v\n", err)
+		var usage usageError
+		if errors.As(err, &usage) || errors.Is(err, txlimit.ErrInvalid) {
+			fmt.Fprintln(stderr, "Run txlimit -help for usage.")
+			return exitUsage
+		}
+		return exitError
+	}
+	return exitOK
+}
+
+// usageError is an error of the command line or the configs, found only
+// once the database or the config file is read. A txlimit.ErrInvalid error
+// (a name or key the library refuses) is one too.
+type usageError struct{ error }

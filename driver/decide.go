@@ -1,0 +1,177 @@
+package driver
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/txlimit/txlimit/algo"
+)
+
+// States returns the state of each of l's Shards shards at now from the rows
+// the store found for l's key (every row it has, in any order), and whether
+// they had to be resharded.
+//
+// A missing row is full. Rows are created as the complete set 0..m-1 and
+// deleted a whole key at a time, so rows up to shard m-1 mean that they were
+// written under a config with m shards. When m differs from l.Shards (the
+// limit was redeployed with another Shards), the m rows are pooled under the
+// m-shard config and spread over the new shards (algo.Reshard): the limit
+// holds the same tokens, and the same debt, as before.
+func (l Limit) States(rows []Row, now int64) (states []algo.State, resharded bool) {
+	m := 0
+	for _, r := range rows {
+		m = max(m, int(r.Shard)+1)
+	}
+	n := l.Shards
+	if m == 0 || m == n {
+		return l.statesOf(rows, n), false
+	}
+	return reshard(l.Shard(m), l.statesOf(rows, m), l.Shard(n), n, now), true
+}
+
+// statesOf returns m states from rows written under an m-shard config, a
+// full state for each row that is missing.
+func (l Limit) statesOf(rows []Row, m int) []algo.State {
+	full := algo.Full(l.Shard(m), l.Origin)
+	states := make([]algo.State, m)
+	for i := range states {
+		states[i] = full
+	}
+	for _, r := range rows {
+		if int(r.Shard) < m {
+			states[r.Shard] = algo.State{Value: r.Value, TS: r.TS.UnixMicro()}
+		}
+	}
+	return states
+}
+
+// Rows returns the rows that store states, one per shard.
+func (l Limit) Rows(states []algo.State) []Row {
+	rows := make([]Row, len(states))
+	for i, s := range states {
+		rows[i] = Row{Shard: int32(i), Value: s.Value, TS: time.UnixMicro(s.TS)}
+	}
+	return rows
+}
+
+// Decide is the decision of Take on every row of the limit, which the store
+// holds: the states after the call, the decision, and whether the store must
+// write the states (a grant, or rows that were resharded: a reshard keeps the
+// total, so writing it on a denial changes no decision). Rows of shards at
+// or beyond p.Shards that the store holds must then be deleted.
+func Decide(p TakeParams, rows []Row, now time.Time) (next []algo.State, d algo.Decision, write bool) {
+	at := now.UnixMicro()
+	states, resharded := p.States(rows, at)
+	next, d = algo.TakeShards(p.Shard(p.Shards), states, at, p.Count, p.Reserve)
+	if !d.OK {
+		next = states
+	}
+	return next, d, d.OK || resharded
+}
+
+// DecideOne is the decision of Take on one shard of a sharded limit, the
+// only row the store holds: it grants only when that shard alone has the
+// tokens, never as a reservation (a store falls back to Decide on every row
+// when it denies).
+func DecideOne(p TakeParams, row Row, now time.Time) (algo.State, algo.Decision) {
+	return algo.Take(p.Shard(p.Shards), algo.State{Value: row.Value, TS: row.TS.UnixMicro()}, now.UnixMicro(), p.Count, false)
+}
+
+// FitsOneShard reports whether a call may be served from one shard: a
+// sharded limit, no reservation beyond one shard's capacity.
+func FitsOneShard(p TakeParams) bool {
+	return p.Shards > 1 && p.Count <= p.Shard(p.Shards).Capacity
+}
+
+// DecideAll is the decision of TakeAll: rows[i] are every row of
+// p.Takes[i]'s key, all held by the store. It returns each limit's result
+// (with the states to store when the call is OK), whether the call is OK, and
+// the rows to write per limit (nil for a limit that keeps its rows).
+func DecideAll(p TakeAllParams, rows [][]Row, now time.Time) (TakeAllResult, [][]Row) {
+	out := TakeAllResult{OK: true, Results: make([]TakeResult, len(p.Takes)), At: now}
+	nexts := make([][]algo.State, len(p.Takes))
+	current := make([][]algo.State, len(p.Takes))
+	resharded := make([]bool, len(p.Takes))
+	at := now.UnixMicro()
+	for i, t := range p.Takes {
+		current[i], resharded[i] = t.States(rows[i], at)
+		var d algo.Decision
+		nexts[i], d = algo.TakeShards(t.Shard(t.Shards), current[i], at, t.Count, t.Reserve)
+		out.Results[i] = TakeResult{Decision: d, At: now}
+		out.OK = out.OK && d.OK
+	}
+	writes := make([][]Row, len(p.Takes))
+	for i, t := range p.Takes {
+		switch {
+		case out.OK:
+			out.Results[i].States = nexts[i]
+			writes[i] = t.Rows(nexts[i])
+		default:
+			out.Results[i].States = current[i]
+			if resharded[i] {
+				writes[i] = t.Rows(current[i])
+			}
+		}
+	}
+	return out, writes
+}
+
+// CanonicalOrder returns the indexes of takes sorted by name, then key,
+// compared byte by byte: the order in which TakeAll locks.
+func CanonicalOrder(takes []TakeParams) []int {
+	order := make([]int, len(takes))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Or(strings.Compare(takes[a].Name, takes[b].Name), strings.Compare(takes[a].Key, takes[b].Key))
+	})
+	return order
+}
+
+// CreditStates is the state of a limit after Credit, from every row of it.
+func CreditStates(p CreditParams, rows []Row, now time.Time) []algo.State {
+	at := now.UnixMicro()
+	states, _ := p.States(rows, at)
+	return algo.CreditShards(p.Shard(p.Shards), states, at, p.Count)
+}
+
+// Extra returns the shards of rows at or beyond n: rows a reshard to fewer
+// shards leaves over, which the store deletes when it writes.
+func Extra(rows []Row, n int) []int32 {
+	var out []int32
+	for _, r := range rows {
+		if int(r.Shard) >= n {
+			out = append(out, r.Shard)
+		}
+	}
+	return out
+}
+
+// reshard pools states (under from, the config of one of len(states)
+// shards) at now and spreads the total over n shards of config to, capped at
+// their pooled capacity. Each new shard takes the latest projected time, so
+// no stretch of time is credited twice.
+func reshard(from algo.Config, states []algo.State, to algo.Config, n int, now int64) []algo.State {
+	var total float64
+	ts := now
+	for _, s := range states {
+		p := algo.Project(from, s, now)
+		total += p.Value
+		ts = max(ts, p.TS)
+	}
+	if to.Kind == algo.FixedWindow {
+		ts = states[0].TS
+		for _, s := range states {
+			ts = max(ts, algo.Project(from, s, now).TS)
+		}
+	}
+	total = min(total, to.Capacity*float64(n))
+	out := make([]algo.State, n)
+	for i := range out {
+		out[i] = algo.State{Value: total / float64(n), TS: ts}
+	}
+	return out
+}

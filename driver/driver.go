@@ -1,0 +1,220 @@
+// Package driver is the seam between txlimit's Limiter and a database: the
+// Store interface that pgstore and sqlitestore implement, the parameters of
+// its operations, and the pure helpers every store shares to turn the rows it
+// locked into a decision (they are algo, applied to rows).
+//
+// The API of this package is not stable and may change in any release. DO NOT
+// IMPLEMENT Store outside this module: build a store with pgstore.New or
+// sqlitestore.New and hand it to txlimit.New, which infers the transaction
+// type from it.
+//
+// Each method of Store is one complete operation in the caller's
+// transaction: it locks what it needs the way its database does best
+// (SELECT … FOR UPDATE, SKIP LOCKED, savepoints, SQLite's write lock), reads,
+// decides with the helpers below and writes, and it leaves no lock or
+// savepoint of its own behind except the row locks the transaction is meant
+// to keep until it ends. The Limiter validates the input, builds the
+// parameters and shapes the results; it makes no choice that depends on the
+// database.
+package driver
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/txlimit/txlimit/algo"
+)
+
+// ErrNoPool is returned by Store.InTx when the store was built without a
+// pool or database. txlimit re-exports it as txlimit.ErrNoPool.
+var ErrNoPool = errors.New("txlimit: the store has no pool or database; use the ...Tx forms or pass one to the store's New")
+
+// ErrNotMigrated matches (errors.Is) the error a store returns when the
+// txlimit table is missing or lacks a column: the migrations were not run on
+// this database (or schema). txlimit re-exports it as
+// txlimit.ErrNotMigrated.
+var ErrNotMigrated = errors.New("txlimit: the txlimit table is missing or out of date; run migrations.Up on this database (and schema) before using the limiter")
+
+// Store moves the rows of txlimit's table for one database. TTx is the
+// transaction type of its driver (pgx.Tx, *sql.Tx).
+type Store[TTx any] interface {
+	// InTx runs fn in a new short transaction on the store's pool or
+	// database and commits it when fn returns nil, rolling back otherwise.
+	// readOnly is set for operations that only read (Check, Value). It
+	// returns ErrNoPool when the store was built without a pool.
+	InTx(ctx context.Context, readOnly bool, fn func(tx TTx) error) error
+
+	// Take takes p.Count tokens from one limit under the decision of
+	// algo.TakeShards (through Decide or DecideOne), writing the new state
+	// when it grants. A denial writes nothing a later call could tell from
+	// the state before it.
+	Take(ctx context.Context, tx TTx, p TakeParams) (TakeResult, error)
+
+	// TakeAll takes from several limits, all or none (DecideAll), locking
+	// every row of every limit in the canonical order (name, then key,
+	// byte by byte, then shard), whatever the order of p.Takes, so that two
+	// callers can never deadlock on them.
+	TakeAll(ctx context.Context, tx TTx, p TakeAllParams) (TakeAllResult, error)
+
+	// Read returns the rows of (Name, Key) as the transaction sees them,
+	// locking nothing, and the clock.
+	Read(ctx context.Context, tx TTx, p ReadParams) (ReadResult, error)
+
+	// Credit gives p.Count tokens back to a limit (algo.CreditShards),
+	// locking every row of it.
+	Credit(ctx context.Context, tx TTx, p CreditParams) error
+
+	// Delete deletes every row of (Name, Key).
+	Delete(ctx context.Context, tx TTx, p KeyParams) error
+
+	// Prune examines up to p.Max keys after p.After, in the store's own key
+	// order, and deletes the rows of those that p.Full says are full,
+	// without waiting for rows that other transactions hold where the
+	// database allows it.
+	Prune(ctx context.Context, tx TTx, p PruneParams) (PruneResult, error)
+
+	// Ping checks, on the store's pool, that the database answers and that
+	// the txlimit table is there with every column the library uses. It
+	// returns an error matching ErrNotMigrated when it is not, and
+	// ErrNoPool without a pool.
+	Ping(ctx context.Context) error
+}
+
+// Limit is one limit of one key, as a store sees it.
+type Limit struct {
+	Name string
+	Key  string
+	// Config is the configuration of the whole limit: Rate, Capacity and
+	// MaxReserved in total, not per shard.
+	Config algo.Config
+	// Shards is the number of rows the limit is spread over.
+	Shards int
+	// Origin is the instant (µs) the windows of a fixed window are aligned
+	// to; unused for a token bucket.
+	Origin int64
+}
+
+// Shard returns the configuration of one of m shards of l.
+func (l Limit) Shard(m int) algo.Config {
+	c := l.Config
+	n := float64(m)
+	c.Rate /= n
+	c.Capacity /= n
+	c.MaxReserved /= n
+	return c
+}
+
+// Full is the state of one of l's shards with no row: full.
+func (l Limit) Full() algo.State { return algo.Full(l.Shard(l.Shards), l.Origin) }
+
+// Row is one stored row of a limit.
+type Row struct {
+	Shard int32
+	Value float64
+	TS    time.Time
+}
+
+// KeyParams names the rows of one (name, key).
+type KeyParams struct {
+	Name string
+	Key  string
+}
+
+// TakeParams is one Take.
+type TakeParams struct {
+	Limit
+	Count   float64
+	Reserve bool
+	// ReadAll asks for the state of every shard in TakeResult.States even
+	// when the store serves the call from one shard of a sharded limit
+	// (which otherwise leaves TakeResult.Partial set).
+	ReadAll bool
+	// Now, when not nil, replaces the store's clock.
+	Now *time.Time
+	// TimeLocks asks the store to measure TakeResult.LockWait.
+	TimeLocks bool
+}
+
+// TakeResult is what Take decided.
+type TakeResult struct {
+	Decision algo.Decision
+	// At is the clock reading the decision was made at.
+	At time.Time
+	// States are the Limit.Shards states after the call (as they were,
+	// for a denial), or nil when Partial.
+	States []algo.State
+	// Partial reports that the store read only the shard it took from.
+	Partial bool
+	// LockWait is the time spent in the statements that lock the limit's
+	// rows, when TakeParams.TimeLocks was set.
+	LockWait time.Duration
+}
+
+// TakeAllParams is one TakeAll. The (Name, Key) pairs of Takes are
+// distinct; their Now and TimeLocks are ignored for the call's own.
+type TakeAllParams struct {
+	Takes     []TakeParams
+	Now       *time.Time
+	TimeLocks bool
+}
+
+// TakeAllResult is what TakeAll decided: OK when every limit granted and
+// everything was taken, otherwise nothing was taken.
+type TakeAllResult struct {
+	OK bool
+	// Results are in the order of TakeAllParams.Takes; each Decision is
+	// that limit's own (it may be OK in a denied call).
+	Results  []TakeResult
+	At       time.Time
+	LockWait time.Duration
+}
+
+// ReadParams names the rows to read.
+type ReadParams struct {
+	Name string
+	Key  string
+	Now  *time.Time
+}
+
+// ReadResult is what Read found.
+type ReadResult struct {
+	Rows []Row
+	At   time.Time
+}
+
+// CreditParams is one Credit.
+type CreditParams struct {
+	Limit
+	Count float64
+	Now   *time.Time
+}
+
+// KeyRef names a (name, key).
+type KeyRef struct {
+	Name string
+	Key  string
+}
+
+// PruneParams is one batch of Prune.
+type PruneParams struct {
+	// After is the cursor: the batch starts after it, in the store's key
+	// order, in which KeyRef{} comes first.
+	After KeyRef
+	Max   int
+	Now   *time.Time
+	// Known reports whether the Limiter has a config for the limit name;
+	// the store leaves the keys of other names alone.
+	Known func(name string) bool
+	// Full reports whether rows, every row a key of a known name has, are
+	// at now the same as no row at all.
+	Full func(name, key string, rows []Row, now time.Time) bool
+}
+
+// PruneResult is what one Prune batch did.
+type PruneResult struct {
+	Keys    int // keys examined
+	Unknown int // keys whose name Full did not know
+	Deleted int // rows deleted
+	Last    KeyRef
+}

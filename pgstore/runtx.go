@@ -1,0 +1,102 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txlimit/txlimit"
+)
+
+// TxBeginner begins a transaction: a *pgxpool.Pool, a *pgx.Conn, or a pgx.Tx
+// (whose BeginTx opens a savepoint).
+type TxBeginner interface {
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}
+
+// RunTxAttempts is how many times RunTx runs fn at most.
+const RunTxAttempts = 5
+
+// RunTx runs fn in a transaction begun on db with txOptions and commits it,
+// as pgx.BeginTxFunc does, and runs the whole transaction again, from BEGIN,
+// when it fails with an error after which that is safe (Retryable: a
+// serialization failure under REPEATABLE READ or SERIALIZABLE, a deadlock, a
+// lock or statement timeout, a connection lost before COMMIT). It gives up
+// after RunTxAttempts runs and returns the last error; any other error
+// (fn's own, bad input, a cancelled context) is returned at once, after the
+// rollback, as fn or pgx returned it.
+//
+// Between runs it waits a backoff that doubles from 10ms (10ms, 20ms, 40ms,
+// 80ms), each drawn uniformly from its upper half, so that transactions that
+// collided do not collide again in step; it stops at once when ctx ends and
+// does not start a wait that would outlast ctx's deadline.
+//
+// fn may run more than once: it must do nothing outside the transaction that
+// a second run would repeat (send an email, charge a card), or do it
+// idempotently. A denial by LimitTx is not an error and is not retried;
+// return Result.Err from fn to roll the transaction back.
+//
+// An error from COMMIT itself is retried like any other when the server
+// reported it (the transaction then did not commit: a serialization failure
+// found at commit, say) or pgx knows the COMMIT never reached the server.
+// When the connection is lost during COMMIT, the transaction may or may not
+// have committed and RunTx cannot tell; it returns that error at once, never
+// running fn again.
+func RunTx(ctx context.Context, db TxBeginner, txOptions pgx.TxOptions, fn func(pgx.Tx) error) error {
+	backoff := 10 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := runTx(ctx, db, txOptions, fn)
+		var ambiguous *commitError
+		switch {
+		case errors.As(err, &ambiguous):
+			return ambiguous.err
+		case err == nil || !Retryable(err):
+			return err
+		case attempt == RunTxAttempts:
+			return fmt.Errorf("pgstore: RunTx: gave up after %d attempts: %w", attempt, err)
+		}
+		wait := txlimit.Jitter(backoff/2, backoff/2)
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		}
+		backoff *= 2
+	}
+}
+
+// runTx is one run of RunTx.
+func runTx(ctx context.Context, db TxBeginner, txOptions pgx.TxOptions, fn func(pgx.Tx) error) error {
+	tx, err := db.BeginTx(ctx, txOptions)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) || pgconn.SafeToRetry(err) {
+			return err // the server rolled it back, or never got the COMMIT
+		}
+		return &commitError{err: fmt.Errorf("pgstore: RunTx: COMMIT failed, and the transaction may or may not have committed: %w", err)}
+	}
+	return nil
+}
+
+// commitError marks an error from COMMIT after which the transaction's fate
+// is unknown.
+type commitError struct{ err error }
+
+func (e *commitError) Error() string { return e.err.Error() }
+func (e *commitError) Unwrap() error { return e.err }

@@ -1,0 +1,114 @@
+package promobserver_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlimit/txlimit"
+)
+
+// runScenario makes real calls on a Limiter over store, observed by obs,
+// whose outcomes are known exactly (the clock stands still): see
+// wantDecisions and wantErrors. unmigrated is a store on a database without
+// txlimit's table; unreachable is one on a closed database, for the store's
+// errors.
+func runScenario[TTx any](t *testing.T, store, unmigrated, unreachable txlimit.Store[TTx], obs txlimit.Observer) {
+	t.Helper()
+	ctx := context.Background()
+	opts := &txlimit.Options{Clock: frozen(), Observer: obs}
+	l, err := txlimit.New(store, map[string]txlimit.Config{
+		"send":  {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour, MaxReserved: 1},
+		"burst": {Kind: txlimit.FixedWindow, Rate: 10, Period: time.Hour, Shards: 2},
+	}, opts)
+	require.NoError(t, err)
+
+	// send: 2 allowed, 1 reserved, then 2 denied (the reservation cap is
+	// reached), then a Check that is denied.
+	for i, want := range []string{"allowed", "allowed", "reserved", "denied"} {
+		res, err := l.Limit(ctx, "send", "alice", txlimit.Reserve())
+		require.NoError(t, err)
+		require.Equal(t, want, txlimit.Event{Result: res}.Outcome(), "call %d", i)
+	}
+	res, err := l.Limit(ctx, "send", "alice")
+	require.NoError(t, err)
+	require.False(t, res.OK)
+	res, err = l.Check(ctx, "send", "alice")
+	require.NoError(t, err)
+	require.False(t, res.OK)
+
+	// Errors: bad input twice, a cancelled context.
+	_, err = l.Limit(ctx, "send", "alice", txlimit.Count(-1))
+	require.ErrorIs(t, err, txlimit.ErrInvalid)
+	_, err = l.Limit(ctx, "nope", "alice")
+	require.ErrorIs(t, err, txlimit.ErrUnknownLimit)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = l.Limit(cancelled, "send", "bob")
+	require.ErrorIs(t, err, context.Canceled)
+
+	// A database without the table: an error even under FailOpen, which
+	// never grants on a setup mistake.
+	bare := map[string]txlimit.Config{"bare": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}
+	for _, failOpen := range []bool{false, true} {
+		l, err := txlimit.New(unmigrated, bare, &txlimit.Options{Observer: obs, FailOpen: failOpen})
+		require.NoError(t, err)
+		_, err = l.Limit(ctx, "bare", "")
+		require.ErrorIs(t, err, txlimit.ErrNotMigrated)
+	}
+	// A database that cannot be reached: once failing closed, once open.
+	down := map[string]txlimit.Config{"down": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}
+	closed, err := txlimit.New(unreachable, down, &txlimit.Options{Observer: obs})
+	require.NoError(t, err)
+	_, err = closed.Limit(ctx, "down", "")
+	require.Error(t, err)
+	require.NotErrorIs(t, err, txlimit.ErrNotMigrated)
+	open, err := txlimit.New(unreachable, down, &txlimit.Options{Observer: obs, FailOpen: true})
+	require.NoError(t, err)
+	res, err = open.Limit(ctx, "down", "")
+	require.NoError(t, err)
+	require.True(t, res.FailedOpen)
+
+	// burst: 24 goroutines, each on a connection of its own, race for 10
+	// tokens over 2 shards.
+	var wg sync.WaitGroup
+	errs := make(chan error, 24)
+	for range 24 {
+		wg.Go(func() {
+			_, err := l.Limit(ctx, "burst", "")
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+// wantDecisions is what runScenario decides, by "limit op outcome".
+var wantDecisions = map[string]int64{
+	"send limit allowed":     2,
+	"send limit reserved":    1,
+	"send limit denied":      2,
+	"send check denied":      1,
+	"send limit error":       2, // Count(-1), cancelled
+	"nope limit error":       1,
+	"bare limit error":       2,
+	"down limit error":       1,
+	"down limit failed_open": 1,
+	"burst limit allowed":    10,
+	"burst limit denied":     14,
+}
+
+// wantErrors is runScenario's errors, by "limit op kind".
+var wantErrors = map[string]int64{
+	"send limit invalid":      1,
+	"send limit canceled":     1,
+	"nope limit invalid":      1,
+	"bare limit not_migrated": 2,
+	"down limit database":     2,
+}

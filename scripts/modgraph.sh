@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Counts the modules a user of txlimit gets: builds a fresh module in a temp
+# dir that imports txlimit and pgstore, points it at this checkout with a
+# replace directive, runs go mod tidy, and counts `go list -m all` (the
+# user's module included, as the issue's 77 did not: 78 lines before).
+# Fails when the count is above the bound (issue 12: <= 32).
+#
+#   scripts/modgraph.sh          # print the count, fail above 32
+#   scripts/modgraph.sh -v       # also list the modules
+set -euo pipefail
+MAX_MODULES=32
+root="$(cd "$(dirname "$0")/.." && pwd)"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+cat >"$tmp/go.mod" <<MOD
+module example.com/txlimituser
+
+go 1.26.0
+
+require github.com/txlimit/txlimit v0.0.0
+
+replace github.com/txlimit/txlimit => $root
+MOD
+
+cat >"$tmp/main.go" <<'GO'
+package main
+
+import (
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/pgstore"
+)
+
+var (
+	_ = txlimit.New[pgx.Tx]
+	_ = pgstore.New
+)
+
+func main() {}
+GO
+
+cd "$tmp"
+export GOWORK=off GOFLAGS=-mod=mod
+go mod tidy
+go build ./...
+modules="$(go list -m all)"
+count="$(printf '%s\n' "$modules" | wc -l)"
+if [ "${1:-}" = "-v" ]; then printf '%s\n' "$modules"; fi
+echo "a module importing txlimit and pgstore lists $count modules in go list -m all (bound $MAX_MODULES)"
+if [ "$count" -gt "$MAX_MODULES" ]; then
+  echo "too many modules: keep heavy dependencies in nested modules (DEVELOPERS.md, Modules)" >&2
+  exit 1
+fi

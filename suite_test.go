@@ -1,0 +1,55 @@
+package txlimit_test
+
+import (
+	"database/sql"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txlimit/txlimit/internal/testdb"
+)
+
+// runSuite is the contract of a store: every topic, each on a fresh
+// harness (its own schema or database file), in parallel. A store is done
+// when it passes.
+func runSuite[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) harness[TTx]) {
+	topics := []struct {
+		name  string
+		conns int32
+		run   func(t *testing.T, h harness[TTx])
+	}{
+		{"limits", 16, runConformance[TTx]},
+		{"limit_all", 8, runMulti[TTx]},
+		{"remaining", 3, runRemaining[TTx]},
+		{"reservations", 6, runReservations[TTx]},
+		{"prune", 3, runPruneBasics[TTx]},
+		{"edges", 4, runEdges[TTx]},
+	}
+	for _, topic := range topics {
+		t.Run(topic.name, func(t *testing.T) {
+			t.Parallel()
+			topic.run(t, newHarness(t, topic.conns))
+		})
+	}
+}
+
+// TestPostgres runs the suite on PostgreSQL in every pgx exec mode (the
+// simple protocol and exec mode are what PgBouncer in transaction mode
+// needs), one mode after the other so that the connections stay well under
+// the server's max_connections.
+func TestPostgres(t *testing.T) {
+	t.Parallel()
+	for _, mode := range testdb.ExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			runSuite(t, func(t *testing.T, conns int32) harness[pgx.Tx] {
+				return pgHarness(t, testdb.Pool(t, testdb.Schema(t), mode, conns))
+			})
+		})
+	}
+}
+
+// TestSQLite runs the suite on SQLite.
+func TestSQLite(t *testing.T) {
+	t.Parallel()
+	runSuite(t, func(t *testing.T, _ int32) harness[*sql.Tx] { return sqliteHarness(t, openSQLite(t)) })
+}

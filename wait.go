@@ -1,0 +1,118 @@
+package txlimit
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Wait blocks until the limit name grants key its tokens, then returns the
+// granted Result; it is Limit in a loop, for workers that would rather wait
+// than be told no (a job that calls an API under a per-organisation limit,
+// say). Count(n) makes it what x/time/rate calls WaitN.
+//
+// Each attempt is a Limit call: a short transaction of its own that holds its
+// locks only for that call. After a denial Wait sleeps, holding no transaction
+// and no connection, for the denial's RetryAfter plus a random extra drawn
+// uniformly from [0, spread) (see Jitter), where spread is the time the limit
+// takes to add the count (count × Period/Rate), at most Period. Callers that
+// wait on one key then come back spread over about the time one grant's worth
+// of tokens takes to arrive, rather than all at once, and a token that
+// arrives while callers wait is granted within spread of arriving.
+//
+// If ctx has a deadline and the denial's RetryAfter would end after it, Wait
+// returns at once, without sleeping, with the denied Result and an error that
+// matches both context.DeadlineExceeded and ErrRateLimited (errors.Is) and
+// is a *RateLimitedError for errors.As; a retry would come too late. The
+// random extra is never drawn past the deadline. If ctx ends while Wait
+// sleeps, it returns the last denied Result and ctx.Err().
+//
+// A count the limit could never grant (above its Capacity) is the
+// *InvalidError Limit returns, at once, as is any other bad input; errors
+// of the store are returned as Limit returns them, and with Options.FailOpen
+// a failing store grants the call (Result.FailedOpen). Wait does not take
+// the Reserve option: a reservation is granted at once, so there is nothing
+// to wait for; call Limit with Reserve and sleep the Result's RetryAfter.
+//
+// RetryAfter is on the limiter's clock (the database's, or Options.Clock)
+// and Wait sleeps on the process's: with a Clock that does not move, Wait
+// waits until ctx ends.
+//
+// Wait takes the tokens in a transaction of its own, so they are spent
+// whatever the caller does next; there is no WaitTx, because sleeping inside
+// the caller's transaction would hold its locks and connection for the wait.
+// To spend the tokens only if the caller's work commits, wait for them with
+// Check's RetryAfter outside the transaction and take them with LimitTx
+// inside it.
+func (l *Limiter[TTx]) Wait(ctx context.Context, name, key string, opts ...Option) (Result, error) {
+	return l.wait(ctx, sleep, name, key, opts)
+}
+
+// wait is Wait with the sleep it uses, which tests replace with one on a
+// virtual clock.
+func (l *Limiter[TTx]) wait(ctx context.Context, sleep func(context.Context, time.Duration) error, name, key string, opts []Option) (Result, error) {
+	o := callOptions{count: 1}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.reserve {
+		return Result{}, &InvalidError{Limit: name, Field: "Reserve", Problem: "does not go with Wait: a reservation is granted at once; " +
+			"call Limit with Reserve and run the work after the Result's RetryAfter"}
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return Result{}, err
+		}
+		res, err := l.Limit(ctx, name, key, opts...)
+		if err != nil || res.OK {
+			return res, err
+		}
+		// A denial: the call was valid, so the limit has a config (given
+		// to New, or inline) with Rate and Period > 0.
+		cfg := l.limits[name]
+		if o.config != nil {
+			cfg = *o.config
+		}
+		spread := time.Duration(min(o.count*float64(cfg.Period)/cfg.Rate, float64(cfg.Period)))
+		if deadline, ok := ctx.Deadline(); ok {
+			left := time.Until(deadline)
+			if res.RetryAfter >= left {
+				return res, &waitDeadlineError{res: res, left: left}
+			}
+			spread = min(spread, left-res.RetryAfter)
+		}
+		if err := sleep(ctx, Jitter(res.RetryAfter, spread)); err != nil {
+			return res, err
+		}
+	}
+}
+
+// sleep waits for d or until ctx ends, whichever comes first.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// waitDeadlineError is Wait's error when the wait would end after ctx's
+// deadline.
+type waitDeadlineError struct {
+	res  Result
+	left time.Duration
+}
+
+func (e *waitDeadlineError) Error() string {
+	return fmt.Sprintf("txlimit: Wait for limit %q key %q: the tokens come in %v, after the context's deadline (%v away)",
+		e.res.Name, e.res.Key, e.res.RetryAfter, e.left.Round(time.Millisecond))
+}
+
+// Unwrap makes the error match context.DeadlineExceeded and the
+// *RateLimitedError of the denial.
+func (e *waitDeadlineError) Unwrap() []error {
+	return []error{context.DeadlineExceeded, e.res.Err()}
+}
