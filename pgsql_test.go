@@ -1,0 +1,193 @@
+package txlimit_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/migrations"
+	"github.com/txlimit/txlimit/pgsqlstore"
+)
+
+// sqlPostgresDrivers are the database/sql drivers pgsqlstore is tested
+// with, each with the pgx exec modes (default_query_exec_mode) to run:
+// pgx's own ("pgx", registered by the stdlib import above) always, and lib/pq
+// ("postgres") when it is linked in, as internal/libpqtest does (lib/pq is
+// kept out of this module's go.mod so that a txlimit user's module graph
+// stays small).
+func sqlPostgresDrivers() []struct{ name, mode string } {
+	out := []struct{ name, mode string }{
+		{"pgx", "cache_statement"}, {"pgx", "exec"}, {"pgx", "simple_protocol"},
+	}
+	if slices.Contains(sql.Drivers(), "postgres") {
+		out = append(out, struct{ name, mode string }{"postgres", ""})
+	}
+	return out
+}
+
+// withParams adds query parameters to a PostgreSQL URL: search_path and
+// default_query_exec_mode, which pgx reads, and which lib/pq passes to the
+// server (search_path) or is not given.
+func withParams(t *testing.T, base string, params map[string]string) string {
+	u, err := url.Parse(base)
+	require.NoError(t, err)
+	q := u.Query()
+	for k, v := range params {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// openSQLPostgres opens a *sql.DB with driverName on schema (as the
+// search_path), at most conns connections, closed when t ends.
+func openSQLPostgres(t *testing.T, driverName, mode, schema string, conns int) *sql.DB {
+	db, err := sql.Open(driverName, withParams(t, testdb.URL(t), map[string]string{
+		"search_path": schema, "default_query_exec_mode": mode,
+	}))
+	require.NoError(t, err)
+	db.SetMaxOpenConns(conns)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func pgsqlHarness(t *testing.T, db *sql.DB, conns int) harness[*sql.Tx] {
+	return harness[*sql.Tx]{
+		store: pgsqlstore.New(db),
+		begin: func(t *testing.T) *sql.Tx {
+			tx, err := db.Begin()
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = tx.Rollback() })
+			return tx
+		},
+		commit:   func(tx *sql.Tx) error { return tx.Commit() },
+		rollback: func(tx *sql.Tx) { _ = tx.Rollback() },
+		rows: func(t *testing.T, name, key string) []string {
+			rows, err := db.Query(
+				`SELECT format('%s %s %s %s', ctid, shard, value, ts) FROM txlimit WHERE name = $1 AND key = $2 ORDER BY shard`,
+				name, key)
+			require.NoError(t, err)
+			defer rows.Close()
+			var out []string
+			for rows.Next() {
+				var s string
+				require.NoError(t, rows.Scan(&s))
+				out = append(out, s)
+			}
+			require.NoError(t, rows.Err())
+			return out
+		},
+		conns:       conns - 1,
+		skipsLocked: true,
+	}
+}
+
+// TestPostgresDatabaseSQL runs the suite on pgsqlstore with each
+// database/sql driver (and pgx exec mode), one after the other. It is not
+// parallel with the other top-level tests, so that it and TestPostgres do
+// not together come near the server's max_connections.
+func TestPostgresDatabaseSQL(t *testing.T) {
+	var _ = stdlib.GetDefaultDriver() // registers "pgx"
+	for _, d := range sqlPostgresDrivers() {
+		t.Run(d.name+"/"+d.mode, func(t *testing.T) {
+			runSuite(t, func(t *testing.T, conns int32) harness[*sql.Tx] {
+				return pgsqlHarness(t, openSQLPostgres(t, d.name, d.mode, testdb.Schema(t), int(conns)), int(conns))
+			})
+		})
+	}
+}
+
+// TestDatabaseSQLThroughPgBouncer is TestLimitThroughPgBouncer for
+// pgsqlstore: 16 clients against one limit through a real PgBouncer in
+// transaction mode with two server connections, with pgx's driver in the
+// exec modes that work there and with lib/pq (which runs each statement as
+// an unnamed prepared statement in one round trip) when it is linked in.
+func TestDatabaseSQLThroughPgBouncer(t *testing.T) {
+	dbName, direct := testdb.Database(t, "txlimit_pgbouncer")
+	admin, err := pgxpool.New(context.Background(), direct)
+	require.NoError(t, err)
+	defer admin.Close()
+	require.NoError(t, migrations.Up(context.Background(), stdlib.OpenDBFromPool(admin), migrations.Postgres))
+	bouncer := testdb.PgBouncer(t, dbName, "transaction", 2)
+
+	const clients, calls, capacity = 16, 10, 100
+	frozen := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, d := range sqlPostgresDrivers() {
+		if d.mode == "cache_statement" {
+			continue // named prepared statements per server connection: 42P05 through the pooler
+		}
+		for _, inTx := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/%s/tx=%v", d.name, d.mode, inTx), func(t *testing.T) {
+				db, err := sql.Open(d.name, withParams(t, bouncer, map[string]string{"default_query_exec_mode": d.mode}))
+				require.NoError(t, err)
+				defer db.Close()
+				db.SetMaxOpenConns(clients)
+				name := uniqueName(t, "pgbouncer")
+				l, err := txlimit.New(pgsqlstore.New(db), map[string]txlimit.Config{
+					name: {Kind: txlimit.TokenBucket, Rate: capacity, Period: time.Hour, Shards: 1},
+				}, &txlimit.Options{Clock: func() time.Time { return frozen }})
+				require.NoError(t, err)
+				require.NoError(t, l.Ping(context.Background()))
+
+				var granted, denied atomic.Int64
+				errs := make(chan error, clients*calls)
+				var wg sync.WaitGroup
+				for range clients {
+					wg.Go(func() {
+						for range calls {
+							var res txlimit.Result
+							var err error
+							if inTx {
+								err = func() error {
+									tx, err := db.BeginTx(context.Background(), nil)
+									if err != nil {
+										return err
+									}
+									defer tx.Rollback()
+									if res, err = l.LimitTx(context.Background(), tx, name, "k"); err != nil {
+										return err
+									}
+									return tx.Commit()
+								}()
+							} else {
+								res, err = l.Limit(context.Background(), name, "k")
+							}
+							switch {
+							case err != nil:
+								errs <- err
+							case res.OK:
+								granted.Add(1)
+							default:
+								denied.Add(1)
+							}
+						}
+					})
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					require.NoError(t, err)
+				}
+				require.EqualValues(t, capacity, granted.Load())
+				require.EqualValues(t, clients*calls-capacity, denied.Load())
+				snap, err := l.Value(context.Background(), name, "k")
+				require.NoError(t, err)
+				require.Zero(t, snap.Value)
+			})
+		}
+	}
+}

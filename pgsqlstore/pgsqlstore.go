@@ -1,0 +1,180 @@
+// Package pgsqlstore is the PostgreSQL store of txlimit on database/sql, for
+// applications whose transactions are *sql.Tx: lib/pq, pgx's
+// database/sql driver (github.com/jackc/pgx/v5/stdlib), and what is built
+// on them (sqlx, GORM, bun, ent).
+//
+//	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL")) // or "postgres" with lib/pq
+//	…
+//	if err := migrations.Up(ctx, db, migrations.Postgres); err != nil { … }
+//	limiter, err := txlimit.New(pgsqlstore.New(db), limits, nil)
+//
+// The limiter's TTx is then *sql.Tx, and LimitTx takes the transaction the
+// application already has open. The package imports no driver: the
+// application opens its *sql.DB with the one it already uses.
+//
+// # pgstore or pgsqlstore
+//
+// Both run the same statements (pgsqlstore's are derived from pgstore's and
+// compiled by sqlc for database/sql), with the same semantics: the database
+// server's clock, SELECT … FOR UPDATE in the caller's transaction, sharded
+// limits served from the first shard no other transaction holds (FOR UPDATE
+// SKIP LOCKED inside a savepoint that the same call ends), LimitAll's rows
+// locked in one canonical order, a Prune that never waits for a row live
+// traffic holds. Use pgstore when the application's transactions are
+// pgx.Tx; use pgsqlstore when they are *sql.Tx. database/sql sends one
+// statement per round trip where pgx sends a batch, so a call on an
+// unsharded limit costs the same two round trips in both (the locking read
+// and the write), while the sharded fast path and LimitAll cost a round trip
+// or two more than with pgstore.
+//
+// # Poolers and drivers
+//
+// The store keeps no session state and relies on no prepared statement
+// surviving a transaction. lib/pq runs every statement with parameters as an
+// unnamed prepared statement within one round trip, which works behind
+// PgBouncer in transaction mode. pgx's driver does too in the exec modes
+// that do not cache statements: add default_query_exec_mode=exec (or
+// simple_protocol) to the DSN for such a pooler; its default,
+// cache_statement, fails there with SQLSTATE 42P05 or 26000, and the store's
+// errors for those say so. Do not call db.Prepare for txlimit's statements
+// either.
+//
+// # Errors
+//
+// Database errors keep the driver's error (*pq.Error, *pgconn.PgError), so
+// errors.As reaches it and its SQLSTATE. A missing or outdated txlimit table
+// matches txlimit.ErrNotMigrated. Under REPEATABLE READ or SERIALIZABLE, a
+// concurrent update of the same limit surfaces as a serialization failure
+// (40001); Retryable classifies it and the other errors after which running
+// the whole transaction again is safe. A *sql.DB that is not PostgreSQL
+// (SQLite, MySQL) is named as such, with the store to use, by Ping and by
+// the first call that fails on it.
+package pgsqlstore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/pgproto"
+	"github.com/txlimit/txlimit/pgsqlstore/internal/db"
+)
+
+// Store is txlimit's store for PostgreSQL on database/sql.
+type Store struct {
+	db *sql.DB
+	c  conn
+}
+
+var _ driver.Store[*sql.Tx] = (*Store)(nil)
+
+// New returns a store on db, a PostgreSQL database opened with any
+// database/sql driver. db may be nil when only the …Tx forms of the limiter
+// are used; the other forms then return txlimit.ErrNoPool.
+func New(db *sql.DB) *Store {
+	return &Store{db: db, c: conn{q: dbQueries}}
+}
+
+var dbQueries = db.New()
+
+// InTx implements driver.Store. A transaction that only reads (Check,
+// Value) is begun read-only. It is rolled back when fn returns an error or
+// panics (the panic then continues) and committed otherwise.
+func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
+	if s.db == nil {
+		return driver.ErrNoPool
+	}
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: readOnly})
+	if err != nil {
+		return s.mapErr(ctx, nil, err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = tx.Rollback()
+		}
+	}()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	done = true
+	return s.mapErr(ctx, nil, tx.Commit())
+}
+
+// Ping implements driver.Store: it checks that db is PostgreSQL and that
+// the txlimit table is there with every column the library uses.
+func (s *Store) Ping(ctx context.Context) error {
+	if s.db == nil {
+		return driver.ErrNoPool
+	}
+	if err := s.db.PingContext(ctx); err != nil {
+		return err
+	}
+	if err := dbQueries.ProbeTable(ctx, s.db); err != nil {
+		return s.mapErr(ctx, s.db, err)
+	}
+	return nil
+}
+
+// Take implements driver.Store (pgproto.Take: the protocol pgstore runs).
+func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+	res, err := pgproto.Take(ctx, s.c, tx, p)
+	return res, s.mapErr(ctx, tx, err)
+}
+
+// TakeAll implements driver.Store.
+func (s *Store) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	res, err := pgproto.TakeAll(ctx, s.c, tx, p)
+	return res, s.mapErr(ctx, tx, err)
+}
+
+// Read implements driver.Store.
+func (s *Store) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
+	res, err := pgproto.Read(ctx, s.c, tx, p)
+	return res, s.mapErr(ctx, tx, err)
+}
+
+// Credit implements driver.Store.
+func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
+	return s.mapErr(ctx, tx, pgproto.Credit(ctx, s.c, tx, p))
+}
+
+// Delete implements driver.Store.
+func (s *Store) Delete(ctx context.Context, tx *sql.Tx, p driver.KeyParams) error {
+	return s.mapErr(ctx, tx, pgproto.Delete(ctx, s.c, tx, p))
+}
+
+// Prune implements driver.Store.
+func (s *Store) Prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneResult, error) {
+	res, err := pgproto.Prune(ctx, s.c, tx, p)
+	return res, s.mapErr(ctx, tx, err)
+}
+
+// mapErr adds to err what the user must do about it, keeping err itself
+// reachable with errors.As. q, when not nil, is where a failed statement
+// ran: an error that is not PostgreSQL's is checked there for a database
+// that is not PostgreSQL.
+func (s *Store) mapErr(ctx context.Context, q querier, err error) error {
+	if err == nil {
+		return nil
+	}
+	code, ok := pgproto.SQLState(err)
+	if !ok {
+		if q != nil {
+			if wrong := wrongDatabase(ctx, q, err); wrong != nil {
+				return wrong
+			}
+		}
+		return err
+	}
+	switch code {
+	case pgproto.UndefinedTable, pgproto.UndefinedColumn:
+		return fmt.Errorf("%w: %w", driver.ErrNotMigrated, err)
+	case pgproto.DuplicatePreparedStatement, pgproto.InvalidSQLStatementName:
+		return fmt.Errorf("txlimit/pgsqlstore: a prepared statement was lost between transactions, as happens "+
+			"behind PgBouncer in transaction mode with pgx's default exec mode or with statements prepared by "+
+			"db.Prepare; with pgx's driver add default_query_exec_mode=exec (or simple_protocol) to the DSN: %w", err)
+	}
+	return err
+}
