@@ -27,15 +27,20 @@ import (
 // ("postgres") when it is linked in, as internal/libpqtest does (lib/pq is
 // kept out of this module's go.mod so that a txlimit user's module graph
 // stays small).
-func sqlPostgresDrivers() []struct{ name, mode string } {
-	out := []struct{ name, mode string }{
-		{"pgx", "cache_statement"}, {"pgx", "exec"}, {"pgx", "simple_protocol"},
+func sqlPostgresDrivers() []sqlDriver {
+	out := []sqlDriver{
+		{"pgx_cache_statement", "pgx", "cache_statement"},
+		{"pgx_exec", "pgx", "exec"},
+		{"pgx_simple_protocol", "pgx", "simple_protocol"},
 	}
 	if slices.Contains(sql.Drivers(), "postgres") {
-		out = append(out, struct{ name, mode string }{"postgres", ""})
+		out = append(out, sqlDriver{"libpq", "postgres", ""})
 	}
 	return out
 }
+
+// sqlDriver is a database/sql driver and, for pgx's, its exec mode.
+type sqlDriver struct{ label, name, mode string }
 
 // withParams adds query parameters to a PostgreSQL URL: search_path and
 // default_query_exec_mode, which pgx reads, and which lib/pq passes to the
@@ -103,7 +108,7 @@ func pgsqlHarness(t *testing.T, db *sql.DB, conns int) harness[*sql.Tx] {
 func TestPostgresDatabaseSQL(t *testing.T) {
 	var _ = stdlib.GetDefaultDriver() // registers "pgx"
 	for _, d := range sqlPostgresDrivers() {
-		t.Run(d.name+"/"+d.mode, func(t *testing.T) {
+		t.Run(d.label, func(t *testing.T) {
 			runSuite(t, func(t *testing.T, conns int32) harness[*sql.Tx] {
 				return pgsqlHarness(t, openSQLPostgres(t, d.name, d.mode, testdb.Schema(t), int(conns)), int(conns))
 			})
@@ -131,7 +136,7 @@ func TestDatabaseSQLThroughPgBouncer(t *testing.T) {
 			continue // named prepared statements per server connection: 42P05 through the pooler
 		}
 		for _, inTx := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s/%s/tx=%v", d.name, d.mode, inTx), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/tx=%v", d.label, inTx), func(t *testing.T) {
 				db, err := sql.Open(d.name, withParams(t, bouncer, map[string]string{"default_query_exec_mode": d.mode}))
 				require.NoError(t, err)
 				defer db.Close()
