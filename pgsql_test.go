@@ -34,13 +34,24 @@ func sqlPostgresDrivers() []sqlDriver {
 		{"pgx_simple_protocol", "pgx", "simple_protocol"},
 	}
 	if slices.Contains(sql.Drivers(), "postgres") {
-		out = append(out, sqlDriver{"libpq", "postgres", ""})
+		out = append(out, sqlDriver{"libpq", "postgres", ""}, sqlDriver{"libpq_binary_parameters", "postgres", ""})
 	}
 	return out
 }
 
 // sqlDriver is a database/sql driver and, for pgx's, its exec mode.
 type sqlDriver struct{ label, name, mode string }
+
+// params are the DSN parameters of d: pgx's exec mode, and lib/pq's
+// binary_parameters=yes for the variant that sends each statement in one
+// round trip.
+func (d sqlDriver) params() map[string]string {
+	p := map[string]string{"default_query_exec_mode": d.mode}
+	if d.label == "libpq_binary_parameters" {
+		p["binary_parameters"] = "yes"
+	}
+	return p
+}
 
 // withParams adds query parameters to a PostgreSQL URL: search_path and
 // default_query_exec_mode, which pgx reads, and which lib/pq passes to the
@@ -60,10 +71,10 @@ func withParams(t *testing.T, base string, params map[string]string) string {
 
 // openSQLPostgres opens a *sql.DB with driverName on schema (as the
 // search_path), at most conns connections, closed when t ends.
-func openSQLPostgres(t *testing.T, driverName, mode, schema string, conns int) *sql.DB {
-	db, err := sql.Open(driverName, withParams(t, testdb.URL(t), map[string]string{
-		"search_path": schema, "default_query_exec_mode": mode,
-	}))
+func openSQLPostgres(t *testing.T, d sqlDriver, schema string, conns int) *sql.DB {
+	params := d.params()
+	params["search_path"] = schema
+	db, err := sql.Open(d.name, withParams(t, testdb.URL(t), params))
 	require.NoError(t, err)
 	db.SetMaxOpenConns(conns)
 	t.Cleanup(func() { _ = db.Close() })
@@ -110,7 +121,7 @@ func TestPostgresDatabaseSQL(t *testing.T) {
 	for _, d := range sqlPostgresDrivers() {
 		t.Run(d.label, func(t *testing.T) {
 			runSuite(t, func(t *testing.T, conns int32) harness[*sql.Tx] {
-				return pgsqlHarness(t, openSQLPostgres(t, d.name, d.mode, testdb.Schema(t), int(conns)), int(conns))
+				return pgsqlHarness(t, openSQLPostgres(t, d, testdb.Schema(t), int(conns)), int(conns))
 			})
 		})
 	}
@@ -119,8 +130,10 @@ func TestPostgresDatabaseSQL(t *testing.T) {
 // TestDatabaseSQLThroughPgBouncer is TestLimitThroughPgBouncer for
 // pgsqlstore: 16 clients against one limit through a real PgBouncer in
 // transaction mode with two server connections, with pgx's driver in the
-// exec modes that work there and with lib/pq (which runs each statement as
-// an unnamed prepared statement in one round trip) when it is linked in.
+// exec modes that work there and with lib/pq (which runs each statement
+// with parameters as an unnamed prepared statement, inside the
+// transaction's server connection) when it is linked in. The sharded case
+// runs the savepoints of the SKIP LOCKED fast path through the pooler.
 func TestDatabaseSQLThroughPgBouncer(t *testing.T) {
 	dbName, direct := testdb.Database(t, "txlimit_pgbouncer")
 	admin, err := pgxpool.New(context.Background(), direct)
@@ -135,15 +148,19 @@ func TestDatabaseSQLThroughPgBouncer(t *testing.T) {
 		if d.mode == "cache_statement" {
 			continue // named prepared statements per server connection: 42P05 through the pooler
 		}
-		for _, inTx := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s/tx=%v", d.label, inTx), func(t *testing.T) {
-				db, err := sql.Open(d.name, withParams(t, bouncer, map[string]string{"default_query_exec_mode": d.mode}))
+		for _, c := range []struct {
+			inTx   bool
+			shards int
+		}{{true, 1}, {false, 1}, {true, 4}} {
+			inTx := c.inTx
+			t.Run(fmt.Sprintf("%s/tx=%v/shards=%d", d.label, inTx, c.shards), func(t *testing.T) {
+				db, err := sql.Open(d.name, withParams(t, bouncer, d.params()))
 				require.NoError(t, err)
 				defer db.Close()
 				db.SetMaxOpenConns(clients)
 				name := uniqueName(t, "pgbouncer")
 				l, err := txlimit.New(pgsqlstore.New(db), map[string]txlimit.Config{
-					name: {Kind: txlimit.TokenBucket, Rate: capacity, Period: time.Hour, Shards: 1},
+					name: {Kind: txlimit.TokenBucket, Rate: capacity, Period: time.Hour, Shards: c.shards},
 				}, &txlimit.Options{Clock: func() time.Time { return frozen }})
 				require.NoError(t, err)
 				require.NoError(t, l.Ping(context.Background()))

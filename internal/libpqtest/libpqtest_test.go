@@ -60,17 +60,19 @@ func TestLibPQ(t *testing.T) {
 	}
 	// The suite ran with lib/pq: its topics passed under the "postgres"
 	// driver's subtest.
-	for _, topic := range []string{"limits", "limit_all", "remaining", "reservations", "prune", "edges"} {
-		want := "--- PASS: TestPostgresDatabaseSQL/libpq/" + topic
-		if !strings.Contains(string(out), want) {
-			t.Errorf("no %q in the output:\n%s", want, out)
+	for _, variant := range []string{"libpq", "libpq_binary_parameters"} {
+		for _, topic := range []string{"limits", "limit_all", "remaining", "reservations", "prune", "edges"} {
+			want := "--- PASS: TestPostgresDatabaseSQL/" + variant + "/" + topic
+			if !strings.Contains(string(out), want) {
+				t.Errorf("no %q in the output:\n%s", want, out)
+			}
 		}
 	}
 	if !regexp.MustCompile(`--- (PASS|SKIP): TestDatabaseSQLThroughPgBouncer`).Match(out) {
 		t.Errorf("TestDatabaseSQLThroughPgBouncer did not run:\n%s", out)
 	}
 	if regexp.MustCompile(`--- PASS: TestDatabaseSQLThroughPgBouncer`).Match(out) &&
-		!strings.Contains(string(out), "--- PASS: TestDatabaseSQLThroughPgBouncer/libpq/tx=true") {
+		!strings.Contains(string(out), "--- PASS: TestDatabaseSQLThroughPgBouncer/libpq/tx=true/shards=4") {
 		t.Errorf("the PgBouncer case did not run with lib/pq:\n%s", out)
 	}
 	t.Logf("%s", out)
