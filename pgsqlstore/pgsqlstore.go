@@ -55,6 +55,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 
 	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/pgproto"
@@ -110,6 +111,12 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	if err := s.db.PingContext(ctx); err != nil {
 		return err
+	}
+	// The store reads PostgreSQL's clock_timestamp(): SQLite and MySQL
+	// have none, and the table alone (which they may have) proves nothing.
+	var now time.Time
+	if err := s.db.QueryRowContext(ctx, "SELECT clock_timestamp()").Scan(&now); err != nil {
+		return s.mapErr(ctx, s.db, err)
 	}
 	if err := dbQueries.ProbeTable(ctx, s.db); err != nil {
 		return s.mapErr(ctx, s.db, err)

@@ -94,6 +94,7 @@ package sqlitestore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -135,11 +136,24 @@ func New(db *sql.DB) *Store {
 	return s
 }
 
+// ErrWrongDatabase matches (errors.Is) the error of a call on a *sql.DB or
+// *sql.Tx that is not SQLite, such as PostgreSQL's; the message names the
+// store to use instead.
+var ErrWrongDatabase = errors.New("the database is not SQLite")
+
 // wrap names the operation that failed and, for the errors a setup mistake
 // causes, what to do about it; errors.As still reaches the driver's error.
 func wrap(op string, err error) error {
 	if err == nil {
 		return nil
+	}
+	// SQLite's errors carry no SQLSTATE; PostgreSQL's drivers (pgx's
+	// *pgconn.PgError, lib/pq's *pq.Error) give theirs by this method.
+	var pgErr interface{ SQLState() string }
+	if errors.As(err, &pgErr) {
+		return fmt.Errorf("txlimit/sqlitestore: %s: %w: the database answered with SQLSTATE %s, so it is PostgreSQL, "+
+			"not SQLite; use pgsqlstore.New(db) for PostgreSQL on database/sql (*sql.Tx), or pgstore.New(pool) for pgx: %w",
+			op, ErrWrongDatabase, pgErr.SQLState(), err)
 	}
 	msg := err.Error()
 	switch {
@@ -193,10 +207,19 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) err
 	return wrap("commit", tx.Commit())
 }
 
-// Ping implements driver.Store.
+// Ping implements driver.Store: it checks that db is SQLite and that the
+// txlimit table is there with every column the library uses.
 func (s *Store) Ping(ctx context.Context) error {
 	if s.db == nil {
 		return driver.ErrNoPool
+	}
+	var version string
+	if err := s.db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&version); err != nil {
+		if err := wrap("ping", err); errors.Is(err, ErrWrongDatabase) {
+			return err
+		}
+		return fmt.Errorf("txlimit/sqlitestore: ping: %w: sqlite_version() failed, so this is another database "+
+			"(for PostgreSQL, use pgsqlstore.New(db)): %w", ErrWrongDatabase, err)
 	}
 	return wrap("ping", s.queries.ProbeTable(ctx, s.db))
 }
