@@ -85,7 +85,8 @@
 // RetryAfter plus jitter, holding no transaction, and tries again until the
 // tokens are granted or the context ends. It returns at once when the wait
 // would outlast the context's deadline. For transactions that fail with a
-// serialization failure or a deadlock, pgstore.RunTx runs them again.
+// serialization failure or a deadlock, pgstore.RunTx runs them again
+// (pgsqlstore.Retryable classifies the errors of a *sql.Tx).
 //
 // # Time
 //
@@ -99,10 +100,24 @@
 // # Stores
 //
 // A Limiter is generic over the store's transaction type and is built from a
-// store: pgstore.New(pool) for pgx (TTx is pgx.Tx), sqlitestore.New(db) for
-// database/sql on SQLite (TTx is *sql.Tx). Each store does every operation
-// whole, in the caller's transaction, with its database's own locking (package
-// driver is that seam; it is not an API to implement). The schema is a goose
+// store, which fixes it:
+//
+//   - pgstore.New(pool): PostgreSQL on pgx v5; TTx is pgx.Tx.
+//   - pgsqlstore.New(db): PostgreSQL on database/sql (lib/pq, pgx's stdlib
+//     driver, and sqlx, GORM, bun or ent on them); TTx is *sql.Tx. The same
+//     SQL as pgstore; prefer pgstore when the application has pgx.Tx, since
+//     pgx sends a sharded call's statements in one batch.
+//   - sqlitestore.New(db): SQLite on database/sql; TTx is *sql.Tx.
+//
+// Users never write the type parameter: txlimit.New infers it from the
+// store, and handing LimitTx a transaction of another type does not compile
+// ("cannot use tx (variable of type *sql.Tx) as pgx.Tx value"). Both
+// database/sql stores take *sql.Tx, so a mix-up between them is seen at run
+// time instead: pgsqlstore on SQLite or MySQL, or sqlitestore on PostgreSQL,
+// returns an error naming the database and the store to use, from Ping and
+// from the first call. Each store does every operation whole, in the
+// caller's transaction, with its database's own locking (package driver is
+// that seam; it is not an API to implement). The schema is a goose
 // migration in package migrations, which the application runs at setup with
 // migrations.Up; Limiter.Ping checks it at startup.
 //

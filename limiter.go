@@ -145,7 +145,7 @@ type Options struct {
 
 // Limiter checks and consumes named limits whose state lives in a database.
 // TTx is the store's transaction type (pgx.Tx for pgstore, *sql.Tx for
-// sqlitestore) and is inferred from the store given to New.
+// pgsqlstore and sqlitestore) and is inferred from the store given to New.
 //
 // Every operation on a limit has two forms, following River: XTx runs in a
 // transaction the caller owns, so the tokens are spent if and only if that
@@ -169,7 +169,7 @@ type Limiter[TTx any] struct {
 // be nil.
 func New[TTx any](store Store[TTx], limits map[string]Config, opts *Options) (*Limiter[TTx], error) {
 	if store == nil {
-		return nil, &InvalidError{Field: "store", Problem: "is nil; pass pgstore.New(pool) or sqlitestore.New(db)"}
+		return nil, &InvalidError{Field: "store", Problem: "is nil; pass pgstore.New(pool), pgsqlstore.New(db) or sqlitestore.New(db)"}
 	}
 	l := &Limiter[TTx]{store: store, limits: make(map[string]Config, len(limits))}
 	for name, c := range limits {
