@@ -24,7 +24,7 @@ import (
 // sqlPostgresDrivers are the database/sql drivers pgsqlstore is tested
 // with, each with the pgx exec modes (default_query_exec_mode) to run:
 // pgx's own ("pgx", registered by the stdlib import above) always, and lib/pq
-// ("postgres") when it is linked in, as internal/libpqtest does (lib/pq is
+// ("postgres") when it is linked in, as internal/sqldrivers does (lib/pq is
 // kept out of this module's go.mod so that a txlimit user's module graph
 // stays small).
 func sqlPostgresDrivers() []sqlDriver {

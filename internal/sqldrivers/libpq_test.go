@@ -1,4 +1,4 @@
-package libpqtest
+package sqldrivers
 
 import (
 	"encoding/json"
@@ -41,7 +41,7 @@ func TestLibPQ(t *testing.T) {
 	}
 	write(t, filepath.Join(tmp, "go.sum"), string(rootSum)+string(ownSum))
 	write(t, filepath.Join(tmp, "libpq_test.go"),
-		"package txlimit_test\n\nimport _ \"github.com/lib/pq\" // registers \"postgres\": see internal/libpqtest\n")
+		"package txlimit_test\n\nimport _ \"github.com/lib/pq\" // registers \"postgres\": see internal/sqldrivers\n")
 	overlay, err := json.Marshal(map[string]map[string]string{
 		"Replace": {filepath.Join(root, "zz_libpq_test.go"): filepath.Join(tmp, "libpq_test.go")},
 	})
