@@ -86,7 +86,7 @@
 // tokens are granted or the context ends. It returns at once when the wait
 // would outlast the context's deadline. For transactions that fail with a
 // serialization failure or a deadlock, pgstore.RunTx runs them again
-// (pgsqlstore.Retryable classifies the errors of a *sql.Tx).
+// (pgsqlstore.RunTx for a *sql.Tx).
 //
 // # Time
 //
