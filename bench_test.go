@@ -27,11 +27,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
+	"github.com/txlimit/txlimit/pgsqlstore"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
 )
@@ -170,11 +172,40 @@ func BenchmarkLimitTx(b *testing.B) {
 				})
 		}
 	}
+	// The same calls on database/sql (pgx's stdlib driver on the same
+	// pool) through pgsqlstore.
+	db := stdlib.OpenDBFromPool(pool)
+	b.Cleanup(func() { _ = db.Close() })
+	ls, err := txlimit.New(pgsqlstore.New(db), map[string]txlimit.Config{
+		"unsharded": benchConfig(1),
+		"shards16":  benchConfig(16),
+	}, nil)
+	require.NoError(b, err)
+	limitSQL := func(name string, hot bool) func(b *testing.B) {
+		return func(b *testing.B) {
+			runParallel(b, func() *benchKeys { return newBenchKeys(b, hot) }, nil,
+				func(key string) (bool, error) {
+					tx, err := db.BeginTx(ctx, nil)
+					if err != nil {
+						return false, err
+					}
+					res, err := ls.LimitTx(ctx, tx, name, key)
+					if err != nil {
+						_ = tx.Rollback()
+						return false, err
+					}
+					return res.OK, tx.Commit()
+				})
+		}
+	}
 	b.Run("floor/distinct", floor(false))
 	b.Run("txlimit/distinct", limit("unsharded", false))
+	b.Run("pgsqlstore/distinct", limitSQL("unsharded", false))
 	b.Run("floor/hot", floor(true))
 	b.Run("txlimit/hot", limit("unsharded", true))
+	b.Run("pgsqlstore/hot", limitSQL("unsharded", true))
 	b.Run("txlimit/hot-shards16", limit("shards16", true))
+	b.Run("pgsqlstore/hot-shards16", limitSQL("shards16", true))
 }
 
 // BenchmarkSQLiteLimitTx compares LimitTx with the hand-written floor on a

@@ -24,8 +24,12 @@
 // pgx.Tx; use pgsqlstore when they are *sql.Tx. database/sql sends one
 // statement per round trip where pgx sends a batch, so a call on an
 // unsharded limit costs the same two round trips in both (the locking read
-// and the write), while the sharded fast path and LimitAll cost a round trip
-// or two more than with pgstore.
+// and the write), while the sharded fast path costs four (the savepoint, the
+// try-lock, the write, the release) where pgstore needs two, and LimitAll
+// one per statement (the insert, the locking read, one write per limit)
+// where pgstore needs two. With lib/pq, add binary_parameters=yes to the
+// DSN: otherwise it parses each statement with parameters in one round trip
+// and executes it in the next.
 //
 // # Poolers and drivers
 //
