@@ -222,7 +222,9 @@ func Count(n float64) Option { return func(o *callOptions) { o.count = n } }
 // Reserve lets Limit take the tokens even when the limit lacks them, as a
 // reservation: the result is OK with RetryAfter > 0, meaning the tokens are
 // yours and the work should run after RetryAfter without checking the limit
-// again. Config.MaxReserved caps the debt.
+// again. Config.MaxReserved caps the debt. A reservation whose wait would
+// reach MaxWait, or whose debt would leave float64's range, is refused with
+// an *InvalidError for Count, taking nothing.
 func Reserve() Option { return func(o *callOptions) { o.reserve = true } }
 
 // WithRemaining makes a call on a sharded limit report Result.Remaining and
@@ -254,6 +256,8 @@ type Result struct {
 	// RetryAfter is, when OK is false, the time until the same request
 	// would be granted. When OK is true and RetryAfter > 0, the tokens were
 	// reserved: run the work after RetryAfter, without checking again.
+	// It is never negative and never more than MaxWait: a denial whose
+	// wait is longer says MaxWait.
 	RetryAfter time.Duration
 	// At is the clock reading the decision was made at.
 	At time.Time
@@ -274,7 +278,7 @@ type Result struct {
 	// floor(Remaining) whole tokens cannot get more. It is what the HTTP
 	// RateLimit header calls the effective window (package httplimit sends
 	// it as t). It is 0 when the limit will never hold that many (its
-	// Capacity is lower), and when Partial is set.
+	// Capacity is lower), and when Partial is set; never more than MaxWait.
 	NextToken time.Duration
 	// Partial reports that the call read only one shard of a sharded
 	// limit, so that Remaining and NextToken are unknown (and 0): a call
