@@ -156,7 +156,7 @@ func TestMaxWait(t *testing.T) {
 // rounding. Calls are pooled takes (plain and reserving), credits, and the
 // one-shard takes of PostgreSQL's fast path (which fall back to the pooled
 // take on a denial, as pgstore does); the clock moves forward and back.
-var debugSeed = flag.Uint64("algo.debugseed", 0, "")
+var debugSeed = flag.Uint64("algo.debugseed", 0, "run only this seed of TestShardedMatchesUnsharded, logging every step")
 
 func TestShardedMatchesUnsharded(t *testing.T) {
 	for seed := uint64(1); seed <= 400; seed++ {
