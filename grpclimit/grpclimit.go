@@ -14,7 +14,10 @@
 // (txlimit.Limiter.Limit, or LimitAll for several limits) before the handler
 // runs, and they stay spent whatever the handler does. A stream takes its
 // tokens once, when it opens; to limit the messages of a long stream, call the
-// limiter from the handler (Limit, or Wait to slow the stream down).
+// limiter from the handler (Limit, or Wait to slow the stream down). A
+// handler that takes its tokens in its own transaction (LimitTx), so that
+// they are spent only if its work commits, answers a denial with
+// DeniedError, as the interceptors would.
 //
 // # Keys
 //
@@ -285,7 +288,7 @@ func (m *Limit[TTx]) apply(ctx context.Context, fullMethod string, req any) (met
 		}
 		reqs = append(reqs, txlimit.Req(name, key, opts...))
 	}
-	var res txlimit.MultiResult
+	var results []txlimit.Result
 	var err error
 	switch len(reqs) {
 	case 0:
@@ -294,9 +297,11 @@ func (m *Limit[TTx]) apply(ctx context.Context, fullMethod string, req any) (met
 		// Limit has a faster path than LimitAll for sharded limits.
 		var r txlimit.Result
 		r, err = m.limiter.Limit(ctx, reqs[0].Name, reqs[0].Key, reqs[0].Options...)
-		res = txlimit.MultiResult{OK: r.OK, RetryAfter: r.RetryAfter, Results: []txlimit.Result{r}, At: r.At}
+		results = []txlimit.Result{r}
 	default:
+		var res txlimit.MultiResult
 		res, err = m.limiter.LimitAll(ctx, reqs...)
+		results = res.Results
 	}
 	if err != nil {
 		names := make([]string, len(reqs))
@@ -305,28 +310,50 @@ func (m *Limit[TTx]) apply(ctx context.Context, fullMethod string, req any) (met
 		}
 		return nil, m.fail(ctx, fullMethod, names, err)
 	}
-	if res.OK {
-		return nil, nil
-	}
-	return denied(res)
+	return denied(results)
 }
 
-// denied is the answer to a denied call: ResourceExhausted with RetryInfo and
-// QuotaFailure details, and the retry-after trailer.
-func denied(res txlimit.MultiResult) (metadata.MD, error) {
-	secs := retrySeconds(res.RetryAfter)
+// DeniedError returns the error a handler returns for a call that results
+// deny, the answer the interceptors give: codes.ResourceExhausted with
+// RetryInfo and QuotaFailure details; it also sets the retry-after trailer
+// of the call of ctx (a server handler's context). It returns nil when every
+// result is OK. Use it where a handler takes the tokens itself, in its own
+// transaction (limiter.LimitTx, or LimitAllTx with MultiResult.Results...),
+// so that they are spent only if its work commits.
+func DeniedError(ctx context.Context, results ...txlimit.Result) error {
+	trailer, err := denied(results)
+	if trailer != nil {
+		_ = grpc.SetTrailer(ctx, trailer)
+	}
+	return err
+}
+
+// denied is the answer to a call that results deny, or nil when they all
+// grant it: ResourceExhausted with RetryInfo (the longest RetryAfter of the
+// denials: the time until every limit would grant the call) and QuotaFailure
+// details, and the retry-after trailer.
+func denied(results []txlimit.Result) (metadata.MD, error) {
 	var names []string
+	var retry time.Duration
 	quota := &errdetails.QuotaFailure{}
-	for _, r := range res.Denied() {
+	for _, r := range results {
+		if r.OK {
+			continue
+		}
+		retry = max(retry, r.RetryAfter)
 		names = append(names, r.Name)
 		quota.Violations = append(quota.Violations, &errdetails.QuotaFailure_Violation{
 			Subject:     r.Name,
 			Description: fmt.Sprintf("rate limit %q exceeded; retry after %s", r.Name, r.RetryAfter),
 		})
 	}
+	if names == nil {
+		return nil, nil
+	}
+	secs := retrySeconds(retry)
 	st := status.New(codes.ResourceExhausted, fmt.Sprintf("rate limit exceeded (%s); retry after %d seconds", strings.Join(names, ", "), secs))
 	// WithDetails fails only for codes.OK.
-	st, _ = st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)}, quota)
+	st, _ = st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retry)}, quota)
 	return metadata.Pairs(RetryAfterKey, strconv.FormatInt(secs, 10)), st.Err()
 }
 
