@@ -51,10 +51,10 @@ func tenant(ctx context.Context, name string) context.Context {
 }
 
 // check makes one unary call as tenant and returns its error and trailer.
-func check(client healthpb.HealthClient, who string) (error, metadata.MD) {
+func check(client healthpb.HealthClient, who string) (metadata.MD, error) {
 	var trailer metadata.MD
 	_, err := client.Check(tenant(context.Background(), who), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
-	return err, trailer
+	return trailer, err
 }
 
 // requireDenied checks that err is the answer to a denied call: ResourceExhausted,
@@ -125,7 +125,7 @@ func testUnaryConcurrent[TTx any](t *testing.T, open opener[TTx]) {
 	for _, who := range []string{"acme", "globex"} {
 		for range calls {
 			wg.Go(func() {
-				err, trailer := check(client, who)
+				trailer, err := check(client, who)
 				out <- outcome{who, err, trailer}
 			})
 		}
@@ -222,7 +222,7 @@ func testAllOrNone[TTx any](t *testing.T, open opener[TTx]) {
 	// acme: 3 granted, then denied by its own limit (20s a token); the
 	// global limit keeps 2.
 	for i := range 5 {
-		err, trailer := check(client, "acme")
+		trailer, err := check(client, "acme")
 		if i < 3 {
 			require.NoError(t, err, "call %d", i)
 			continue
@@ -236,7 +236,7 @@ func testAllOrNone[TTx any](t *testing.T, open opener[TTx]) {
 	// globex: 2 granted, then denied by the global limit (12s a token),
 	// which took nothing from globex's own.
 	for i := range 4 {
-		err, trailer := check(client, "globex")
+		trailer, err := check(client, "globex")
 		if i < 2 {
 			require.NoError(t, err, "call %d", i)
 			continue
@@ -252,7 +252,7 @@ func testAllOrNone[TTx any](t *testing.T, open opener[TTx]) {
 		_, err := limiter.Limit(ctx, "perTenant", "initech")
 		require.NoError(t, err)
 	}
-	err, trailer := check(client, "initech")
+	trailer, err := check(client, "initech")
 	requireDenied(t, err, trailer, 20*time.Second, "perTenant", "global")
 }
 
@@ -401,10 +401,10 @@ func testCount[TTx any](t *testing.T, open opener[TTx]) {
 	})
 	require.NoError(t, err)
 	client := serve(t, interceptors(lim)...)
-	call := func(service string) (error, metadata.MD) {
+	call := func(service string) (metadata.MD, error) {
 		var trailer metadata.MD
 		_, err := client.Check(tenant(context.Background(), "acme"), &healthpb.HealthCheckRequest{Service: service}, grpc.Trailer(&trailer))
-		return err, trailer
+		return trailer, err
 	}
 
 	_, err = client.Check(tenant(context.Background(), "acme"), &healthpb.HealthCheckRequest{Service: "huge"})
@@ -415,15 +415,15 @@ func testCount[TTx any](t *testing.T, open opener[TTx]) {
 
 	// 2 + 2 of 5, then a call of 2 is denied (one token short: 12s), and
 	// one of 1 is admitted.
-	err, _ = call("a")
+	_, err = call("a")
 	require.NotEqual(t, codes.ResourceExhausted, status.Code(err)) // NotFound: the health server knows no "a"
-	err, _ = call("b")
+	_, err = call("b")
 	require.NotEqual(t, codes.ResourceExhausted, status.Code(err))
-	err, trailer := call("c")
+	trailer, err := call("c")
 	requireDenied(t, err, trailer, 12*time.Second, "api")
-	err, _ = call("")
+	_, err = call("")
 	require.NoError(t, err)
-	err, trailer = call("")
+	trailer, err = call("")
 	requireDenied(t, err, trailer, 12*time.Second, "api")
 	require.Empty(t, logs.records(t), "a denial is not logged")
 }
@@ -449,7 +449,7 @@ func testStoreErrors[TTx any](t *testing.T, open opener[TTx]) {
 			&grpclimit.Options{Logger: logs.logger()})
 		require.NoError(t, err)
 		client := serve(t, interceptors(lim)...)
-		err, trailer := check(client, "acme")
+		trailer, err := check(client, "acme")
 		require.Equal(t, tc.code, status.Code(err), "%v", err)
 		require.Empty(t, trailer.Get(grpclimit.RetryAfterKey))
 		rec := logs.only(t)
@@ -477,7 +477,7 @@ func testStoreErrors[TTx any](t *testing.T, open opener[TTx]) {
 		grpclimit.MetadataKey("x-tenant"), &grpclimit.Options{Logger: logs.logger()})
 	require.NoError(t, err)
 	client := serve(t, interceptors(lim)...)
-	err, _ = check(client, "acme")
+	_, err = check(client, "acme")
 	require.NoError(t, err)
 	require.Empty(t, logs.records(t))
 	mu.Lock()
@@ -496,7 +496,7 @@ func testStoreErrors[TTx any](t *testing.T, open opener[TTx]) {
 		}})
 	require.NoError(t, err)
 	client = serve(t, interceptors(lim)...)
-	err, _ = check(client, "acme")
+	_, err = check(client, "acme")
 	require.NoError(t, err)
 	require.Len(t, seen, 1)
 }
@@ -671,18 +671,18 @@ func (h txHealth) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (
 func TestDeniedError(t *testing.T) {
 	limiter, db := sqliteLimiterDB(t, migrated, map[string]txlimit.Config{"api": perMinute(2)}, &txlimit.Options{Clock: frozen})
 	client := serveHealth(t, txHealth{db: db, limiter: limiter})
-	call := func(service string) (error, metadata.MD) {
+	call := func(service string) (metadata.MD, error) {
 		var trailer metadata.MD
 		_, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{Service: service}, grpc.Trailer(&trailer))
-		return err, trailer
+		return trailer, err
 	}
-	err, _ := call("")
+	_, err := call("")
 	require.NoError(t, err)
-	err, _ = call("fail")
+	_, err = call("fail")
 	require.Equal(t, codes.Aborted, status.Code(err))
-	err, _ = call("")
+	_, err = call("")
 	require.NoError(t, err)
-	err, trailer := call("")
+	trailer, err := call("")
 	requireDenied(t, err, trailer, 30*time.Second, "api")
 
 	require.NoError(t, grpclimit.DeniedError(context.Background(), txlimit.Result{Name: "api", OK: true}))
