@@ -687,3 +687,42 @@ func TestDeniedError(t *testing.T) {
 
 	require.NoError(t, grpclimit.DeniedError(context.Background(), txlimit.Result{Name: "api", OK: true}))
 }
+
+// TestContextErrors: a call whose context is cancelled or past its deadline
+// when the limit is applied ends with Canceled or DeadlineExceeded, unlogged,
+// and takes nothing.
+func TestContextErrors(t *testing.T) {
+	limiter := sqliteLimiter(t, migrated, map[string]txlimit.Config{"api": perMinute(5)}, &txlimit.Options{Clock: frozen})
+	logs := &logBuffer{}
+	lim, err := grpclimit.New(limiter, "api", grpclimit.MetadataKey("x-tenant"), &grpclimit.Options{Logger: logs.logger()})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		end  func(context.Context) context.Context
+		code codes.Code
+	}{
+		{func(ctx context.Context) context.Context {
+			ctx, cancel := context.WithCancel(ctx)
+			cancel()
+			return ctx
+		}, codes.Canceled},
+		{func(ctx context.Context) context.Context {
+			ctx, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+			t.Cleanup(cancel)
+			return ctx
+		}, codes.DeadlineExceeded},
+	} {
+		// An interceptor before the limit ends the call's context, as a
+		// client that goes away would, but the client still reads the answer.
+		end := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			return h(tc.end(ctx), req)
+		})
+		client := serve(t, append([]grpc.ServerOption{end}, interceptors(lim)...)...)
+		trailer, err := check(client, "acme")
+		require.Equal(t, tc.code, status.Code(err), "%v", err)
+		require.Empty(t, trailer.Get(grpclimit.RetryAfterKey))
+	}
+	require.Empty(t, logs.records(t))
+	snap, err := limiter.Value(context.Background(), "api", "acme")
+	require.NoError(t, err)
+	require.InDelta(t, 5, snap.Value, 1e-9)
+}
