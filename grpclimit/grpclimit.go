@@ -26,8 +26,9 @@
 // your auth interceptor filled, an API key it has checked, the peer
 // address), never by a value the client picks freely: a client that chooses
 // its key chooses its limit. PeerKey keys by the peer's IP address, an IPv6
-// peer by its /64; MetadataKey by a metadata value, for metadata the server
-// has verified.
+// peer by its /64; ClientIPKey by the client's address behind trusted
+// proxies, as httplimit.ClientIPKey; MetadataKey by a metadata value, for
+// metadata the server has verified.
 //
 // # Which limit applies
 //

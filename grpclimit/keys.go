@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"strings"
 	"unicode/utf8"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/httplimit"
 )
 
 // PeerKey keys a call by the IP address of its peer (the other end of the
@@ -24,8 +26,8 @@ import (
 // own network: 2001:db8:1:2::7 and 2001:db8:1:2::8 are both keyed
 // "2001:db8:1:2::/64". PeerPrefixKey sets another prefix length. A peer
 // without an IP address (a Unix socket, an in-memory listener) is an error,
-// answered with codes.Internal. Behind a proxy every peer is the proxy: key
-// by what the proxy has authenticated instead.
+// answered with codes.Internal. Behind a proxy every peer is the proxy: use
+// ClientIPKey.
 func PeerKey(ctx context.Context, fullMethod string, req any) (string, error) {
 	return peerKey64(ctx, fullMethod, req)
 }
@@ -54,6 +56,46 @@ func PeerPrefixKey(ipv6Bits int) (KeyFunc, error) {
 		}
 		prefix, _ := a.Prefix(ipv6Bits) // cannot fail: a is IPv6 and ipv6Bits in [1, 128]
 		return prefix.String(), nil
+	}, nil
+}
+
+// ClientIPKey returns a KeyFunc that keys a call by the IP address of its
+// client behind the trusted proxies in front of the server (an L7 load
+// balancer, Envoy), as httplimit.ClientIPKey does for HTTP requests, from the
+// same ClientIP: when the peer is not one of c.TrustedProxies, the peer is
+// the client and its metadata is ignored; when it is, the key function walks
+// the x-forwarded-for metadata (or forwarded, when c.Header is "Forwarded")
+// from the right and takes the first address that is not a trusted proxy.
+// The key is written as PeerKey writes it, IPv6 grouped by c.IPv6Prefix
+// (default 64). An invalid ClientIP is an error that names the field; an
+// entry a trusted proxy wrote that is not an IP address is an error,
+// answered with codes.Internal.
+func ClientIPKey(c httplimit.ClientIP) (KeyFunc, error) {
+	key, err := httplimit.ClientIPKey(c)
+	if err != nil {
+		return nil, err
+	}
+	header := "X-Forwarded-For"
+	if strings.EqualFold(c.Header, "Forwarded") {
+		header = "Forwarded"
+	}
+	mdKey := strings.ToLower(header)
+	return func(ctx context.Context, _ string, _ any) (string, error) {
+		p, ok := peer.FromContext(ctx)
+		if !ok || p.Addr == nil {
+			return "", fmt.Errorf("grpclimit: the call's context has no peer; ClientIPKey runs in a server interceptor")
+		}
+		a, err := peerAddr(p.Addr)
+		if err != nil {
+			return "", err
+		}
+		md, _ := metadata.FromIncomingContext(ctx)
+		// The walk through the proxies is httplimit's, on the request an
+		// HTTP server would have seen.
+		return key(&http.Request{
+			RemoteAddr: netip.AddrPortFrom(a, 0).String(),
+			Header:     http.Header{header: md.Get(mdKey)},
+		})
 	}, nil
 }
 

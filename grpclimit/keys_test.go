@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"net"
+	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -12,11 +13,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/grpclimit"
+	"github.com/txlimit/txlimit/httplimit"
 )
 
 // TestPeerKeys: IPv4 addresses key alone, IPv4-mapped IPv6 as IPv4, IPv6
@@ -101,4 +104,64 @@ func testPeerLoopback(t *testing.T, limiter *txlimit.Limiter[*sql.Tx], network, 
 	snap, err := limiter.Value(context.Background(), "api", wantKey)
 	require.NoError(t, err)
 	require.InDelta(t, 0, snap.Value, 1e-9, "the key is not %q", wantKey)
+}
+
+// TestClientIPKey: behind trusted proxies the client is the first address
+// from the right of x-forwarded-for (or forwarded) that is not a proxy; a
+// peer that is not a proxy is the client, whatever its metadata says.
+func TestClientIPKey(t *testing.T) {
+	proxies := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8:ffff::/48")}
+	xff, err := grpclimit.ClientIPKey(httplimit.ClientIP{TrustedProxies: proxies})
+	require.NoError(t, err)
+	fwd, err := grpclimit.ClientIPKey(httplimit.ClientIP{TrustedProxies: proxies, Header: "Forwarded", IPv6Prefix: 56})
+	require.NoError(t, err)
+	call := func(peerAddr string, md ...string) context.Context {
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: net.TCPAddrFromAddrPort(netip.MustParseAddrPort(peerAddr))})
+		return metadata.NewIncomingContext(ctx, metadata.Pairs(md...))
+	}
+	for _, tc := range []struct {
+		key  grpclimit.KeyFunc
+		ctx  context.Context
+		want string
+	}{
+		{xff, call("10.1.1.1:5000", "x-forwarded-for", "198.51.100.1, 203.0.113.9, 10.2.2.2"), "203.0.113.9"},
+		{xff, call("10.1.1.1:5000", "x-forwarded-for", "198.51.100.1", "x-forwarded-for", "2001:db8:1:2::7, [2001:db8:ffff::1]:443"), "2001:db8:1:2::/64"},
+		{xff, call("10.1.1.1:5000"), "10.1.1.1"}, // the proxy itself: a health check
+		{xff, call("192.0.2.7:5000", "x-forwarded-for", "203.0.113.9"), "192.0.2.7"},
+		{fwd, call("[2001:db8:ffff::2]:443", "forwarded", `for=192.0.2.60;proto=http, for="[2001:db8:1:2::7]"`), "2001:db8:1::/56"},
+		{fwd, call("10.1.1.1:5000", "x-forwarded-for", "203.0.113.9"), "10.1.1.1"},
+	} {
+		got, err := tc.key(tc.ctx, checkMethod, nil)
+		require.NoError(t, err)
+		require.Equal(t, tc.want, got)
+	}
+	_, err = xff(call("10.1.1.1:5000", "x-forwarded-for", "unknown"), checkMethod, nil)
+	require.ErrorContains(t, err, `"unknown"`)
+	_, err = grpclimit.ClientIPKey(httplimit.ClientIP{IPv6Prefix: 200})
+	require.ErrorContains(t, err, "IPv6Prefix")
+}
+
+// TestClientIPKeyLoopback: metadata a client sends through a trusted proxy
+// (here the loopback network stands for it) reaches the key function.
+func TestClientIPKeyLoopback(t *testing.T) {
+	limiter := sqliteLimiter(t, migrated, map[string]txlimit.Config{"api": perMinute(2)}, &txlimit.Options{Clock: frozen})
+	key, err := grpclimit.ClientIPKey(httplimit.ClientIP{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	require.NoError(t, err)
+	lim, err := grpclimit.New(limiter, "api", key, nil)
+	require.NoError(t, err)
+	lis, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer(interceptors(lim)...)
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-forwarded-for", "198.51.100.7")
+	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	require.NoError(t, err)
+	snap, err := limiter.Value(context.Background(), "api", "198.51.100.7")
+	require.NoError(t, err)
+	require.InDelta(t, 1, snap.Value, 1e-9)
 }
