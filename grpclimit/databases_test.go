@@ -67,16 +67,11 @@ func sqliteLimiterDB(t *testing.T, state dbState, limits map[string]txlimit.Conf
 
 func postgresLimiter(t *testing.T, state dbState, limits map[string]txlimit.Config, opts *txlimit.Options) *txlimit.Limiter[pgx.Tx] {
 	t.Helper()
-	schema := testdb.Schema(t)
+	var schema string
 	if state == unmigrated {
-		// A schema of its own without the table: testdb.Schema migrates.
-		pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 1)
-		_, err := pool.Exec(context.Background(), "CREATE SCHEMA "+schema+"_empty")
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+"_empty CASCADE")
-		})
-		schema += "_empty"
+		schema = testdb.EmptySchema(t) // without the table: every call is ErrNotMigrated
+	} else {
+		schema = testdb.Schema(t)
 	}
 	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 8)
 	if state == closed {
