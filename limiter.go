@@ -67,6 +67,18 @@ type Config struct {
 	// spreads the resets of many keys over the period. Must be zero for a
 	// TokenBucket.
 	Start time.Time
+	// Escrow takes the tokens at once, outside the caller's transaction,
+	// and only escrows them until it ends: kept if it commits, given back
+	// by settlement if it does not. The limit's row is then locked only for
+	// one statement, never until the caller commits, so one hot key no
+	// longer queues its callers. The price: the tokens of a caller that
+	// rolls back come back late (at the next call of the key or the next
+	// Settle), never early; an escrow limit has one shard (Shards must be
+	// 0 or 1) and cannot be part of LimitAll. PostgreSQL (pgstore, with a
+	// pool) only; run Limiter.Settle periodically. See docs/escrow.md.
+	// Defaults to false: the row is locked until the caller's transaction
+	// ends.
+	Escrow bool
 }
 
 // normalized fills defaults and validates c. name is only used in errors.
@@ -97,6 +109,9 @@ func (c Config) normalized(name string) (Config, error) {
 	}
 	if c.Shards < 1 || c.Shards > MaxShards {
 		return bad("Shards", "must be between 1 and %d (0 means 1), got %d", MaxShards, c.Shards)
+	}
+	if c.Escrow && c.Shards > 1 {
+		return bad("Shards", "must be 1 (or 0) for an Escrow limit, got %d: escrow already keeps the row from being held, so shards add nothing", c.Shards)
 	}
 	if c.Kind == TokenBucket && !c.Start.IsZero() {
 		return bad("Start", "applies to FixedWindow only; leave it zero for a TokenBucket")
@@ -162,6 +177,7 @@ type Limiter[TTx any] struct {
 	observer        Observer
 	failOpenOnError bool
 	prune           pruneCursor
+	escrow          escrowSupport[TTx]
 }
 
 // New returns a Limiter on store with the named limits. Every config is
@@ -171,12 +187,15 @@ func New[TTx any](store Store[TTx], limits map[string]Config, opts *Options) (*L
 	if store == nil {
 		return nil, &InvalidError{Field: "store", Problem: "is nil; pass pgstore.New(pool) or sqlitestore.New(db)"}
 	}
-	l := &Limiter[TTx]{store: store, limits: make(map[string]Config, len(limits))}
+	l := &Limiter[TTx]{store: store, limits: make(map[string]Config, len(limits)), escrow: newEscrowSupport(store)}
 	for name, c := range limits {
 		if err := validName(name); err != nil {
 			return nil, err
 		}
 		nc, err := c.normalized(name)
+		if err == nil {
+			err = l.escrow.check(name, nc)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -429,6 +448,9 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option) (request, err
 	}
 	if o.config != nil {
 		c, err := o.config.normalized(name)
+		if err == nil {
+			err = l.escrow.check(name, c)
+		}
 		if err != nil {
 			return r, err
 		}
@@ -569,7 +591,11 @@ func (r request) failedOpen(at time.Time) Result {
 }
 
 func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, error) {
-	t, err := l.store.Take(ctx, tx, r.take(l.now()))
+	take := l.store.Take
+	if r.config.Escrow {
+		take = l.escrow.store.EscrowTake
+	}
+	t, err := take(ctx, tx, r.take(l.now()))
 	if err != nil {
 		return Result{}, err
 	}
@@ -681,6 +707,9 @@ func (l *Limiter[TTx]) keyRequest(name, key string, obs *observation) (request, 
 }
 
 func (l *Limiter[TTx]) reset(ctx context.Context, tx TTx, r request) error {
+	if err := l.escrow.reset(ctx, tx, l.limits[r.name], r); err != nil {
+		return err
+	}
 	return l.store.Delete(ctx, tx, driver.KeyParams{Name: r.name, Key: r.key})
 }
 
@@ -772,5 +801,8 @@ func (l *Limiter[TTx]) credit(ctx context.Context, tx TTx, r request) error {
 // ErrNotMigrated, whose message names migrations.Up. It returns ErrNoPool
 // when the store has no pool.
 func (l *Limiter[TTx]) Ping(ctx context.Context) error {
-	return l.store.Ping(ctx)
+	if err := l.store.Ping(ctx); err != nil {
+		return err
+	}
+	return l.escrow.ping(ctx, l.limits)
 }
