@@ -561,4 +561,3 @@ func TestEscrowNotMigrated(t *testing.T) {
 	_, err = l.Limit(ctx, name, "k")
 	require.ErrorIs(t, err, txlimit.ErrNotMigrated)
 }
-
