@@ -11,11 +11,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
 )
@@ -293,12 +295,17 @@ func TestEscrowConcurrentExact(t *testing.T) {
 }
 
 func runEscrowConcurrent(t *testing.T, env escrowEnv, iso pgx.TxIsoLevel) {
+	runEscrowConcurrentN(t, env, iso, 32, 8, 100)
+}
+
+// runEscrowConcurrentN: clients callers make calls calls each on one key of
+// capacity tokens, every fifth grant rolled back.
+func runEscrowConcurrentN(t *testing.T, env escrowEnv, iso pgx.TxIsoLevel, clients, calls, capacity int) {
 	ctx := context.Background()
-	const clients, calls, capacity = 32, 8, 100
 	frozen := t0
 	name := uniqueName(t, "hot")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
-		name: {Kind: txlimit.TokenBucket, Rate: capacity, Period: time.Hour, Escrow: true},
+		name: {Kind: txlimit.TokenBucket, Rate: float64(capacity), Period: time.Hour, Escrow: true},
 	}, func() time.Time { return frozen })
 	var committed, rolledBack atomic.Int64
 	var wg sync.WaitGroup
@@ -560,4 +567,36 @@ func TestEscrowNotMigrated(t *testing.T) {
 	require.ErrorIs(t, l.Ping(ctx), txlimit.ErrNotMigrated)
 	_, err = l.Limit(ctx, name, "k")
 	require.ErrorIs(t, err, txlimit.ErrNotMigrated)
+}
+
+// TestEscrowThroughPgBouncer runs the exact-count scenario through a real
+// PgBouncer in transaction mode, for the callers and for the store's debits
+// alike, in the exec modes that work there. PgBouncer has more server
+// connections than callers: a caller holds one for its whole transaction,
+// and its debit needs another (docs/escrow.md).
+func TestEscrowThroughPgBouncer(t *testing.T) {
+	db, direct := testdb.Database(t, "txlimit_escrow_pgbouncer")
+	admin, err := pgxpool.New(context.Background(), direct)
+	require.NoError(t, err)
+	defer admin.Close()
+	require.NoError(t, migrations.Up(context.Background(), stdlib.OpenDBFromPool(admin), migrations.Postgres))
+	const clients = 6
+	url := testdb.PgBouncer(t, db, "transaction", clients+3)
+	open := func(t *testing.T, mode pgx.QueryExecMode, conns int32) *pgxpool.Pool {
+		cfg, err := pgxpool.ParseConfig(url)
+		require.NoError(t, err)
+		cfg.ConnConfig.DefaultQueryExecMode = mode
+		cfg.MaxConns = conns
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		return pool
+	}
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			storePool := open(t, mode, 2)
+			env := escrowEnv{callers: open(t, mode, clients), store: pgstore.New(storePool), storeDB: storePool}
+			runEscrowConcurrentN(t, env, pgx.ReadCommitted, clients, 10, 30)
+		})
+	}
 }
