@@ -600,3 +600,27 @@ func TestEscrowThroughPgBouncer(t *testing.T) {
 		})
 	}
 }
+
+// TestEscrowLimitInOwnTransaction: Limit (not LimitTx) on an escrow limit
+// takes the row in its own short transaction, so it needs one connection,
+// not two: it works on a pool of one and leaves nothing to settle.
+func TestEscrowLimitInOwnTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 1)
+	name := uniqueName(t, "own")
+	l := escrowLimiter(t, pgstore.New(pool), map[string]txlimit.Config{
+		name: {Kind: txlimit.TokenBucket, Rate: 3, Period: time.Hour, Escrow: true},
+	}, func() time.Time { return t0 })
+	for range 3 {
+		res, err := l.Limit(ctx, name, "k")
+		require.NoError(t, err)
+		require.True(t, res.OK)
+	}
+	res, err := l.Limit(ctx, name, "k")
+	require.NoError(t, err)
+	require.False(t, res.OK)
+	var pending int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM txlimit_escrow").Scan(&pending))
+	require.Zero(t, pending)
+}

@@ -75,7 +75,9 @@ type Config struct {
 	// rolls back come back late (at the next call of the key or the next
 	// Settle), never early; an escrow limit has one shard (Shards must be
 	// 0 or 1) and cannot be part of LimitAll. PostgreSQL (pgstore, with a
-	// pool) only; run Limiter.Settle periodically. See docs/escrow.md.
+	// pool) only; run Limiter.Settle periodically. Limit (the form without
+	// Tx) takes an escrow limit in its own short transaction, as the locked
+	// model does. See docs/escrow.md.
 	// Defaults to false: the row is locked until the caller's transaction
 	// ends.
 	Escrow bool
@@ -429,6 +431,7 @@ type request struct {
 	remaining bool
 	config    Config
 	limit     driver.Limit
+	ownTx     bool         // the call runs in a transaction of the Limiter's own (Limit)
 	obs       *observation // nil unless the Limiter has an Observer
 }
 
@@ -525,6 +528,10 @@ func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Opti
 	r, err := l.limitRequest(name, key, opts, obs)
 	var res Result
 	if err == nil {
+		// An escrow limit is taken like any other here: the row is held
+		// only for this short transaction anyway, and an escrow debit
+		// would need a second connection of the same pool.
+		r.ownTx = true
 		err = l.store.InTx(ctx, false, func(tx TTx) (err error) {
 			res, err = l.limit(ctx, tx, r)
 			return err
@@ -537,8 +544,9 @@ func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Opti
 // the Reserve option allows a reservation), consumes them in tx. The tokens
 // are spent if and only if tx commits; a rollback gives them back. A denied
 // call writes nothing. The rows of the limit stay locked until tx ends, so
-// keep the transaction short, or use Shards for a limit many transactions
-// share.
+// keep the transaction short, or use Shards or Escrow for a limit many
+// transactions share. An Escrow limit is not locked past the call: see
+// Config.Escrow.
 //
 // A denial is a Result with OK false, not an error; call Result.Err for the
 // error style. Errors are bad input (*InvalidError, nothing written) or the
@@ -592,7 +600,7 @@ func (r request) failedOpen(at time.Time) Result {
 
 func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, error) {
 	take := l.store.Take
-	if r.config.Escrow {
+	if r.config.Escrow && !r.ownTx {
 		take = l.escrow.store.EscrowTake
 	}
 	t, err := take(ctx, tx, r.take(l.now()))
