@@ -565,7 +565,10 @@ func TestEscrowNotMigrated(t *testing.T) {
 		name: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour, Escrow: true},
 	}, nil)
 	require.ErrorIs(t, l.Ping(ctx), txlimit.ErrNotMigrated)
-	_, err = l.Limit(ctx, name, "k")
+	tx, err := env.callers.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = l.LimitTx(ctx, tx, name, "k")
 	require.ErrorIs(t, err, txlimit.ErrNotMigrated)
 }
 
