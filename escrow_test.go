@@ -350,6 +350,10 @@ func runEscrowConcurrentN(t *testing.T, env escrowEnv, iso pgx.TxIsoLevel, clien
 	for err := range errs {
 		require.NoError(t, err)
 	}
+	// Without Settle, the calls of the key settle each other: what is left
+	// is a few calls that ended last, not one row per call.
+	pending, _ := env.escrowRows(t)
+	require.Less(t, pending, clients+16, "lazy settlement keeps the pending calls bounded (%d calls made)", clients*calls)
 	_, err := l.Settle(ctx, nil)
 	require.NoError(t, err)
 	snap, err := l.Value(ctx, name, "")
@@ -626,4 +630,42 @@ func TestEscrowLimitInOwnTransaction(t *testing.T) {
 	var pending int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM txlimit_escrow").Scan(&pending))
 	require.Zero(t, pending)
+}
+
+// TestEscrowSettleIsBounded: keys called once never settle themselves;
+// Settle does, at most Max calls per run, and empties the tables.
+func TestEscrowSettleIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 2)
+	name := uniqueName(t, "cold")
+	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
+		name: {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Hour, Escrow: true},
+	}, func() time.Time { return t0 })
+	for i := range 30 {
+		require.True(t, escrowTx(t, env.callers, l, name, fmt.Sprint(i), i%3 != 0).OK)
+	}
+	pending, claims := env.escrowRows(t)
+	require.Equal(t, 30, pending)
+	require.Equal(t, 20, claims)
+	s, err := l.Settle(ctx, &txlimit.SettleOptions{Max: 12})
+	require.NoError(t, err)
+	require.Equal(t, 12, s.Spent+s.Refunded)
+	require.EqualValues(t, 18, s.Pending)
+	s2, err := l.Settle(ctx, nil)
+	require.NoError(t, err)
+	require.Equal(t, 20, s.Spent+s2.Spent)
+	require.Equal(t, 10, s.Refunded+s2.Refunded)
+	require.Equal(t, 10.0, s.Tokens+s2.Tokens)
+	require.Zero(t, s2.Pending)
+	pending, claims = env.escrowRows(t)
+	require.Zero(t, pending)
+	require.Zero(t, claims)
+	for i := range 30 {
+		snap, err := l.Value(ctx, name, fmt.Sprint(i))
+		require.NoError(t, err)
+		require.Equal(t, map[bool]float64{true: 4, false: 5}[i%3 != 0], snap.Value, "key %d", i)
+	}
+	_, err = l.Settle(ctx, &txlimit.SettleOptions{Max: -1})
+	require.ErrorIs(t, err, txlimit.ErrInvalid)
 }
