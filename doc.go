@@ -46,8 +46,19 @@
 // Schedule the work (a job queue row, for example a River job with
 // ScheduledAt) in the same transaction, so that the reservation and the job
 // commit or roll back together. Config.MaxReserved caps the debt; Credit gives
-// back the tokens of work that was cancelled. A reservation is never an error:
-// Result.Err is nil for it.
+// back the tokens of work that was cancelled. A reservation is never a
+// denial: Result.Err is nil for it. The one exception is bad input: a
+// reservation whose wait would reach MaxWait (about 146 years; Count(3e6) on
+// a limit of one token an hour) or whose debt would leave float64's range is
+// an *InvalidError for Count, and nothing is taken; MaxReserved prevents it.
+//
+// # Waits
+//
+// RetryAfter and NextToken are never negative and never more than MaxWait,
+// half the range of time.Duration, so that ReadyAt, Jitter and the
+// Retry-After of package httplimit never overflow. A denial whose wait is
+// longer (a Rate of 1e-300, a Period of a century and a large count) reports
+// MaxWait.
 //
 // # Transactions and locks
 //

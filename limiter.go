@@ -35,6 +35,14 @@ func (k Kind) String() string {
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
 
+// MaxWait is the longest wait a Result reports: half the range of
+// time.Duration, about 146 years (2^62 ns, in whole microseconds), so that
+// adding a jitter or a period to it cannot overflow. A denial whose wait is
+// longer (a Rate of 1e-300, a Period of a century with a large count) says
+// RetryAfter = MaxWait; a reservation whose wait would reach it is refused
+// with an *InvalidError for its Count, and nothing is taken.
+const MaxWait = time.Duration(algo.MaxWait) * time.Microsecond
+
 // MaxShards is the largest Shards a Config may have.
 const MaxShards = 1024
 
@@ -235,7 +243,9 @@ func Count(n float64) Option { return func(o *callOptions) { o.count = n } }
 // Reserve lets Limit take the tokens even when the limit lacks them, as a
 // reservation: the result is OK with RetryAfter > 0, meaning the tokens are
 // yours and the work should run after RetryAfter without checking the limit
-// again. Config.MaxReserved caps the debt.
+// again. Config.MaxReserved caps the debt. A reservation whose wait would
+// reach MaxWait, or whose debt would leave float64's range, is refused with
+// an *InvalidError for Count, taking nothing.
 func Reserve() Option { return func(o *callOptions) { o.reserve = true } }
 
 // WithRemaining makes a call on a sharded limit report Result.Remaining and
@@ -267,6 +277,8 @@ type Result struct {
 	// RetryAfter is, when OK is false, the time until the same request
 	// would be granted. When OK is true and RetryAfter > 0, the tokens were
 	// reserved: run the work after RetryAfter, without checking again.
+	// It is never negative and never more than MaxWait: a denial whose
+	// wait is longer says MaxWait.
 	RetryAfter time.Duration
 	// At is the clock reading the decision was made at.
 	At time.Time
@@ -287,7 +299,7 @@ type Result struct {
 	// floor(Remaining) whole tokens cannot get more. It is what the HTTP
 	// RateLimit header calls the effective window (package httplimit sends
 	// it as t). It is 0 when the limit will never hold that many (its
-	// Capacity is lower), and when Partial is set.
+	// Capacity is lower), and when Partial is set; never more than MaxWait.
 	NextToken time.Duration
 	// Partial reports that the call read only one shard of a sharded
 	// limit, so that Remaining and NextToken are unknown (and 0): a call
@@ -615,6 +627,9 @@ func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, er
 // shards after the call (unchanged when nothing was taken), or nil when the
 // store read one shard only (Partial).
 func (r request) result(d algo.Decision, at time.Time, states []algo.State) (Result, error) {
+	if d.Overflow {
+		return Result{}, r.overflowError()
+	}
 	res := Result{
 		Name: r.name, Key: r.key, Count: r.count, OK: d.OK,
 		RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
@@ -627,6 +642,16 @@ func (r request) result(d algo.Decision, at time.Time, states []algo.State) (Res
 		res.NextToken = r.nextToken(states, now, res.Remaining)
 	}
 	return res, nil
+}
+
+// overflowError is the error of a reservation that algo refused because
+// its wait would reach MaxWait or its debt leave float64's range.
+func (r request) overflowError() error {
+	c := r.config
+	return &InvalidError{Limit: r.name, Field: "Count", Problem: fmt.Sprintf(
+		"%v reserved at Rate %v per %v would put the limit in a debt it repays only after txlimit.MaxWait (about 146 years) or more, "+
+			"or beyond what a float64 holds; nothing was taken. Lower Count, raise Rate, or set MaxReserved to cap the debt",
+		r.count, c.Rate, c.Period)}
 }
 
 // nextToken returns the time until the shards, left alone, pool one whole
