@@ -73,6 +73,13 @@
 // in order, when one row alone lacks the tokens. Across all shards never more
 // is admitted than one unsharded limit of the same configuration would admit.
 //
+// On PostgreSQL a limit may instead be in escrow mode (Config.Escrow): the
+// call inserts a claim row in the caller's transaction and takes the tokens
+// in a statement of its own on the store's pool, which commits at once, so
+// the caller never holds the limit's row; settlement (Limiter.Settle, and
+// each call for its own key) gives the tokens of a transaction that did not
+// commit its claim back, late but never early (docs/escrow.md).
+//
 // Locks taken by LimitTx are the caller's transaction's own locks, and the
 // usual rule for row locks applies: two transactions that lock the same rows
 // in different orders can deadlock (PostgreSQL detects it after

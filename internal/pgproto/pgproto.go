@@ -133,23 +133,25 @@ type KeyInsert struct {
 	Full      algo.State
 }
 
-// lockTimer adds up the time spent in statements that take row locks, when
-// asked to (TimeLocks).
-type lockTimer struct {
-	on    bool
-	total time.Duration
+// LockTimer adds up the time spent in statements that take row locks, when
+// On (TimeLocks).
+type LockTimer struct {
+	On    bool
+	Total time.Duration
 }
 
-func (t *lockTimer) start() time.Time {
-	if !t.on {
+// Start returns the instant a locking statement starts.
+func (t *LockTimer) Start() time.Time {
+	if !t.On {
 		return time.Time{}
 	}
 	return time.Now()
 }
 
-func (t *lockTimer) stop(start time.Time) {
-	if t.on {
-		t.total += time.Since(start)
+// Stop adds the time since start.
+func (t *LockTimer) Stop(start time.Time) {
+	if t.On {
+		t.Total += time.Since(start)
 	}
 }
 
@@ -158,11 +160,11 @@ func (t *lockTimer) stop(start time.Time) {
 // tokens, a denial the committed state already decides is answered without
 // a lock; otherwise every shard is locked, in shard order.
 func Take[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.TakeParams) (driver.TakeResult, error) {
-	lt := lockTimer{on: p.TimeLocks}
+	lt := LockTimer{On: p.TimeLocks}
 	if driver.FitsOneShard(p) {
 		res, done, err := takeOneShard(ctx, c, tx, p, &lt)
 		if err != nil || done {
-			res.LockWait = lt.total
+			res.LockWait = lt.Total
 			return res, err
 		}
 	}
@@ -177,7 +179,7 @@ func Take[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.TakeParams
 		}
 		states, _ := p.States(read.Rows, read.At.UnixMicro())
 		if _, d := algo.TakeShards(p.Shard(p.Shards), states, read.At.UnixMicro(), p.Count, false); !d.OK {
-			return driver.TakeResult{Decision: d, At: read.At, States: states, LockWait: lt.total}, nil
+			return driver.TakeResult{Decision: d, At: read.At, States: states, LockWait: lt.Total}, nil
 		}
 	}
 	rows, at, err := lockKey(ctx, c, tx, p.Limit, p.Now, &lt)
@@ -190,7 +192,7 @@ func Take[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.TakeParams
 			return driver.TakeResult{}, err
 		}
 	}
-	return driver.TakeResult{Decision: d, At: at, States: next, LockWait: lt.total}, nil
+	return driver.TakeResult{Decision: d, At: at, States: next, LockWait: lt.Total}, nil
 }
 
 // takeOneShard is the fast path of a sharded limit: lock the first shard,
@@ -200,9 +202,9 @@ func Take[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.TakeParams
 // (letting the lock go) when it does not; done is then false and the caller
 // locks every shard. With ReadAll the other shards are read, as last
 // committed, in the same statement; without it the result is Partial.
-func takeOneShard[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.TakeParams, lt *lockTimer) (driver.TakeResult, bool, error) {
+func takeOneShard[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.TakeParams, lt *LockTimer) (driver.TakeResult, bool, error) {
 	start := int32(rand.IntN(p.Shards))
-	lockStart := lt.start()
+	lockStart := lt.Start()
 	tried, err := c.TryLockShard(ctx, tx, p, start)
 	if err == nil && !tried.Locked && tried.Top == int32(p.Shards-1) {
 		// Every shard is held. Queue for one, the random first choice,
@@ -214,7 +216,7 @@ func takeOneShard[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.Ta
 		tried, err = c.WaitShard(ctx, tx, p, start)
 		tried.All = all
 	}
-	lt.stop(lockStart)
+	lt.Stop(lockStart)
 	if err != nil {
 		// The savepoint may be open: the transaction has failed anyway,
 		// and its rollback ends it.
@@ -243,8 +245,8 @@ func takeOneShard[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.Ta
 // lockKey locks every row of l's key, waiting, in shard order, and returns
 // them with the clock read once they are held. A key with no row gets rows
 // 0..Shards-1, created full and locked, first.
-func lockKey[TTx any](ctx context.Context, c Conn[TTx], tx TTx, l driver.Limit, now *time.Time, lt *lockTimer) ([]driver.Row, time.Time, error) {
-	defer lt.stop(lt.start())
+func lockKey[TTx any](ctx context.Context, c Conn[TTx], tx TTx, l driver.Limit, now *time.Time, lt *LockTimer) ([]driver.Row, time.Time, error) {
+	defer lt.Stop(lt.Start())
 	rows, at, err := lockShards(ctx, c, tx, l, now)
 	if err != nil || len(rows) > 0 {
 		return rows, at, err
@@ -325,10 +327,10 @@ func TakeAll[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.TakeAll
 		keys[i] = KeyInsert{Name: t.Name, Key: t.Key, Shards: int32(t.Shards), Full: t.Full()}
 		index[driver.KeyRef{Name: t.Name, Key: t.Key}] = j
 	}
-	lt := lockTimer{on: p.TimeLocks}
-	lockStart := lt.start()
+	lt := LockTimer{On: p.TimeLocks}
+	lockStart := lt.Start()
 	createdRows, locked, err := c.InsertAndLockKeys(ctx, tx, keys, p.Now)
-	lt.stop(lockStart)
+	lt.Stop(lockStart)
 	if err != nil {
 		return driver.TakeAllResult{}, err
 	}
@@ -354,7 +356,7 @@ func TakeAll[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.TakeAll
 		}
 	}
 	out, writes := driver.DecideAll(p, had, at)
-	out.LockWait = lt.total
+	out.LockWait = lt.Total
 	var kw []KeyWrite
 	var doomed []RowRef
 	for i, t := range p.Takes {
