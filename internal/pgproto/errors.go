@@ -9,7 +9,6 @@ import "errors"
 const (
 	UndefinedTable             = "42P01"
 	UndefinedColumn            = "42703"
-	UndefinedFunction          = "42883"
 	DuplicatePreparedStatement = "42P05"
 	InvalidSQLStatementName    = "26000"
 	SerializationFailure       = "40001"
@@ -31,14 +30,6 @@ func SQLState(err error) (string, bool) {
 		return e.SQLState(), true
 	}
 	return "", false
-}
-
-// NotMigrated reports whether err's SQLSTATE says that the txlimit table or
-// one of its columns is missing: the store then wraps it with
-// driver.ErrNotMigrated.
-func NotMigrated(err error) bool {
-	code, _ := SQLState(err)
-	return code == UndefinedTable || code == UndefinedColumn
 }
 
 // RetryableState reports whether a transaction that failed with SQLSTATE
