@@ -132,6 +132,13 @@ func (s *Store) Take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (drive
 
 func (s *Store) take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (driver.TakeResult, error) {
 	lt := lockTimer{on: p.TimeLocks}
+	if p.Shards == 1 && driver.InSQL(p) {
+		res, done, err := s.takeInSQL(ctx, tx, p, &lt)
+		if err != nil || done {
+			res.LockWait = lt.total
+			return res, err
+		}
+	}
 	if driver.FitsOneShard(p) {
 		res, done, err := s.takeOneShard(ctx, tx, p, &lt)
 		if err != nil || done {
@@ -164,6 +171,36 @@ func (s *Store) take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (drive
 		}
 	}
 	return driver.TakeResult{Decision: d, At: at, States: next, LockWait: lt.total}, nil
+}
+
+// takeInSQL takes from an unsharded limit in one statement, TakeRow,
+// which creates or locks the row, refills, decides and writes in SQL. done
+// is false when the statement granted nothing (a denial, or a stored value
+// that is not finite): the row is then locked, and the caller takes its
+// locked path, which decides with algo in Go, so that a denial costs one
+// more round trip. Whichever path writes, the state is algo's
+// (TestTakeRowMatchesAlgo).
+func (s *Store) takeInSQL(ctx context.Context, tx pgx.Tx, p driver.TakeParams, lt *lockTimer) (driver.TakeResult, bool, error) {
+	defer lt.stop(lt.start())
+	c := p.Config
+	full := p.Full()
+	r, err := s.queries.TakeRow(ctx, tx, db.TakeRowParams{
+		Name: p.Name, Key: p.Key, Shard: 0, FullValue: full.Value, FullTs: time.UnixMicro(full.TS), Now: p.Now,
+		Kind: int32(c.Kind), Rate: c.Rate, Period: c.Period, Capacity: c.Capacity, MaxReserved: c.MaxReserved,
+		Count: p.Count, Reserve: p.Reserve,
+	})
+	if err != nil {
+		return driver.TakeResult{}, false, ignoreNoRows(err)
+	}
+	next := algo.State{Value: r.Value, TS: r.Ts.UnixMicro()}
+	return driver.TakeResult{Decision: driver.Granted(c, next, r.Clock.UnixMicro()), At: r.Clock, States: []algo.State{next}}, true, nil
+}
+
+func ignoreNoRows(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	return err
 }
 
 const (

@@ -143,7 +143,7 @@ func wrap(op string, err error) error {
 	}
 	msg := err.Error()
 	switch {
-	case strings.Contains(msg, "no such table") || strings.Contains(msg, "no such column"):
+	case strings.Contains(msg, "no such table") || strings.Contains(msg, "no such column") || strings.Contains(msg, "has no column named"):
 		return fmt.Errorf("txlimit/sqlitestore: %s: %w: %w", op, driver.ErrNotMigrated, err)
 	case strings.Contains(msg, "database is locked") || strings.Contains(msg, "SQLITE_BUSY"):
 		return fmt.Errorf("txlimit/sqlitestore: %s: another connection held the write lock; roll back and retry the "+
@@ -261,6 +261,16 @@ func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driv
 	var start time.Time
 	if p.TimeLocks {
 		start = time.Now()
+	}
+	if p.Shards == 1 && driver.InSQL(p) {
+		res, done, err := s.takeRow(ctx, tx, p, clock(p.Now))
+		if err != nil || done {
+			if p.TimeLocks {
+				res.LockWait = time.Since(start)
+			}
+			s.stmts.learnMode(ctx, tx)
+			return res, err
+		}
 	}
 	rows, at, err := s.lockKey(ctx, tx, p.Name, p.Key, p.Now)
 	if err != nil {
