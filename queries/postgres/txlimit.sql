@@ -233,9 +233,12 @@ SELECT name, key, shard, value, ts FROM txlimit LIMIT 0;
 -- SET and the WHERE of the row that conflicts, which is the version ON
 -- CONFLICT locked, not the statement's snapshot. kind is algo.Kind (1 token
 -- bucket, 2 fixed window); tol is algo's tolerance. period must be at most
--- 2^53 µs, so that a remainder of it times an interval is exact.
+-- 2^53 µs, so that a remainder of it times an interval is exact. OFFSET 0
+-- keeps each step a subquery of its own, evaluated once, where PostgreSQL
+-- would otherwise pull it up and repeat its expressions at every use.
 WITH c AS MATERIALIZED (
-    SELECT CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
+    SELECT k.clock,
+           CAST(extract(epoch FROM k.clock) * 1000000 AS bigint) AS now_us,
            sqlc.arg(kind)::integer AS kind,
            sqlc.arg(rate)::float8 AS rate,
            sqlc.arg(period)::bigint AS period,
@@ -244,13 +247,15 @@ WITH c AS MATERIALIZED (
            sqlc.arg(count)::float8 AS count,
            sqlc.arg(reserve)::boolean AS reserve,
            1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8) AS tol
+    FROM (SELECT CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS k
 )
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
 SELECT sqlc.arg(name), sqlc.arg(key), sqlc.arg(shard)::integer, n.value, n.ts
-    FROM c
+FROM c
 CROSS JOIN LATERAL (
     SELECT sqlc.arg(full_value)::float8 AS v, sqlc.arg(full_ts)::timestamptz AS ts,
-           CAST((extract(epoch FROM c.clock) - extract(epoch FROM sqlc.arg(full_ts)::timestamptz)) * 1000000 AS bigint) AS e
+           c.now_us - CAST(extract(epoch FROM sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
+    OFFSET 0
 ) AS s
 CROSS JOIN LATERAL (
     SELECT CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN least(s.v, c.capacity)
@@ -261,9 +266,11 @@ CROSS JOIN LATERAL (
                 WHEN c.kind = 2 THEN c.clock - (s.e % c.period) * interval '1 microsecond'
                 ELSE c.clock
            END AS ts
+    OFFSET 0
 ) AS p
 CROSS JOIN LATERAL (
     SELECT p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room
+    OFFSET 0
 ) AS d
 CROSS JOIN LATERAL (
     SELECT CASE WHEN d.left_over >= -c.tol
@@ -281,7 +288,8 @@ SET (value, ts) = (
     FROM c
     CROSS JOIN LATERAL (
         SELECT t.value AS v, t.ts AS ts,
-               CAST((extract(epoch FROM c.clock) - extract(epoch FROM t.ts)) * 1000000 AS bigint) AS e
+               c.now_us - CAST(extract(epoch FROM t.ts) * 1000000 AS bigint) AS e
+        OFFSET 0
     ) AS s
     CROSS JOIN LATERAL (
         SELECT CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN least(s.v, c.capacity)
@@ -292,9 +300,11 @@ SET (value, ts) = (
                     WHEN c.kind = 2 THEN c.clock - (s.e % c.period) * interval '1 microsecond'
                     ELSE c.clock
                END AS ts
+        OFFSET 0
     ) AS p
     CROSS JOIN LATERAL (
         SELECT p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room
+        OFFSET 0
     ) AS d
     CROSS JOIN LATERAL (
         SELECT CASE WHEN d.left_over >= -c.tol
@@ -311,7 +321,8 @@ WHERE (
     FROM c
     CROSS JOIN LATERAL (
         SELECT t.value AS v, t.ts AS ts,
-               CAST((extract(epoch FROM c.clock) - extract(epoch FROM t.ts)) * 1000000 AS bigint) AS e
+               c.now_us - CAST(extract(epoch FROM t.ts) * 1000000 AS bigint) AS e
+        OFFSET 0
     ) AS s
     CROSS JOIN LATERAL (
         SELECT CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN least(s.v, c.capacity)
@@ -322,9 +333,11 @@ WHERE (
                     WHEN c.kind = 2 THEN c.clock - (s.e % c.period) * interval '1 microsecond'
                     ELSE c.clock
                END AS ts
+        OFFSET 0
     ) AS p
     CROSS JOIN LATERAL (
         SELECT p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room
+        OFFSET 0
     ) AS d
     CROSS JOIN LATERAL (
         SELECT CASE WHEN d.left_over >= -c.tol

@@ -424,22 +424,25 @@ func (q *Queries) ScanKeys(ctx context.Context, db DBTX, arg ScanKeysParams) ([]
 
 const TakeRow = `-- name: TakeRow :one
 WITH c AS MATERIALIZED (
-    SELECT CAST(COALESCE($6::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
-           $7::integer AS kind,
-           $8::float8 AS rate,
-           $9::bigint AS period,
-           $10::float8 AS capacity,
-           $11::float8 AS max_reserved,
-           $12::float8 AS count,
-           $13::boolean AS reserve,
-           1e-9::float8 * greatest(1, $10::float8) AS tol
+    SELECT k.clock,
+           CAST(extract(epoch FROM k.clock) * 1000000 AS bigint) AS now_us,
+           $6::integer AS kind,
+           $7::float8 AS rate,
+           $8::bigint AS period,
+           $9::float8 AS capacity,
+           $10::float8 AS max_reserved,
+           $11::float8 AS count,
+           $12::boolean AS reserve,
+           1e-9::float8 * greatest(1, $9::float8) AS tol
+    FROM (SELECT CAST(COALESCE($13::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS k
 )
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
 SELECT $1, $2, $3::integer, n.value, n.ts
-    FROM c
+FROM c
 CROSS JOIN LATERAL (
     SELECT $4::float8 AS v, $5::timestamptz AS ts,
-           CAST((extract(epoch FROM c.clock) - extract(epoch FROM $5::timestamptz)) * 1000000 AS bigint) AS e
+           c.now_us - CAST(extract(epoch FROM $5::timestamptz) * 1000000 AS bigint) AS e
+    OFFSET 0
 ) AS s
 CROSS JOIN LATERAL (
     SELECT CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN least(s.v, c.capacity)
@@ -450,9 +453,11 @@ CROSS JOIN LATERAL (
                 WHEN c.kind = 2 THEN c.clock - (s.e % c.period) * interval '1 microsecond'
                 ELSE c.clock
            END AS ts
+    OFFSET 0
 ) AS p
 CROSS JOIN LATERAL (
     SELECT p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room
+    OFFSET 0
 ) AS d
 CROSS JOIN LATERAL (
     SELECT CASE WHEN d.left_over >= -c.tol
@@ -470,7 +475,8 @@ SET (value, ts) = (
     FROM c
     CROSS JOIN LATERAL (
         SELECT t.value AS v, t.ts AS ts,
-               CAST((extract(epoch FROM c.clock) - extract(epoch FROM t.ts)) * 1000000 AS bigint) AS e
+               c.now_us - CAST(extract(epoch FROM t.ts) * 1000000 AS bigint) AS e
+        OFFSET 0
     ) AS s
     CROSS JOIN LATERAL (
         SELECT CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN least(s.v, c.capacity)
@@ -481,9 +487,11 @@ SET (value, ts) = (
                     WHEN c.kind = 2 THEN c.clock - (s.e % c.period) * interval '1 microsecond'
                     ELSE c.clock
                END AS ts
+        OFFSET 0
     ) AS p
     CROSS JOIN LATERAL (
         SELECT p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room
+        OFFSET 0
     ) AS d
     CROSS JOIN LATERAL (
         SELECT CASE WHEN d.left_over >= -c.tol
@@ -500,7 +508,8 @@ WHERE (
     FROM c
     CROSS JOIN LATERAL (
         SELECT t.value AS v, t.ts AS ts,
-               CAST((extract(epoch FROM c.clock) - extract(epoch FROM t.ts)) * 1000000 AS bigint) AS e
+               c.now_us - CAST(extract(epoch FROM t.ts) * 1000000 AS bigint) AS e
+        OFFSET 0
     ) AS s
     CROSS JOIN LATERAL (
         SELECT CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN least(s.v, c.capacity)
@@ -511,9 +520,11 @@ WHERE (
                     WHEN c.kind = 2 THEN c.clock - (s.e % c.period) * interval '1 microsecond'
                     ELSE c.clock
                END AS ts
+        OFFSET 0
     ) AS p
     CROSS JOIN LATERAL (
         SELECT p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room
+        OFFSET 0
     ) AS d
     CROSS JOIN LATERAL (
         SELECT CASE WHEN d.left_over >= -c.tol
@@ -534,7 +545,6 @@ type TakeRowParams struct {
 	Shard       int32
 	FullValue   float64
 	FullTs      time.Time
-	Now         *time.Time
 	Kind        int32
 	Rate        float64
 	Period      int64
@@ -542,6 +552,7 @@ type TakeRowParams struct {
 	MaxReserved float64
 	Count       float64
 	Reserve     bool
+	Now         *time.Time
 }
 
 type TakeRowRow struct {
@@ -568,7 +579,9 @@ type TakeRowRow struct {
 // SET and the WHERE of the row that conflicts, which is the version ON
 // CONFLICT locked, not the statement's snapshot. kind is algo.Kind (1 token
 // bucket, 2 fixed window); tol is algo's tolerance. period must be at most
-// 2^53 µs, so that a remainder of it times an interval is exact.
+// 2^53 µs, so that a remainder of it times an interval is exact. OFFSET 0
+// keeps each step a subquery of its own, evaluated once, where PostgreSQL
+// would otherwise pull it up and repeat its expressions at every use.
 func (q *Queries) TakeRow(ctx context.Context, db DBTX, arg TakeRowParams) (TakeRowRow, error) {
 	row := db.QueryRow(ctx, TakeRow,
 		arg.Name,
@@ -576,7 +589,6 @@ func (q *Queries) TakeRow(ctx context.Context, db DBTX, arg TakeRowParams) (Take
 		arg.Shard,
 		arg.FullValue,
 		arg.FullTs,
-		arg.Now,
 		arg.Kind,
 		arg.Rate,
 		arg.Period,
@@ -584,6 +596,7 @@ func (q *Queries) TakeRow(ctx context.Context, db DBTX, arg TakeRowParams) (Take
 		arg.MaxReserved,
 		arg.Count,
 		arg.Reserve,
+		arg.Now,
 	)
 	var i TakeRowRow
 	err := row.Scan(&i.Value, &i.Ts, &i.Clock)
