@@ -180,19 +180,18 @@ func BenchmarkLimitTx(b *testing.B) {
 
 // BenchmarkLimitTxSerial times one call after another on one connection,
 // each in a transaction of its own (BEGIN; …; COMMIT), where nothing queues:
-// the latency a call adds, where round trips show. Each iteration runs every
-// subject once, in turn, so that the load of a shared machine falls on all
-// of them alike, and the benchmark reports each subject's median (µs) and
-// the ratios of medians:
-//
-//   - empty-tx: BEGIN; COMMIT, what every subject also pays;
-//   - floor: the hand-written SELECT … FOR UPDATE, then UPDATE;
-//   - locked: LimitTx on a limit whose Period (290 years, above 2^53 µs)
-//     keeps it off the one-statement path: the locked path of the same
-//     build, two round trips like the floor;
-//   - txlimit: LimitTx, one statement.
+// the latency a call adds, where round trips show.
 //
 //	go test -run '^$' -bench 'LimitTxSerial' -benchtime 2000x .
+//
+// Each iteration runs every subject once, in turn, so that the load of a
+// shared machine falls on all of them alike, and the benchmark reports each
+// subject's median (µs) and the ratios of medians. The subjects: empty-tx
+// (BEGIN; COMMIT, what every subject also pays); floor (the hand-written
+// SELECT … FOR UPDATE, then UPDATE); locked (LimitTx on a limit whose Period,
+// 290 years, is above 2^53 µs, which keeps it off the one-statement path:
+// the locked path of the same build, two round trips like the floor); and
+// txlimit (LimitTx, one statement).
 func BenchmarkLimitTxSerial(b *testing.B) {
 	ctx := context.Background()
 	pool := testdb.Pool(b, testdb.Schema(b), pgx.QueryExecModeCacheStatement, 1)

@@ -10,20 +10,21 @@ import (
 	"github.com/txlimit/txlimit/driver"
 )
 
-// takeRowSQL is one admitted call on one row in one statement: it refills
-// the row (or, when there is none, the full state full_value at full_ts,
+// takeRowSQL is one admitted call on one row in one statement: it refills the
+// row (or, when there is none, the full state full_value at full_ts,
 // algo.Full) to the clock at, decides and writes, as algo.Take does, and
-// returns the new state. It returns no row when the call is not granted, or
-// when the stored value is not finite (left to the Go path), and then
-// writes nothing. The statement is a write, so SQLite takes its write lock
-// before the SELECT inside reads the row: no other connection can change it
-// in between.
+// returns the new state. It returns no row when the call is not granted, when
+// the stored value is not finite, or when the key has rows beyond shard 0
+// (written under a sharded config, to be pooled), all left to the Go path,
+// and then writes nothing. The statement is a write, so SQLite takes its
+// write lock before the SELECT inside reads the row: no other connection can
+// change it in between.
 //
 // The arithmetic is algo's, operation for operation, on REAL (IEEE doubles)
-// and INTEGER microseconds, so that the state written is bit for bit the
-// one algo computes; TestTakeRowMatchesAlgo holds it to algo. kind is
-// algo.Kind (1 token bucket, 2 fixed window); eps is algo's relative
-// tolerance, 1e-9, bound as a double rather than parsed from SQL text.
+// and INTEGER microseconds, so that the state written is bit for bit the one
+// algo computes; TestTakeRowMatchesAlgo holds it to algo. kind is algo.Kind
+// (1 token bucket, 2 fixed window); eps is algo's relative tolerance, 1e-9,
+// bound as a double rather than parsed from SQL text.
 //
 // It lives here rather than in queries/sqlite because sqlc's SQLite grammar
 // rejects it (a CTE before INSERT … SELECT, nested derived tables); the
@@ -35,7 +36,8 @@ WITH c AS (
            CAST(:period AS INTEGER) AS period, CAST(:capacity AS REAL) AS capacity,
            CAST(:max_reserved AS REAL) AS max_reserved, CAST(:count AS REAL) AS count,
            CAST(:reserve AS INTEGER) AS reserve, CAST(:eps AS REAL) AS eps,
-           CAST(:full_value AS REAL) AS full_value, CAST(:full_ts AS INTEGER) AS full_ts
+           CAST(:full_value AS REAL) AS full_value, CAST(:full_ts AS INTEGER) AS full_ts,
+           EXISTS (SELECT 1 FROM txlimit AS x WHERE x.name = :name AND x.key = :key AND x.shard > 0) AS resharded
 ), s AS (
     SELECT COALESCE(r.value, c.full_value) AS v, COALESCE(r.ts, c.full_ts) AS ts,
            c.at - COALESCE(r.ts, c.full_ts) AS e
@@ -65,7 +67,7 @@ SELECT :name, :key, :shard,
        END,
        d.ts
 FROM d, c
-WHERE d.old_value BETWEEN -1e300 AND 1e300
+WHERE NOT c.resharded AND d.old_value BETWEEN -1e300 AND 1e300
   AND (d.left_over >= -d.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -d.tol)))
 ON CONFLICT (name, key, shard) DO UPDATE SET value = excluded.value, ts = excluded.ts
 RETURNING value, ts`

@@ -113,3 +113,32 @@ func requireBits(t *testing.T, want, got algo.State, msg string) {
 	require.Equal(t, math.Float64bits(want.Value), math.Float64bits(got.Value), "%s: value %v, want %v", msg, got.Value, want.Value)
 	require.Equal(t, want.TS, got.TS, "%s: ts", msg)
 }
+
+// A key whose rows were written under Shards 4 and is now taken with Shards
+// 1 is pooled into one row (driver.Decide), not served from shard 0 alone:
+// takeRowSQL leaves it to the Go path.
+func TestTakeRowLeavesReshardToGo(t *testing.T) {
+	ctx := context.Background()
+	s := New(openTestDB(t))
+	now := time.UnixMicro(1_700_000_000_000_000)
+	l := driver.Limit{Name: "reshard", Key: "k", Shards: 1,
+		Config: algo.Config{Kind: algo.TokenBucket, Rate: 8, Period: 3_600_000_000, Capacity: 8}}
+	var had []driver.Row
+	for shard := range 4 {
+		had = append(had, driver.Row{Shard: int32(shard), Value: 0.5, TS: now})
+		_, err := s.db.ExecContext(ctx, `INSERT INTO txlimit (name, key, shard, value, ts) VALUES (?, ?, ?, 0.5, ?)`, l.Name, l.Key, shard, now.UnixMicro())
+		require.NoError(t, err)
+	}
+	p := driver.TakeParams{Limit: l, Count: 0.25, Now: &now} // shard 0 alone has it
+	want, wantD, _ := driver.Decide(p, had, now)
+	require.True(t, wantD.OK, "the four shards pool 2 tokens")
+	require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
+		res, err := s.Take(ctx, tx, p)
+		require.NoError(t, err)
+		require.Equal(t, wantD, res.Decision)
+		rows := stored(ctx, t, tx, algocase.Case{Limit: l})
+		require.Len(t, rows, 1, "the extra shards are deleted")
+		requireBits(t, want[0], rows[0], "pooled")
+		return nil
+	}))
+}

@@ -215,27 +215,28 @@ FOR UPDATE OF t SKIP LOCKED;
 SELECT name, key, shard, value, ts FROM txlimit LIMIT 0;
 
 -- name: TakeRow :one
--- One admitted call on one row in one statement: it creates the row or
--- locks it (waiting for the transaction that holds it), refills it to the
--- clock, decides and writes, as algo.Take does, and returns the new state
--- and the clock. It returns no row when the call is not granted, or when
--- the stored value is not finite (left to the store's Go path); the
--- conflicting row is then locked all the same (ON CONFLICT locks it before
--- its WHERE is evaluated), which the store's locked path that follows takes
--- anyway, and nothing is written.
+-- One admitted call on one row in one statement: it creates the row or locks
+-- it (waiting for the transaction that holds it), refills it to the clock,
+-- decides and writes, as algo.Take does, and returns the new state and the
+-- clock. It returns no row when the call is not granted, when the stored
+-- value is not finite, or when the key has rows beyond shard 0 (written under
+-- a sharded config, to be pooled: resharded), all left to the store's Go
+-- path; the conflicting row is then locked all the same (ON CONFLICT locks it
+-- before its WHERE is evaluated), which the store's locked path that follows
+-- takes anyway, and nothing is written.
 --
--- The arithmetic is algo's, operation for operation, in float8 and in
--- bigint microseconds (the epoch of a timestamptz is an exact numeric), so
--- that the state written is bit for bit the one algo computes; a
--- differential test in pgstore holds it to algo. The parameters are read
--- once, in c, with the clock. The refill and decision appear three times:
--- for a missing row (full: full_value at full_ts, algo.Full), and in the
--- SET and the WHERE of the row that conflicts, which is the version ON
--- CONFLICT locked, not the statement's snapshot. kind is algo.Kind (1 token
--- bucket, 2 fixed window); tol is algo's tolerance. period must be at most
--- 2^53 µs, so that a remainder of it times an interval is exact. OFFSET 0
--- keeps each step a subquery of its own, evaluated once, where PostgreSQL
--- would otherwise pull it up and repeat its expressions at every use.
+-- The arithmetic is algo's, operation for operation, in float8 and in bigint
+-- microseconds (the epoch of a timestamptz is an exact numeric), so that the
+-- state written is bit for bit the one algo computes; a differential test in
+-- pgstore holds it to algo. The parameters are read once, in c, with the
+-- clock. The refill and decision appear three times: for a missing row (full:
+-- full_value at full_ts, algo.Full), and in the SET and the WHERE of the row
+-- that conflicts, which is the version ON CONFLICT locked, not the
+-- statement's snapshot. kind is algo.Kind (1 token bucket, 2 fixed window);
+-- tol is algo's tolerance. period must be at most 2^53 µs, so that a
+-- remainder of it times an interval is exact. OFFSET 0 keeps each step a
+-- subquery of its own, evaluated once, where PostgreSQL would otherwise pull
+-- it up and repeat its expressions at every use.
 WITH c AS MATERIALIZED (
     SELECT k.clock,
            CAST(extract(epoch FROM k.clock) * 1000000 AS bigint) AS now_us,
@@ -246,7 +247,9 @@ WITH c AS MATERIALIZED (
            sqlc.arg(max_reserved)::float8 AS max_reserved,
            sqlc.arg(count)::float8 AS count,
            sqlc.arg(reserve)::boolean AS reserve,
-           1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8) AS tol
+           1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8) AS tol,
+           EXISTS (SELECT 1 FROM txlimit AS x
+                   WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0) AS resharded
     FROM (SELECT CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS k
 )
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
@@ -278,7 +281,7 @@ CROSS JOIN LATERAL (
                 ELSE d.left_over
            END AS value,
            p.ts,
-           s.v BETWEEN -1e300 AND 1e300
+           NOT c.resharded AND s.v BETWEEN -1e300 AND 1e300
            AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol))) AS ok
 ) AS n
 WHERE n.ok
@@ -312,7 +315,7 @@ SET (value, ts) = (
                     ELSE d.left_over
                END AS value,
                p.ts,
-               s.v BETWEEN -1e300 AND 1e300
+               NOT c.resharded AND s.v BETWEEN -1e300 AND 1e300
                AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol))) AS ok
     ) AS n
 )
@@ -345,7 +348,7 @@ WHERE (
                     ELSE d.left_over
                END AS value,
                p.ts,
-               s.v BETWEEN -1e300 AND 1e300
+               NOT c.resharded AND s.v BETWEEN -1e300 AND 1e300
                AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol))) AS ok
     ) AS n
 )
