@@ -25,6 +25,13 @@ import (
 // operations in the same order, and instants are exact microseconds). A
 // denial must write nothing. The store's whole Take (TakeRow, then the Go
 // path when it grants nothing) must match algo too.
+//
+// Bit for bit holds where Go rounds every operation, as on amd64 at the
+// default GOAMD64=v1. The Go spec lets a compiler fuse x*y+z into one FMA
+// (arm64, ppc64, s390x, amd64 v3 do), which rounds once where SQL rounds
+// twice: algo's fixed-window refill, Value + Rate*float64(windows), could
+// then differ from the SQL in the last bit (half an ulp of the value). An
+// explicit float64(Rate*float64(windows)) in algo forbids the fusion.
 func TestTakeRowMatchesAlgo(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4)
