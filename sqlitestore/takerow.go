@@ -24,7 +24,9 @@ import (
 // and INTEGER microseconds, so that the state written is bit for bit the one
 // algo computes; TestTakeRowMatchesAlgo holds it to algo. kind is algo.Kind
 // (1 token bucket, 2 fixed window); eps is algo's relative tolerance, 1e-9,
-// bound as a double rather than parsed from SQL text.
+// bound as a double rather than parsed from SQL text. A reservation is
+// granted here only when its wait is surely below 2e15 µs (63 years, a bound
+// from above); a longer one is left to the Go path.
 //
 // It lives here rather than in queries/sqlite because sqlc's SQLite grammar
 // rejects it (a CTE before INSERT … SELECT, nested derived tables); the
@@ -44,7 +46,7 @@ WITH c AS (
     FROM c
     LEFT JOIN txlimit AS r ON r.name = :name AND r.key = :key AND r.shard = :shard
 ), p AS (
-    SELECT s.v AS old_value,
+    SELECT s.v AS old_value, s.e,
            CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN min(s.v, c.capacity)
                 WHEN c.kind = 2 THEN min(s.v + c.rate * CAST(s.e / c.period AS REAL), c.capacity)
                 ELSE min(s.v + CAST(s.e AS REAL) * c.rate / CAST(c.period AS REAL), c.capacity)
@@ -55,7 +57,7 @@ WITH c AS (
            END AS ts
     FROM s, c
 ), d AS (
-    SELECT p.old_value, p.ts, p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room,
+    SELECT p.old_value, p.ts, p.e, p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room,
            c.eps * max(1.0, c.capacity) AS tol
     FROM p, c
 )
@@ -68,7 +70,8 @@ SELECT :name, :key, :shard,
        d.ts
 FROM d, c
 WHERE NOT c.resharded AND d.old_value BETWEEN -1e300 AND 1e300
-  AND (d.left_over >= -d.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -d.tol)))
+  AND (d.left_over >= -d.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -d.tol)
+       AND (-d.left_over / c.rate + 2) * CAST(c.period AS REAL) + CAST(max(-d.e, 0) AS REAL) < 2e15))
 ON CONFLICT (name, key, shard) DO UPDATE SET value = excluded.value, ts = excluded.ts
 RETURNING value, ts`
 

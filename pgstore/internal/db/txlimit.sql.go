@@ -468,7 +468,8 @@ CROSS JOIN LATERAL (
            END AS value,
            p.ts,
            NOT c.resharded AND s.v BETWEEN -1e300 AND 1e300
-           AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol))) AS ok
+           AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol)
+                    AND (-d.left_over / c.rate + 2) * CAST(c.period AS float8) + CAST(greatest(-s.e, 0) AS float8) < 2e15)) AS ok
 ) AS n
 WHERE n.ok
 ON CONFLICT (name, key, shard) DO UPDATE
@@ -502,7 +503,8 @@ SET (value, ts) = (
                END AS value,
                p.ts,
                NOT c.resharded AND s.v BETWEEN -1e300 AND 1e300
-               AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol))) AS ok
+               AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol)
+                    AND (-d.left_over / c.rate + 2) * CAST(c.period AS float8) + CAST(greatest(-s.e, 0) AS float8) < 2e15)) AS ok
     ) AS n
 )
 WHERE (
@@ -535,7 +537,8 @@ WHERE (
                END AS value,
                p.ts,
                NOT c.resharded AND s.v BETWEEN -1e300 AND 1e300
-               AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol))) AS ok
+               AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol)
+                    AND (-d.left_over / c.rate + 2) * CAST(c.period AS float8) + CAST(greatest(-s.e, 0) AS float8) < 2e15)) AS ok
     ) AS n
 )
 RETURNING t.value, t.ts, (SELECT c.clock FROM c) AS clock
@@ -582,7 +585,11 @@ type TakeRowRow struct {
 // that conflicts, which is the version ON CONFLICT locked, not the
 // statement's snapshot. kind is algo.Kind (1 token bucket, 2 fixed window);
 // tol is algo's tolerance. period must be at most 2^53 µs, so that a
-// remainder of it times an interval is exact. OFFSET 0 keeps each step a
+// remainder of it times an interval is exact. A reservation is granted
+// here only when its wait is surely below 2e15 µs (63 years: a bound from
+// above, in float operations the differential test repeats); a longer one is
+// left to the Go path, which refuses waits a Decision cannot hold. OFFSET 0
+// keeps each step a
 // subquery of its own, evaluated once, where PostgreSQL would otherwise pull
 // it up and repeat its expressions at every use.
 func (q *Queries) TakeRow(ctx context.Context, db DBTX, arg TakeRowParams) (TakeRowRow, error) {
