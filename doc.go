@@ -46,8 +46,19 @@
 // Schedule the work (a job queue row, for example a River job with
 // ScheduledAt) in the same transaction, so that the reservation and the job
 // commit or roll back together. Config.MaxReserved caps the debt; Credit gives
-// back the tokens of work that was cancelled. A reservation is never an error:
-// Result.Err is nil for it.
+// back the tokens of work that was cancelled. A reservation is never a
+// denial: Result.Err is nil for it. The one exception is bad input: a
+// reservation whose wait would reach MaxWait (about 146 years; Count(3e6) on
+// a limit of one token an hour) or whose debt would leave float64's range is
+// an *InvalidError for Count, and nothing is taken; MaxReserved prevents it.
+//
+// # Waits
+//
+// RetryAfter and NextToken are never negative and never more than MaxWait,
+// half the range of time.Duration, so that ReadyAt, Jitter and the
+// Retry-After of package httplimit never overflow. A denial whose wait is
+// longer (a Rate of 1e-300, a Period of a century and a large count) reports
+// MaxWait.
 //
 // # Transactions and locks
 //
@@ -64,6 +75,13 @@
 // transaction holds (FOR UPDATE SKIP LOCKED), falling back to all rows, locked
 // in order, when one row alone lacks the tokens. Across all shards never more
 // is admitted than one unsharded limit of the same configuration would admit.
+//
+// On PostgreSQL a limit may instead be in escrow mode (Config.Escrow): the
+// call inserts a claim row in the caller's transaction and takes the tokens
+// in a statement of its own on the store's pool, which commits at once, so
+// the caller never holds the limit's row; settlement (Limiter.Settle, and
+// each call for its own key) gives the tokens of a transaction that did not
+// commit its claim back, late but never early (docs/escrow.md).
 //
 // Locks taken by LimitTx are the caller's transaction's own locks, and the
 // usual rule for row locks applies: two transactions that lock the same rows

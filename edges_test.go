@@ -94,6 +94,202 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 		}
 	})
 
+	t.Run("sharded refill is not lost", func(t *testing.T) {
+		// The reproduction: Rate 2/s, Capacity 4, Shards 2. On
+		// PostgreSQL the take at t0+2s is served from one shard, which is
+		// then stamped t0+2s while the other stays at t0; the take at
+		// t0+1s (a clock that stepped back, or one read before the locks
+		// were held) pools the shards. It must credit the shard that was
+		// behind with its refill up to t0+2s, as the unsharded limit has
+		// it, rather than project it to t0+1s and stamp it t0+2s.
+		for _, kind := range []txlimit.Kind{txlimit.TokenBucket, txlimit.FixedWindow} {
+			holds := map[int]float64{}
+			for _, shards := range []int{1, 2} {
+				name := uniqueName(t, "refill")
+				c := newClock()
+				cfg := txlimit.Config{Kind: kind, Rate: 2, Period: time.Second, Capacity: 4, Shards: shards}
+				if kind == txlimit.FixedWindow {
+					// Windows of 1s, each adding 2: the same totals at
+					// whole seconds.
+					cfg.Start = t0
+				}
+				l, err := txlimit.New(h.store, map[string]txlimit.Config{name: cfg}, &txlimit.Options{Clock: c.Now})
+				require.NoError(t, err)
+				res, err := l.Limit(ctx, name, "k", txlimit.Count(4))
+				require.NoError(t, err)
+				require.True(t, res.OK)
+				c.Advance(2 * time.Second)
+				res, err = l.Limit(ctx, name, "k", txlimit.Count(1))
+				require.NoError(t, err)
+				require.True(t, res.OK)
+				c.Advance(-time.Second)
+				res, err = l.Limit(ctx, name, "k", txlimit.Count(2))
+				require.NoError(t, err)
+				require.True(t, res.OK, "%v, %d shards: the limit holds 3 (as of t0+2s)", kind, shards)
+				c.Advance(time.Second)
+				snap, err := l.Value(ctx, name, "k")
+				require.NoError(t, err)
+				holds[shards] = snap.Value
+				// And it admits exactly that.
+				res, err = l.Limit(ctx, name, "k", txlimit.Count(1))
+				require.NoError(t, err)
+				require.True(t, res.OK, "%v, %d shards", kind, shards)
+				res, err = l.Limit(ctx, name, "k", txlimit.Count(0.5))
+				require.NoError(t, err)
+				require.False(t, res.OK, "%v, %d shards", kind, shards)
+			}
+			require.InDelta(t, 1, holds[1], 1e-9, "%v: unsharded", kind)
+			require.InDelta(t, holds[1], holds[2], 1e-9, "%v: the sharded limit holds what the unsharded one holds", kind)
+		}
+	})
+
+	t.Run("waits beyond MaxWait", func(t *testing.T) {
+		c := newClock()
+		l, err := txlimit.New(h.store, nil, &txlimit.Options{Clock: c.Now})
+		require.NoError(t, err)
+		var invalid *txlimit.InvalidError
+
+		// A reservation 3e6 hours (342 years) away cannot be represented:
+		// refused as bad input by every form, nothing written.
+		hourly := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})
+		name := uniqueName(t, "far")
+		far := []txlimit.Option{hourly, txlimit.Count(3e6), txlimit.Reserve()}
+		calls := map[string]func() error{
+			"Limit": func() error { _, err := l.Limit(ctx, name, "k", far...); return err },
+			"LimitTx": func() error {
+				tx := h.begin(t)
+				defer h.rollback(tx)
+				_, err := l.LimitTx(ctx, tx, name, "k", far...)
+				return err
+			},
+			"Check": func() error { _, err := l.Check(ctx, name, "k", far...); return err },
+			"CheckTx": func() error {
+				tx := h.begin(t)
+				defer h.rollback(tx)
+				_, err := l.CheckTx(ctx, tx, name, "k", far...)
+				return err
+			},
+			"LimitAll": func() error {
+				_, err := l.LimitAll(ctx, txlimit.Req(name, "other", hourly), txlimit.Req(name, "k", far...))
+				return err
+			},
+		}
+		for form, call := range calls {
+			err := call()
+			require.ErrorAs(t, err, &invalid, form)
+			require.Equal(t, "Count", invalid.Field, form)
+			require.Contains(t, err.Error(), "MaxReserved", "%s: the error names the fix", form)
+			require.Empty(t, h.rows(t, name, "k"), "%s: nothing written", form)
+			require.Empty(t, h.rows(t, name, "other"), "%s: nothing written for any limit of the call", form)
+		}
+		// With the limit in use, the refusal leaves its rows alone.
+		res, err := l.Limit(ctx, name, "k", hourly, txlimit.Count(3), txlimit.Reserve())
+		require.NoError(t, err)
+		require.True(t, res.Reserved())
+		require.Equal(t, 2*time.Hour, res.RetryAfter)
+		before := h.rows(t, name, "k")
+		_, err = l.Limit(ctx, name, "k", far...)
+		require.ErrorAs(t, err, &invalid)
+		require.Equal(t, before, h.rows(t, name, "k"))
+		// MaxReserved caps the debt: then the same count is a plain denial.
+		capped := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, MaxReserved: 10})
+		_, err = l.Limit(ctx, uniqueName(t, "capped"), "k", capped, txlimit.Count(3e6), txlimit.Reserve())
+		require.ErrorAs(t, err, &invalid, "above Capacity+MaxReserved: still bad input")
+
+		// Denials whose wait is beyond MaxWait say MaxWait, never less
+		// and never negative: a rate of 1e-300, and a century-long period.
+		for _, cfg := range []txlimit.Config{
+			{Kind: txlimit.TokenBucket, Rate: 1e-300, Period: time.Second, Capacity: 1},
+			{Kind: txlimit.TokenBucket, Rate: 1, Period: 100 * 365 * 24 * time.Hour, Capacity: 2},
+			{Kind: txlimit.FixedWindow, Rate: 1, Period: 100 * 365 * 24 * time.Hour, Capacity: 2, Start: t0},
+		} {
+			name := uniqueName(t, "slow")
+			opt := txlimit.WithConfig(cfg)
+			count := txlimit.Count(cfg.Capacity)
+			res, err := l.Limit(ctx, name, "k", opt, count)
+			require.NoError(t, err)
+			require.True(t, res.OK)
+			require.Positive(t, res.NextToken, "%+v", cfg)
+			require.LessOrEqual(t, res.NextToken, txlimit.MaxWait, "%+v", cfg)
+			res, err = l.Limit(ctx, name, "k", opt, count)
+			require.NoError(t, err)
+			require.False(t, res.OK)
+			require.Equal(t, txlimit.MaxWait, res.RetryAfter, "%+v", cfg)
+			require.True(t, res.ReadyAt().After(res.At))
+			if cfg.Rate < 1 {
+				require.Equal(t, txlimit.MaxWait, res.NextToken)
+			}
+			res, err = l.Check(ctx, name, "k", opt, count)
+			require.NoError(t, err)
+			require.Equal(t, txlimit.MaxWait, res.RetryAfter)
+			m, err := l.LimitAll(ctx, txlimit.Req(name, "k", opt, count))
+			require.NoError(t, err)
+			require.False(t, m.OK)
+			require.Equal(t, txlimit.MaxWait, m.RetryAfter)
+			require.Equal(t, txlimit.MaxWait, m.Err().(*txlimit.RateLimitedError).RetryAfter)
+			// Wait with a deadline gives up at once.
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			res, err = l.Wait(wctx, name, "k", opt, count)
+			cancel()
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.ErrorIs(t, err, txlimit.ErrRateLimited)
+			require.Equal(t, txlimit.MaxWait, res.RetryAfter)
+			// A reservation that needs more than MaxWait is refused.
+			_, err = l.Limit(ctx, name, "k", opt, count, txlimit.Reserve())
+			require.ErrorAs(t, err, &invalid, "%+v", cfg)
+			require.Equal(t, "Count", invalid.Field)
+		}
+	})
+
+	t.Run("state stays finite", func(t *testing.T) {
+		c := newClock()
+		l, err := txlimit.New(h.store, nil, &txlimit.Options{Clock: c.Now})
+		require.NoError(t, err)
+		var invalid *txlimit.InvalidError
+		finite := func(t *testing.T, name string) {
+			t.Helper()
+			for _, row := range h.rows(t, name, "k") {
+				require.NotContains(t, strings.ToLower(row), "inf", row)
+				require.NotContains(t, strings.ToLower(row), "nan", row)
+			}
+		}
+		for _, shards := range []int{1, 3} {
+			// A rate so high that a debt of 1e308 is repaid in 100 s: the
+			// first reservation is representable, a second would take the
+			// value to -Inf.
+			opt := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1e300, Period: time.Microsecond, Capacity: 1, Shards: shards})
+			name := uniqueName(t, "huge")
+			res, err := l.Limit(ctx, name, "k", opt, txlimit.Count(1e308), txlimit.Reserve())
+			require.NoError(t, err)
+			require.True(t, res.Reserved(), "%+v", res)
+			require.Equal(t, 100*time.Second, res.RetryAfter)
+			before := h.rows(t, name, "k")
+			_, err = l.Limit(ctx, name, "k", opt, txlimit.Count(1e308), txlimit.Reserve())
+			require.ErrorAs(t, err, &invalid)
+			require.Equal(t, "Count", invalid.Field)
+			require.Equal(t, before, h.rows(t, name, "k"), "nothing written")
+			finite(t, name)
+			snap, err := l.Value(ctx, name, "k", opt)
+			require.NoError(t, err)
+			require.InDelta(t, -1e308, snap.Value, 1e293)
+
+			// Credits cap at Capacity and stay finite.
+			require.NoError(t, l.Credit(ctx, name, "k", 1e308, opt))
+			require.NoError(t, l.Credit(ctx, name, "k", 1e308, opt))
+			snap, err = l.Value(ctx, name, "k", opt)
+			require.NoError(t, err)
+			require.InDelta(t, 1, snap.Value, 1e-9)
+			finite(t, name)
+		}
+		// With an hourly rate, the Count(1e308) is refused at once:
+		// its wait is beyond MaxWait.
+		name := uniqueName(t, "hourly")
+		_, err = l.Limit(ctx, name, "k", txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour}),
+			txlimit.Count(1e308), txlimit.Reserve())
+		require.ErrorAs(t, err, &invalid)
+		require.Empty(t, h.rows(t, name, "k"))
+	})
+
 	t.Run("observer sees every operation", func(t *testing.T) {
 		var mu sync.Mutex
 		var ops []string

@@ -35,6 +35,14 @@ func (k Kind) String() string {
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
 
+// MaxWait is the longest wait a Result reports: half the range of
+// time.Duration, about 146 years (2^62 ns, in whole microseconds), so that
+// adding a jitter or a period to it cannot overflow. A denial whose wait is
+// longer (a Rate of 1e-300, a Period of a century with a large count) says
+// RetryAfter = MaxWait; a reservation whose wait would reach it is refused
+// with an *InvalidError for its Count, and nothing is taken.
+const MaxWait = time.Duration(algo.MaxWait) * time.Microsecond
+
 // MaxShards is the largest Shards a Config may have.
 const MaxShards = 1024
 
@@ -67,6 +75,20 @@ type Config struct {
 	// spreads the resets of many keys over the period. Must be zero for a
 	// TokenBucket.
 	Start time.Time
+	// Escrow takes the tokens at once, outside the caller's transaction,
+	// and only escrows them until it ends: kept if it commits, given back
+	// by settlement if it does not. The limit's row is then locked only for
+	// one statement, never until the caller commits, so one hot key no
+	// longer queues its callers. The price: the tokens of a caller that
+	// rolls back come back late (at the next call of the key or the next
+	// Settle), never early; an escrow limit has one shard (Shards must be
+	// 0 or 1) and cannot be part of LimitAll. PostgreSQL (pgstore, with a
+	// pool) only; run Limiter.Settle periodically. Limit (the form without
+	// Tx) takes an escrow limit in its own short transaction, as the locked
+	// model does. See docs/escrow.md.
+	// Defaults to false: the row is locked until the caller's transaction
+	// ends.
+	Escrow bool
 }
 
 // normalized fills defaults and validates c. name is only used in errors.
@@ -97,6 +119,9 @@ func (c Config) normalized(name string) (Config, error) {
 	}
 	if c.Shards < 1 || c.Shards > MaxShards {
 		return bad("Shards", "must be between 1 and %d (0 means 1), got %d", MaxShards, c.Shards)
+	}
+	if c.Escrow && c.Shards > 1 {
+		return bad("Shards", "must be 1 (or 0) for an Escrow limit, got %d: escrow already keeps the row from being held, so shards add nothing", c.Shards)
 	}
 	if c.Kind == TokenBucket && !c.Start.IsZero() {
 		return bad("Start", "applies to FixedWindow only; leave it zero for a TokenBucket")
@@ -162,6 +187,7 @@ type Limiter[TTx any] struct {
 	observer        Observer
 	failOpenOnError bool
 	prune           pruneCursor
+	escrow          escrowSupport[TTx]
 }
 
 // New returns a Limiter on store with the named limits. Every config is
@@ -171,12 +197,15 @@ func New[TTx any](store Store[TTx], limits map[string]Config, opts *Options) (*L
 	if store == nil {
 		return nil, &InvalidError{Field: "store", Problem: "is nil; pass pgstore.New(pool) or sqlitestore.New(db)"}
 	}
-	l := &Limiter[TTx]{store: store, limits: make(map[string]Config, len(limits))}
+	l := &Limiter[TTx]{store: store, limits: make(map[string]Config, len(limits)), escrow: newEscrowSupport(store)}
 	for name, c := range limits {
 		if err := validName(name); err != nil {
 			return nil, err
 		}
 		nc, err := c.normalized(name)
+		if err == nil {
+			err = l.escrow.check(name, nc)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -214,7 +243,9 @@ func Count(n float64) Option { return func(o *callOptions) { o.count = n } }
 // Reserve lets Limit take the tokens even when the limit lacks them, as a
 // reservation: the result is OK with RetryAfter > 0, meaning the tokens are
 // yours and the work should run after RetryAfter without checking the limit
-// again. Config.MaxReserved caps the debt.
+// again. Config.MaxReserved caps the debt. A reservation whose wait would
+// reach MaxWait, or whose debt would leave float64's range, is refused with
+// an *InvalidError for Count, taking nothing.
 func Reserve() Option { return func(o *callOptions) { o.reserve = true } }
 
 // WithRemaining makes a call on a sharded limit report Result.Remaining and
@@ -246,6 +277,8 @@ type Result struct {
 	// RetryAfter is, when OK is false, the time until the same request
 	// would be granted. When OK is true and RetryAfter > 0, the tokens were
 	// reserved: run the work after RetryAfter, without checking again.
+	// It is never negative and never more than MaxWait: a denial whose
+	// wait is longer says MaxWait.
 	RetryAfter time.Duration
 	// At is the clock reading the decision was made at.
 	At time.Time
@@ -266,7 +299,7 @@ type Result struct {
 	// floor(Remaining) whole tokens cannot get more. It is what the HTTP
 	// RateLimit header calls the effective window (package httplimit sends
 	// it as t). It is 0 when the limit will never hold that many (its
-	// Capacity is lower), and when Partial is set.
+	// Capacity is lower), and when Partial is set; never more than MaxWait.
 	NextToken time.Duration
 	// Partial reports that the call read only one shard of a sharded
 	// limit, so that Remaining and NextToken are unknown (and 0): a call
@@ -410,6 +443,7 @@ type request struct {
 	remaining bool
 	config    Config
 	limit     driver.Limit
+	ownTx     bool         // the call runs in a transaction of the Limiter's own (Limit)
 	obs       *observation // nil unless the Limiter has an Observer
 }
 
@@ -429,6 +463,9 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option) (request, err
 	}
 	if o.config != nil {
 		c, err := o.config.normalized(name)
+		if err == nil {
+			err = l.escrow.check(name, c)
+		}
 		if err != nil {
 			return r, err
 		}
@@ -503,6 +540,10 @@ func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Opti
 	r, err := l.limitRequest(name, key, opts, obs)
 	var res Result
 	if err == nil {
+		// An escrow limit is taken like any other here: the row is held
+		// only for this short transaction anyway, and an escrow debit
+		// would need a second connection of the same pool.
+		r.ownTx = true
 		err = l.store.InTx(ctx, false, func(tx TTx) (err error) {
 			res, err = l.limit(ctx, tx, r)
 			return err
@@ -515,8 +556,9 @@ func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Opti
 // the Reserve option allows a reservation), consumes them in tx. The tokens
 // are spent if and only if tx commits; a rollback gives them back. A denied
 // call writes nothing. The rows of the limit stay locked until tx ends, so
-// keep the transaction short, or use Shards for a limit many transactions
-// share.
+// keep the transaction short, or use Shards or Escrow for a limit many
+// transactions share. An Escrow limit is not locked past the call: see
+// Config.Escrow.
 //
 // A denial is a Result with OK false, not an error; call Result.Err for the
 // error style. Errors are bad input (*InvalidError, nothing written) or the
@@ -569,7 +611,11 @@ func (r request) failedOpen(at time.Time) Result {
 }
 
 func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, error) {
-	t, err := l.store.Take(ctx, tx, r.take(l.now()))
+	take := l.store.Take
+	if r.config.Escrow && !r.ownTx {
+		take = l.escrow.store.EscrowTake
+	}
+	t, err := take(ctx, tx, r.take(l.now()))
 	if err != nil {
 		return Result{}, err
 	}
@@ -581,6 +627,9 @@ func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, er
 // shards after the call (unchanged when nothing was taken), or nil when the
 // store read one shard only (Partial).
 func (r request) result(d algo.Decision, at time.Time, states []algo.State) (Result, error) {
+	if d.Overflow {
+		return Result{}, r.overflowError()
+	}
 	res := Result{
 		Name: r.name, Key: r.key, Count: r.count, OK: d.OK,
 		RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
@@ -593,6 +642,16 @@ func (r request) result(d algo.Decision, at time.Time, states []algo.State) (Res
 		res.NextToken = r.nextToken(states, now, res.Remaining)
 	}
 	return res, nil
+}
+
+// overflowError is the error of a reservation that algo refused because
+// its wait would reach MaxWait or its debt leave float64's range.
+func (r request) overflowError() error {
+	c := r.config
+	return &InvalidError{Limit: r.name, Field: "Count", Problem: fmt.Sprintf(
+		"%v reserved at Rate %v per %v would put the limit in a debt it repays only after txlimit.MaxWait (about 146 years) or more, "+
+			"or beyond what a float64 holds; nothing was taken. Lower Count, raise Rate, or set MaxReserved to cap the debt",
+		r.count, c.Rate, c.Period)}
 }
 
 // nextToken returns the time until the shards, left alone, pool one whole
@@ -681,6 +740,9 @@ func (l *Limiter[TTx]) keyRequest(name, key string, obs *observation) (request, 
 }
 
 func (l *Limiter[TTx]) reset(ctx context.Context, tx TTx, r request) error {
+	if err := l.escrow.reset(ctx, tx, l.limits[r.name], r); err != nil {
+		return err
+	}
 	return l.store.Delete(ctx, tx, driver.KeyParams{Name: r.name, Key: r.key})
 }
 
@@ -772,5 +834,8 @@ func (l *Limiter[TTx]) credit(ctx context.Context, tx TTx, r request) error {
 // ErrNotMigrated, whose message names migrations.Up. It returns ErrNoPool
 // when the store has no pool.
 func (l *Limiter[TTx]) Ping(ctx context.Context) error {
-	return l.store.Ping(ctx)
+	if err := l.store.Ping(ctx); err != nil {
+		return err
+	}
+	return l.escrow.ping(ctx, l.limits)
 }

@@ -162,6 +162,10 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 		if err == nil {
 			err = r.checkCount()
 		}
+		if err == nil && r.config.Escrow {
+			err = &InvalidError{Limit: q.Name, Field: "reqs", Problem: "names an Escrow limit, which LimitAll cannot take " +
+				"(its all-or-nothing rests on holding every row until the transaction ends); call LimitTx for it in the same transaction"}
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -157,7 +157,7 @@ func runSoak[TTx any](t *testing.T, s soakStore[TTx], workers int) {
 		if phase > 0 {
 			clk.Advance(time.Hour)
 		}
-		var stop atomic.Bool
+		var stop, stopKilling atomic.Bool
 		var wg sync.WaitGroup
 		for w := range workers {
 			wg.Add(1)
@@ -173,7 +173,7 @@ func runSoak[TTx any](t *testing.T, s soakStore[TTx], workers int) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for !stop.Load() {
+				for !stopKilling.Load() {
 					if err := s.kill(ctx); err != nil {
 						t.Errorf("kill: %v", err)
 						return
@@ -183,13 +183,17 @@ func runSoak[TTx any](t *testing.T, s soakStore[TTx], workers int) {
 			}()
 		}
 		time.Sleep(soakPhase(t))
-		giveUp := time.Now().Add(time.Minute)
+		// The killer stops first: on a loaded machine, kills every 50 ms can
+		// abort nearly every transaction, and the test is about wrong
+		// denials, not about the speed of work under fire.
+		stopKilling.Store(true)
+		giveUp := time.Now().Add(3 * time.Minute)
 		for !drained() && time.Now().Before(giveUp) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		stop.Store(true)
 		wg.Wait()
-		require.True(t, drained(), "phase %d: the limits were not drained within a minute", phase)
+		require.True(t, drained(), "phase %d: the limits were not drained within 3 minutes of the last kill", phase)
 	}
 
 	t.Logf("committed %d, rolled back %d, denied %d, failed %d", committed.Load(), rolledBack.Load(), denied.Load(), failed.Load())

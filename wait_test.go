@@ -206,6 +206,32 @@ func runWait[TTx any](t *testing.T, store txlimit.Store[TTx]) {
 		require.True(t, res.OK, "WaitN: the next window grants both tokens at once")
 	})
 
+	t.Run("WaitBeyondMaxWaitSleepsMaxWait", func(t *testing.T) {
+		// A wait no Duration holds: Wait sleeps MaxWait (plus a jitter of
+		// at most Period), never a negative or wrapped-around duration.
+		name := uniqueName(t, "glacial")
+		l, err := txlimit.New(store, map[string]txlimit.Config{
+			name: {Kind: txlimit.TokenBucket, Rate: 1e-300, Period: time.Second, Capacity: 1},
+		}, &txlimit.Options{Clock: newClock().Now})
+		require.NoError(t, err)
+		res, err := l.Wait(ctx, name, "k")
+		require.NoError(t, err)
+		require.True(t, res.OK)
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var slept []time.Duration
+		res, err = txlimit.WaitWithSleep(wctx, l, func(ctx context.Context, d time.Duration) error {
+			slept = append(slept, d)
+			cancel()
+			return ctx.Err()
+		}, name, "k")
+		require.ErrorIs(t, err, context.Canceled)
+		require.Equal(t, txlimit.MaxWait, res.RetryAfter)
+		require.Len(t, slept, 1)
+		require.GreaterOrEqual(t, slept[0], txlimit.MaxWait)
+		require.Less(t, slept[0], txlimit.MaxWait+time.Second)
+	})
+
 	t.Run("DeadlineBeforeRetryAfterReturnsAtOnce", func(t *testing.T) {
 		name := uniqueName(t, "deadline")
 		l, err := txlimit.New(store, map[string]txlimit.Config{

@@ -54,9 +54,24 @@ type Decision struct {
 	// RetryAfter is, for a denial, the time until the whole count fits; for
 	// a granted reservation (OK with the value below zero), the time until
 	// the reserved tokens exist, when the reserved work may run. It is 0 for
-	// an ordinary grant and never negative.
+	// an ordinary grant, never negative and never more than MaxWait: a
+	// denial whose wait is longer (or cannot be computed) says MaxWait.
 	RetryAfter int64
+	// Overflow reports a reservation refused because granting it would put
+	// the limit out of what can be represented: a RetryAfter of MaxWait or
+	// more, or a value beyond float64's range. OK is then false, RetryAfter
+	// 0 and the states come back unchanged, as for a denial, but waiting
+	// does not help: the caller reports it as bad input (a count too large
+	// for the limit), not as a denial.
+	Overflow bool
 }
+
+// MaxWait is the longest wait, in microseconds, that a Decision reports:
+// half the range of time.Duration (2^62 ns, about 146 years), so that a
+// caller may add a jitter or a period to it without overflowing. A denial
+// whose wait is longer reports MaxWait; a reservation whose wait would reach
+// it is refused (Decision.Overflow).
+const MaxWait = int64(1<<62) / 1000
 
 // tolerance absorbs floating-point rounding so that, say, ten refills of 0.1
 // tokens are enough for a request of 1. It is far below any count a caller
@@ -112,11 +127,17 @@ func Take(c Config, s State, now int64, count float64, reserve bool) (State, Dec
 // granted anyway as a reservation (the pooled value goes below zero) unless
 // the debt would exceed the pooled MaxReserved.
 //
-// A grant returns new states that spread what is left evenly over the shards
-// (so that each one reaches zero at the same instant, which makes the
-// reservation's RetryAfter exactly that of one unsharded bucket). A denial
-// returns the states unchanged (the same slice) with the time until the
-// request would be granted.
+// The shards are projected to the call's instant: the later of now and the
+// latest shard timestamp (see Pooled), each on its own timestamp. A grant
+// returns new states that spread what is left evenly over the shards, all
+// stamped with that instant (so that each one reaches zero at the same
+// instant, which makes the reservation's RetryAfter exactly that of one
+// unsharded bucket). A denial returns the states unchanged (the same slice)
+// with the time until the request would be granted, at most MaxWait.
+//
+// A reservation that would need a wait of MaxWait or more, or would take
+// the pooled value beyond float64's range, is refused: the states come back
+// unchanged with Decision.Overflow set.
 func TakeShards(c Config, states []State, now int64, count float64, reserve bool) ([]State, Decision) {
 	n := float64(len(states))
 	pooled, ts := pool(c, states, now)
@@ -134,13 +155,25 @@ func TakeShards(c Config, states []State, now int64, count float64, reserve bool
 	case left >= -tol:
 		return spread(len(states), max(left, 0), ts), Decision{OK: true}
 	case reserve && (c.MaxReserved == 0 || pooled-target >= -tol):
+		if math.IsInf(left, 0) || math.IsNaN(left) {
+			return states, Decision{Overflow: true}
+		}
 		next := spread(len(states), left, ts)
-		return next, Decision{OK: true, RetryAfter: RetryAfter(c, next[0], now)}
+		ra := RetryAfter(c, next[0], now)
+		if ra >= MaxWait {
+			return states, Decision{Overflow: true}
+		}
+		return next, Decision{OK: true, RetryAfter: ra}
 	}
 	return states, Decision{RetryAfter: timeUntil(c, states, now, target)}
 }
 
-// Pooled returns the sum of the shards' values projected to now.
+// Pooled returns the sum of the shards' values projected to the call's
+// instant: now, or the latest shard timestamp when that is later (a clock
+// that stepped back, or one read before a shard that another call stamped
+// later was locked). Each shard is projected on its own timestamp, so a
+// shard that was behind gets its refill up to that instant, as an unsharded
+// bucket, stamped by the later call, would have had it.
 func Pooled(c Config, states []State, now int64) float64 {
 	v, _ := pool(c, states, now)
 	return v
@@ -148,24 +181,51 @@ func Pooled(c Config, states []State, now int64) float64 {
 
 // CreditShards gives count tokens back to a limit split into shards, never
 // lifting the pooled value above the pooled capacity, and spreads the result
-// evenly.
+// evenly, stamped like a grant of TakeShards. The values stay finite for
+// any finite count.
 func CreditShards(c Config, states []State, now int64, count float64) []State {
 	pooled, ts := pool(c, states, now)
 	return spread(len(states), math.Min(pooled+count, c.Capacity*float64(len(states))), ts)
 }
 
-// pool projects every shard to now and returns the sum of their values and
-// the latest of their timestamps (so that a shard whose clock ran ahead is
-// never credited the same stretch of time twice).
+// Reshard returns the states of a limit whose states were written under
+// from (the config of one of len(states) shards) as n shards of to: the
+// pooled value at the call's instant (see Pooled), capped at the n shards'
+// pooled capacity, spread evenly and stamped like a grant. The limit holds
+// the same tokens (and the same debt) before and after.
+func Reshard(from Config, states []State, to Config, n int, now int64) []State {
+	total, ts := pool(from, states, now)
+	return spread(n, math.Min(total, to.Capacity*float64(n)), ts)
+}
+
+// pool projects every shard, on its own timestamp, to the call's instant
+// (the later of now and the latest shard timestamp) and returns the sum of
+// their values and the latest of their projected timestamps: what a grant
+// stamps every shard with. Projecting a shard that is behind only to now
+// and then stamping it with a later instant would drop its refill in
+// between.
 func pool(c Config, states []State, now int64) (float64, int64) {
+	at := instant(states, now)
 	var sum float64
 	ts := int64(math.MinInt64)
 	for _, s := range states {
-		p := Project(c, s, now)
+		p := Project(c, s, at)
 		sum += p.Value
 		ts = max(ts, p.TS)
 	}
 	return sum, ts
+}
+
+// instant is the instant a call at now decides at: now, or the latest
+// timestamp of states when that is later. An unsharded bucket whose TS is
+// ahead of now holds its refill up to TS; a sharded limit holds every
+// shard's refill up to the latest timestamp any of them was given.
+func instant(states []State, now int64) int64 {
+	at := now
+	for _, s := range states {
+		at = max(at, s.TS)
+	}
+	return at
 }
 
 func spread(n int, total float64, ts int64) []State {
@@ -194,8 +254,9 @@ func timeUntil(c Config, states []State, now int64, target float64) int64 {
 	// refill is the smallest amount x such that every shard, given x more
 	// tokens but never more than its capacity, pools to target.
 	gaps := make([]float64, len(states))
+	at := instant(states, now)
 	for i, s := range states {
-		gaps[i] = c.Capacity - Project(c, s, now).Value
+		gaps[i] = c.Capacity - Project(c, s, at).Value
 	}
 	slices.SortFunc(gaps, func(a, b float64) int { return cmp.Compare(b, a) })
 	slack := c.Capacity*float64(len(states)) - target
@@ -245,12 +306,15 @@ func floorMod(a, m int64) int64 {
 	return r
 }
 
+// clampDuration rounds a wait up to whole microseconds within [0,
+// MaxWait]. A NaN (a wait that cannot be computed) is MaxWait, so that a
+// denial never says "now".
 func clampDuration(us float64) int64 {
 	switch {
-	case us <= 0 || math.IsNaN(us):
+	case math.IsNaN(us) || us >= float64(MaxWait):
+		return MaxWait
+	case us <= 0:
 		return 0
-	case us >= math.MaxInt64/2:
-		return math.MaxInt64 / 2
 	}
-	return int64(math.Ceil(us))
+	return min(int64(math.Ceil(us)), MaxWait)
 }

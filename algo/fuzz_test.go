@@ -146,6 +146,31 @@ func checkTake(t *testing.T, c Config, states []State, now int64, count float64,
 		}
 	}
 
+	if d.Overflow {
+		// A refused reservation: nothing changes, and granting it would
+		// really have needed a wait of MaxWait or more (or a value out of
+		// float64's range).
+		if d.OK || d.RetryAfter != 0 || !reserve {
+			fail("overflow with OK=%v RetryAfter=%d reserve=%v", d.OK, d.RetryAfter, reserve)
+		}
+		for i := range states {
+			if next[i] != in[i] {
+				fail("overflow changed shard %d: %+v -> %+v", i, in[i], next[i])
+			}
+		}
+		left := Pooled(c, states, now) - count
+		if finite(left) {
+			// A token bucket needs -left/(n·Rate) periods; a fixed window
+			// at most one period less. Plus the time a stepped-back clock
+			// waits before refill resumes.
+			ahead := float64(max(instant(states, now)-now, 0))
+			need := ahead - left/(float64(n)*c.Rate)*float64(c.Period) + float64(c.Period)
+			if need < float64(MaxWait)*(1-1e-9) {
+				fail("overflow, but the reservation needs only about %v µs (MaxWait %d)", need, MaxWait)
+			}
+		}
+		return next, d
+	}
 	if !d.OK {
 		// A denial writes nothing: the states come back unchanged.
 		for i := range states {
@@ -159,10 +184,13 @@ func checkTake(t *testing.T, c Config, states []State, now int64, count float64,
 		// Waiting exactly RetryAfter is never too early: the same call is
 		// granted then (as a reservation, for a reserving call whose debt
 		// now fits under MaxReserved).
-		if d.RetryAfter < maxRetry {
+		if d.RetryAfter < min(maxRetry, MaxWait) {
 			later := now + d.RetryAfter
 			_, d2 := TakeShards(c, states, later, count, reserve)
-			if !d2.OK {
+			// (A reservation whose debt then needs MaxWait or more to
+			// repay is refused at that point: waiting was enough for the
+			// count to fit under MaxReserved.)
+			if !d2.OK && !d2.Overflow {
 				fail("denied with RetryAfter %d, but denied again at now+RetryAfter (RetryAfter %d); pooled(now)=%v pooled(later)=%v",
 					d.RetryAfter, d2.RetryAfter, Pooled(c, states, now), Pooled(c, states, later))
 			}

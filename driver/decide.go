@@ -28,7 +28,7 @@ func (l Limit) States(rows []Row, now int64) (states []algo.State, resharded boo
 	if m == 0 || m == n {
 		return l.statesOf(rows, n), false
 	}
-	return reshard(l.Shard(m), l.statesOf(rows, m), l.Shard(n), n, now), true
+	return algo.Reshard(l.Shard(m), l.statesOf(rows, m), l.Shard(n), n, now), true
 }
 
 // statesOf returns m states from rows written under an m-shard config, a
@@ -146,32 +146,6 @@ func Extra(rows []Row, n int) []int32 {
 		if int(r.Shard) >= n {
 			out = append(out, r.Shard)
 		}
-	}
-	return out
-}
-
-// reshard pools states (under from, the config of one of len(states)
-// shards) at now and spreads the total over n shards of config to, capped at
-// their pooled capacity. Each new shard takes the latest projected time, so
-// no stretch of time is credited twice.
-func reshard(from algo.Config, states []algo.State, to algo.Config, n int, now int64) []algo.State {
-	var total float64
-	ts := now
-	for _, s := range states {
-		p := algo.Project(from, s, now)
-		total += p.Value
-		ts = max(ts, p.TS)
-	}
-	if to.Kind == algo.FixedWindow {
-		ts = states[0].TS
-		for _, s := range states {
-			ts = max(ts, algo.Project(from, s, now).TS)
-		}
-	}
-	total = min(total, to.Capacity*float64(n))
-	out := make([]algo.State, n)
-	for i := range out {
-		out[i] = algo.State{Value: total / float64(n), TS: ts}
 	}
 	return out
 }

@@ -32,6 +32,7 @@ func runDeployments[TTx any](t *testing.T, b backend[TTx]) {
 		"proxied": {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour},
 		"slowest": {Kind: txlimit.TokenBucket, Rate: 1, Period: 2 * time.Hour},
 		"logged":  {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour},
+		"glacial": {Kind: txlimit.TokenBucket, Rate: 1e-300, Period: time.Second, Capacity: 1},
 	}, &txlimit.Options{Clock: clk.Now})
 	require.NoError(t, err)
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok")) })
@@ -132,6 +133,19 @@ func runDeployments[TTx any](t *testing.T, b backend[TTx]) {
 		require.ErrorContains(t, err, `KeyFunc of limit "perUser" is nil`)
 		_, err = httplimit.NewAll(limiter, []httplimit.Rule{{Name: "global", Key: global}, {Name: "perUser", Key: userKey, Policy: "global"}}, nil)
 		require.ErrorContains(t, err, "rules 0 and 1 have the policy name")
+	})
+
+	t.Run("WaitBeyondMaxWait", func(t *testing.T) {
+		// A wait no Duration holds is txlimit.MaxWait (2^62 ns), and
+		// Retry-After says so in whole seconds, rounded up: never 1.
+		lim, err := httplimit.New(limiter, "glacial", userKey, nil)
+		require.NoError(t, err)
+		h := lim.Handler(ok)
+		require.Equal(t, http.StatusOK, get(t, h, "/", "frank").Code)
+		w := get(t, h, "/", "frank")
+		require.Equal(t, http.StatusTooManyRequests, w.Code)
+		require.Equal(t, "4611686019", w.Header().Get("Retry-After"))
+		require.Equal(t, `"glacial";r=0;t=4611686018`, w.Header().Get("RateLimit"))
 	})
 
 	t.Run("IPv6NetworkSharesOneLimit", func(t *testing.T) {

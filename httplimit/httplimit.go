@@ -366,7 +366,11 @@ func (m *Limit[TTx]) respond(w http.ResponseWriter, r *http.Request, res txlimit
 // retrySeconds is d in whole seconds, rounded up, and at least 1: a client
 // that waits that long is never early.
 func retrySeconds(d time.Duration) int64 {
-	return int64(max(1, (d+time.Second-1)/time.Second))
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++ // rounded up without adding to d, which may be near its maximum
+	}
+	return max(1, s)
 }
 
 // problem is the default Denied: RFC 9457 problem details of the draft's

@@ -28,7 +28,7 @@ func postgresDB(t *testing.T) *sql.DB {
 	// one by hand here.
 	schema := testdb.Schema(t)
 	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
-	_, err := pool.Exec(context.Background(), "DROP TABLE txlimit; DROP TABLE "+migrations.VersionTable)
+	_, err := pool.Exec(context.Background(), "DROP TABLE txlimit, txlimit_escrow, txlimit_escrow_claim; DROP TABLE "+migrations.VersionTable)
 	require.NoError(t, err)
 	db := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { _ = db.Close() })
@@ -41,9 +41,10 @@ func TestUpDownAndVersionTable(t *testing.T) {
 		dialect migrations.Dialect
 		open    func(*testing.T) *sql.DB
 		goose   goose.Dialect
+		version int64
 	}{
-		{migrations.SQLite, sqliteDB, goose.DialectSQLite3},
-		{migrations.Postgres, postgresDB, goose.DialectPostgres},
+		{migrations.SQLite, sqliteDB, goose.DialectSQLite3, 1},
+		{migrations.Postgres, postgresDB, goose.DialectPostgres, 2}, // 2: escrow mode's tables
 	} {
 		t.Run(string(tc.dialect), func(t *testing.T) {
 			db := tc.open(t)
@@ -66,7 +67,7 @@ func TestUpDownAndVersionTable(t *testing.T) {
 			require.NoError(t, err)
 			v, err := p.GetDBVersion(ctx)
 			require.NoError(t, err)
-			require.EqualValues(t, 1, v)
+			require.Equal(t, tc.version, v)
 			_, err = p.DownTo(ctx, 0)
 			require.NoError(t, err)
 			_, err = db.ExecContext(ctx, "SELECT 1 FROM txlimit")
@@ -83,6 +84,10 @@ func TestUpDownAndVersionTable(t *testing.T) {
 			require.NoError(t, err)
 			_, err = db.ExecContext(ctx, "SELECT 1 FROM txlimit")
 			require.NoError(t, err)
+			if tc.dialect == migrations.Postgres {
+				_, err = db.ExecContext(ctx, "SELECT 1 FROM txlimit_escrow JOIN txlimit_escrow_claim ON id = claim")
+				require.NoError(t, err)
+			}
 		})
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/observertest"
 	"github.com/txlimit/txlimit/otelobserver"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
@@ -36,14 +37,14 @@ func newObserver(t *testing.T, opts ...otelobserver.Option) (*otelobserver.Obser
 func TestMetricsSQLite(t *testing.T) {
 	t.Parallel()
 	obs, reader := newObserver(t)
-	runScenario(t, sqlitestore.New(openSQLite(t, true)), sqlitestore.New(openSQLite(t, false)), sqlitestore.New(closedSQLite(t)), obs)
+	observertest.RunScenario(t, sqlitestore.New(observertest.SQLite(t, true)), sqlitestore.New(observertest.SQLite(t, false)), sqlitestore.New(observertest.ClosedSQLite(t)), obs)
 	checkMetrics(t, reader)
 }
 
 func TestMetricsPostgres(t *testing.T) {
 	t.Parallel()
 	obs, reader := newObserver(t)
-	runScenario(t, pgstore.New(openPostgres(t, true)), pgstore.New(openPostgres(t, false)), pgstore.New(closedPostgres(t)), obs)
+	observertest.RunScenario(t, pgstore.New(observertest.Postgres(t, true)), pgstore.New(observertest.Postgres(t, false)), pgstore.New(observertest.ClosedPostgres(t)), obs)
 	checkMetrics(t, reader)
 }
 
@@ -60,16 +61,16 @@ func checkMetrics(t *testing.T, reader *sdkmetric.ManualReader) {
 	}
 
 	decisions := sums(t, metrics["txlimit.decisions"], otelobserver.AttrOutcome)
-	require.Equal(t, wantDecisions, decisions)
+	require.Equal(t, observertest.WantDecisions, decisions)
 	require.Equal(t, "{call}", metrics["txlimit.decisions"].Unit)
-	require.Equal(t, wantErrors, sums(t, metrics["txlimit.errors"], otelobserver.AttrErrorType))
+	require.Equal(t, observertest.WantErrors, sums(t, metrics["txlimit.errors"], otelobserver.AttrErrorType))
 
 	// One duration per decision, by the same attributes; one lock wait per
 	// decision, by limit and op.
 	durations := histogramCounts(t, metrics["txlimit.call.duration"], otelobserver.AttrOutcome)
-	require.Equal(t, wantDecisions, durations)
+	require.Equal(t, observertest.WantDecisions, durations)
 	wantLockWaits := map[string]int64{}
-	for k, n := range wantDecisions {
+	for k, n := range observertest.WantDecisions {
 		f := strings.Fields(k)
 		wantLockWaits[f[0]+" "+f[1]] += n
 	}
@@ -150,7 +151,7 @@ func (o *tee) Observe(ctx context.Context, e txlimit.Event) {
 func TestSpansPostgres(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := openPostgres(t, true)
+	pool := observertest.Postgres(t, true)
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	obs, reader := newObserver(t, otelobserver.WithTracerProvider(tp), otelobserver.WithKeys())

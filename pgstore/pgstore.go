@@ -16,6 +16,12 @@
 // statement relies on extract(epoch …) of a timestamptz being an exact
 // numeric.
 //
+// A limit with Config.Escrow (docs/escrow.md) is taken differently: a claim
+// row in the caller's transaction, and the debit in a short transaction of
+// the store's own on pool, so the limit's row is locked for one statement
+// only. Escrow needs the pool, with connections to spare beyond those the
+// callers' transactions hold, and the tables of migration 00002.
+//
 // # Poolers and exec modes
 //
 // The store keeps no session state and relies on no prepared statement

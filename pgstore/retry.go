@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -19,7 +20,13 @@ import (
 //     for a busy limit;
 //   - the connection lost or the server shutting down or restarting (class
 //     08, 57P01–57P03, 53300 too many connections, a network error, or an
-//     error pgx reports as sent before anything reached the server).
+//     error pgx reports as sent before anything reached the server);
+//   - a failure to connect (*pgconn.ConnectError), such as a refused
+//     connection or, during a failover with target_session_attrs=read-write,
+//     "read only connection" from a host that is no longer the primary;
+//     except when the server refused the login itself: authentication or
+//     role (class 28) and a database that does not exist (3D000), which no
+//     retry cures.
 //
 // The transaction did not commit in any of these cases, so no token was
 // spent. Context cancellation and deadlines are not retryable: the caller
@@ -33,7 +40,12 @@ func Retryable(err error) bool {
 		return false
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
+	isPg := errors.As(err, &pgErr)
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return !isPg || (!strings.HasPrefix(pgErr.Code, "28") && pgErr.Code != invalidCatalogName)
+	}
+	if isPg {
 		switch pgErr.Code {
 		case serializationFailure, deadlockDetected, lockNotAvailable, queryCanceled,
 			adminShutdown, crashShutdown, cannotConnectNow, tooManyConnections:

@@ -163,3 +163,44 @@ func TestRunTx(t *testing.T) {
 
 	})
 }
+
+// TestRetryableConnectErrors connects to the test server in ways that fail
+// and checks which failures Retryable calls transient.
+func TestRetryableConnectErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base, err := pgx.ParseConfig(testdb.URL(t))
+	require.NoError(t, err)
+	connect := func(t *testing.T, change func(c *pgx.ConnConfig)) error {
+		c := base.Copy()
+		change(c)
+		conn, err := pgx.ConnectConfig(ctx, c)
+		if err == nil {
+			_ = conn.Close(ctx)
+		}
+		require.Error(t, err)
+		var connectErr *pgconn.ConnectError
+		require.ErrorAs(t, err, &connectErr)
+		return err
+	}
+	for _, c := range []struct {
+		name   string
+		change func(c *pgx.ConnConfig)
+		want   bool
+	}{
+		// The primary, asked for a standby: what a client sees while a
+		// failover moves the roles (and "read only connection" for the
+		// opposite).
+		{"WrongRole", func(c *pgx.ConnConfig) {
+			c.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsStandby
+		}, true},
+		{"Refused", func(c *pgx.ConnConfig) { c.Host, c.Port = "127.0.0.1", 1 }, true},
+		{"NoSuchDatabase", func(c *pgx.ConnConfig) { c.Database = "txlimit_no_such_database" }, false},
+		{"NoSuchRole", func(c *pgx.ConnConfig) { c.User = "txlimit_no_such_role" }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := connect(t, c.change)
+			require.Equal(t, c.want, pgstore.Retryable(err), "%v", err)
+		})
+	}
+}

@@ -17,4 +17,5 @@ const (
 	crashShutdown              = "57P02"
 	cannotConnectNow           = "57P03"
 	tooManyConnections         = "53300"
+	invalidCatalogName         = "3D000"
 )

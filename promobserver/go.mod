@@ -3,11 +3,14 @@ module github.com/txlimit/txlimit/promobserver
 go 1.26.0
 
 require (
-	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/stretchr/testify v1.12.1
 	github.com/txlimit/txlimit v0.0.0
-	modernc.org/sqlite v1.61.1
+)
+
+require (
+	github.com/jackc/pgx/v5 v5.12.0 // indirect
+	modernc.org/sqlite v1.61.1 // indirect
 )
 
 require (

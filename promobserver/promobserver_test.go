@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/observertest"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/promobserver"
 	"github.com/txlimit/txlimit/sqlitestore"
@@ -24,7 +25,7 @@ func TestMetricsSQLite(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	obs, err := promobserver.New(reg, nil)
 	require.NoError(t, err)
-	runScenario(t, sqlitestore.New(openSQLite(t, true)), sqlitestore.New(openSQLite(t, false)), sqlitestore.New(closedSQLite(t)), obs)
+	observertest.RunScenario(t, sqlitestore.New(observertest.SQLite(t, true)), sqlitestore.New(observertest.SQLite(t, false)), sqlitestore.New(observertest.ClosedSQLite(t)), obs)
 	checkMetrics(t, reg, "txlimit")
 }
 
@@ -33,7 +34,7 @@ func TestMetricsPostgres(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	obs, err := promobserver.New(reg, &promobserver.Options{Namespace: "app_ratelimit"})
 	require.NoError(t, err)
-	runScenario(t, pgstore.New(openPostgres(t, true)), pgstore.New(openPostgres(t, false)), pgstore.New(closedPostgres(t)), obs)
+	observertest.RunScenario(t, pgstore.New(observertest.Postgres(t, true)), pgstore.New(observertest.Postgres(t, false)), pgstore.New(observertest.ClosedPostgres(t)), obs)
 	checkMetrics(t, reg, "app_ratelimit")
 }
 
@@ -43,14 +44,14 @@ func checkMetrics(t *testing.T, reg *prometheus.Registry, ns string) {
 	// The counters, exactly, in the exposition format a scrape returns.
 	var want strings.Builder
 	fmt.Fprintf(&want, "# HELP %s_decisions_total Calls of a txlimit Limiter by limit, operation and outcome (allowed, reserved, denied, failed_open, error).\n# TYPE %[1]s_decisions_total counter\n", ns)
-	for _, l := range sortedKeys(wantDecisions) {
+	for _, l := range sortedKeys(observertest.WantDecisions) {
 		f := strings.Fields(l)
-		fmt.Fprintf(&want, "%s_decisions_total{limit=%q,op=%q,outcome=%q} %d\n", ns, f[0], f[1], f[2], wantDecisions[l])
+		fmt.Fprintf(&want, "%s_decisions_total{limit=%q,op=%q,outcome=%q} %d\n", ns, f[0], f[1], f[2], observertest.WantDecisions[l])
 	}
 	fmt.Fprintf(&want, "# HELP %s_errors_total Errors of txlimit calls, failed-open ones included, by kind (invalid, no_pool, canceled, deadline_exceeded, database).\n# TYPE %[1]s_errors_total counter\n", ns)
-	for _, l := range sortedKeys(wantErrors) {
+	for _, l := range sortedKeys(observertest.WantErrors) {
 		f := strings.Fields(l)
-		fmt.Fprintf(&want, "%s_errors_total{kind=%q,limit=%q,op=%q} %d\n", ns, f[2], f[0], f[1], wantErrors[l])
+		fmt.Fprintf(&want, "%s_errors_total{kind=%q,limit=%q,op=%q} %d\n", ns, f[2], f[0], f[1], observertest.WantErrors[l])
 	}
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want.String()), ns+"_decisions_total", ns+"_errors_total"))
 
@@ -70,9 +71,9 @@ func checkMetrics(t *testing.T, reg *prometheus.Registry, ns string) {
 		require.Len(t, h.GetBucket(), len(promobserver.DurationBuckets))
 		require.Greater(t, h.GetSampleSum(), 0.0)
 	}
-	require.Equal(t, wantDecisions, durations)
+	require.Equal(t, observertest.WantDecisions, durations)
 	wantLockWaits := map[string]int64{}
-	for k, n := range wantDecisions {
+	for k, n := range observertest.WantDecisions {
 		f := strings.Fields(k)
 		wantLockWaits[f[0]+" "+f[1]] += n
 	}
@@ -116,9 +117,9 @@ func TestKeysAndRegistration(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	obs, err := promobserver.New(reg, &promobserver.Options{Keys: true, ConstLabels: prometheus.Labels{"db": "main"}})
 	require.NoError(t, err)
-	l, err := txlimit.New(sqlitestore.New(openSQLite(t, true)), map[string]txlimit.Config{
+	l, err := txlimit.New(sqlitestore.New(observertest.SQLite(t, true)), map[string]txlimit.Config{
 		"send": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour},
-	}, &txlimit.Options{Clock: frozen(), Observer: obs})
+	}, &txlimit.Options{Clock: observertest.Frozen(), Observer: obs})
 	require.NoError(t, err)
 	for _, key := range []string{"alice", "alice", "bob"} {
 		_, err := l.Limit(ctx, "send", key)

@@ -1,15 +1,19 @@
 // Command txlimit-bench measures txlimit's LimitTx against the SQL it
 // replaces, the hand-written floor (BEGIN; SELECT value, ts … FOR UPDATE;
-// UPDATE; COMMIT), in one run on one PostgreSQL database, and on a SQLite
-// file:
+// UPDATE; COMMIT), and against the Redis limiter its users call beside
+// their transaction today, in one run on one PostgreSQL database and one
+// Redis, and on a SQLite file:
 //
 //	cd cmd/txlimit-bench && go run . -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' -out ../../docs/bench
 //
-// It needs only the DSN: it creates a schema of its own (txlimit_bench_…),
-// runs txlimit's migrations and the floor's table into it, and drops it at
-// the end. For every client count (-clients, default 1, 8 and 32; each client
-// a goroutine with its own connection from a pool of that size) it measures
-// three scenarios, txlimit and the floor alike:
+// It needs the DSN and a Redis (-redis, default 127.0.0.1:6379;
+// scripts/redis.sh starts one; -redis= leaves Redis out): it creates a
+// schema of its own (txlimit_bench_…), runs txlimit's migrations, the
+// floor's tables and a business table into it, and drops it at the end; its
+// Redis keys are txlimit-bench:<run id>:…, deleted at the end. For every
+// client count (-clients, default 1, 8 and 32; each client a goroutine with
+// its own connection from a pool of that size, and its own Redis
+// connection) it measures these scenarios:
 //
 //   - distinct: each client consumes its own key;
 //   - hot: every client consumes one key;
@@ -17,11 +21,24 @@
 //     (-shards, default 4, 16 and 64). The floor of these is hand-written
 //     SQL over N rows: the first row no other transaction holds going up
 //     from a random one (FOR UPDATE SKIP LOCKED), else a wait for that
-//     one; each row a bucket of its own, not pooled.
+//     one; each row a bucket of its own, not pooled;
+//   - business: each client its own key, and every transaction is a
+//     business transaction, BEGIN; INSERT an order; the limit step;
+//     COMMIT (ROLLBACK when denied), measured for the floor, txlimit,
+//     Redis (seed 003's fixed-window Lua script: server TIME, INCR, EXPIRE
+//     on the first call of a window, in one EVALSHA) and none (no limit at
+//     all: the ceiling).
 //
-// Each operation is one transaction that takes one token: for txlimit
-// pgx.BeginFunc around LimitTx, for the floor the four statements above with
-// the token bucket computed in Go. Each cell runs -duration (default 2s)
+// The first three measure the floor and txlimit. Each operation is one
+// transaction that takes one token: for txlimit pgx.BeginFunc around
+// LimitTx, for the floor the four statements above with the token bucket
+// computed in Go, for Redis the script beside the transaction. Besides the
+// whole call, the limit step alone is timed (LimitTx; the floor's SELECT and
+// UPDATE; the EVALSHA): its p50 and p99 in the business scenario, with their
+// ratios to the floor's and to Redis's, are the latency measure of the
+// limiter inside a business transaction. The implementations are a list
+// (pgImpls, sqliteImpls): a txlimit variant, another store or mode, is one
+// entry more. Each cell runs -duration (default 2s)
 // -repeat times (default 3); the repeats of all cells of a client count are
 // interleaved, in an order rotated at every repeat, so that a drift of the
 // machine does not bias a ratio, and every number reported is the median of
@@ -29,11 +46,12 @@
 // on a WAL file in a temporary directory, at 1 and 8 clients.
 //
 // The output is a table (ops/s, p50 and p99 latency, the ratio to the floor
-// of the same scenario and client count, for the sharded scenarios the ratio
-// to the floor on one unsharded row, and for the hot scenarios the ratio to
-// the same implementation on distinct keys at the same client count), and
-// with -out the same as results.csv, results.json and results.svg in that
-// directory.
+// of the same scenario and client count, in the business scenario the ratio
+// to Redis, for the sharded scenarios the ratio to the floor on one
+// unsharded row, and for the hot scenarios the ratio to the same
+// implementation on distinct keys at the same client count), a table of the
+// limit step inside a business transaction, and with -out the same as
+// results.csv, results.json, results.svg and results.md in that directory.
 //
 // # Admission checks
 //
@@ -48,19 +66,29 @@
 //     they are denied, exactly 100 must be admitted per key;
 //   - on the real clock, with a small capacity (8, or 2 a shard) refilled at
 //     a sixteenth of it a second and clients that call until each has been
-//     denied, capacity <= admitted <= capacity + rate * elapsed per key.
+//     denied, capacity <= admitted <= capacity + rate * elapsed per key;
+//   - Redis's limit is a fixed window on Redis's clock, which cannot be
+//     frozen: with a window of an hour and 100 calls a window, exactly 100
+//     must be admitted per key (at most 100 a window if the run crossed
+//     into the next one), and the counters must add up to every call made;
+//     its timed runs are checked like the others, its tokens left being
+//     the capacity minus the calls Redis counted.
 //
-// The last two run for every scenario, txlimit and floor (except the sharded
-// floor, which does not pool its rows and so cannot admit exactly the
-// limit), at the largest client count. Each check is printed; when one fails the command exits with
-// status 1 (after writing its files, so that they show the failure).
+// The saturating checks run for every scenario, txlimit and floor (except
+// the sharded floor, which does not pool its rows and so cannot admit
+// exactly the limit), and Redis on distinct keys, the hot key and in the
+// business scenario, at the largest client count. Each check is printed;
+// when one fails the command exits with status 1 (after writing its files,
+// so that they show the failure).
 //
-// -quick is a smoke run of well under 30 s: short cells, one repeat.
+// -quick is a smoke run of well under a minute on an idle machine: short
+// cells, one repeat.
 //
-// -profile times every PostgreSQL statement (as the client sees it: the round
-// trip and any lock wait included) and prints, per cell, the mean time per
-// call spent in each kind: BEGIN, each of txlimit's queries by its sqlc name,
-// each batch by its statements, COMMIT. The timing costs a little, so the
+// -profile times every PostgreSQL statement and Redis command (as the client
+// sees it: the round trip and any lock wait included) and prints, per cell,
+// the mean time per call spent in each kind: BEGIN, the business INSERT, each
+// of txlimit's queries by its sqlc name, each batch by its statements, the
+// EVALSHA, COMMIT. The timing costs a little, so the
 // ops/s of a profiled run are not the ones to quote.
 package main
 
@@ -102,13 +130,14 @@ func main() {
 // config is what the flags set.
 type config struct {
 	DSN           string
+	Redis         string // address of the Redis to measure; "" leaves Redis out
 	SQLite        bool
 	Duration      time.Duration // of one timed cell
 	Repeats       int
 	Clients       []int // PostgreSQL client counts
 	SQLiteClients []int
 	Shards        []int
-	Out           string // directory for results.{csv,json,svg}; "" writes none
+	Out           string // directory for results.{csv,json,svg,md}; "" writes none
 	Quick         bool
 	Profile       bool
 	// CheckDuration is how long each real-clock admission check runs.
@@ -125,17 +154,18 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		clients, sqliteClients, shds string
 	)
 	fs.StringVar(&cfg.DSN, "dsn", "", "PostgreSQL connection string (required), e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	fs.StringVar(&cfg.Redis, "redis", "127.0.0.1:6379", "address of the Redis the Redis limiter runs on (keys txlimit-bench:<run id>:…, deleted at the end); -redis= leaves Redis out")
 	fs.BoolVar(&cfg.SQLite, "sqlite", true, "also measure SQLite, on a WAL file in a temporary directory")
 	fs.DurationVar(&cfg.Duration, "duration", 2*time.Second, "how long each timed cell runs")
 	fs.IntVar(&cfg.Repeats, "repeat", 3, "how many times each cell runs; the median is reported")
 	fs.StringVar(&clients, "clients", "1,8,32", "PostgreSQL client counts, comma-separated")
 	fs.StringVar(&sqliteClients, "sqlite-clients", "1,8", "SQLite client counts, comma-separated")
 	fs.StringVar(&shds, "shards", "4,16,64", "shard counts of the hot-shards scenarios, comma-separated")
-	fs.StringVar(&cfg.Out, "out", "", "write results.csv, results.json and results.svg to this directory")
+	fs.StringVar(&cfg.Out, "out", "", "write results.csv, results.json, results.svg and results.md to this directory")
 	fs.BoolVar(&cfg.Quick, "quick", false, "smoke run: 250ms cells, one repeat (well under 30s in all)")
 	fs.BoolVar(&cfg.Profile, "profile", false, "time every PostgreSQL statement and print where each cell's calls spend their time")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: txlimit-bench -dsn postgres://... [-sqlite] [-duration 2s] [-repeat 3] [-out docs/bench] [-quick]")
+		fmt.Fprintln(stderr, "usage: txlimit-bench -dsn postgres://... [-redis 127.0.0.1:6379] [-sqlite] [-duration 2s] [-repeat 3] [-out docs/bench] [-quick]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

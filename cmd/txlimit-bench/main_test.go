@@ -17,67 +17,162 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit/internal/testdb"
 )
 
-// TestQuickRun runs the command's smoke run against the test database: it
-// must measure every cell, pass every admission check, write its three
-// files, and drop its schema.
+// testRedis is the address of the Redis the tests run the Redis limiter on:
+// TEST_REDIS_ADDR, else 127.0.0.1:6379 (scripts/redis.sh starts one). When
+// it does not answer the test fails under CI=true and is skipped otherwise.
+func testRedis(t *testing.T) string {
+	addr := os.Getenv("TEST_REDIS_ADDR")
+	if addr == "" {
+		addr = "127.0.0.1:6379"
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		msg := fmt.Sprintf("no Redis at %s (%v): start one with scripts/redis.sh, or set TEST_REDIS_ADDR", addr, err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip("SKIPPED: " + msg)
+	}
+	return addr
+}
+
+// redisKeys counts the keys on addr that match pattern.
+func redisKeys(t *testing.T, addr, pattern string) int {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	n := 0
+	iter := rdb.Scan(context.Background(), 0, pattern, 1000).Iterator()
+	for iter.Next(context.Background()) {
+		n++
+	}
+	require.NoError(t, iter.Err())
+	return n
+}
+
+// TestQuickRun runs the command's smoke run against the test database and
+// Redis: it must measure every cell of every implementation, pass every
+// admission check, write its four files, drop its schema and delete its
+// Redis keys.
 func TestQuickRun(t *testing.T) {
 	if testing.Short() {
-		t.Skip("the smoke run takes about 20s; skipped under -short")
+		t.Skip("the smoke run takes about 30s; skipped under -short")
 	}
 	dsn := testdb.URL(t)
+	addr := testRedis(t)
 	out := filepath.Join(t.TempDir(), "bench")
-	cfg, err := parseFlags([]string{"-dsn", dsn, "-quick", "-out", out}, io.Discard)
+	cfg, err := parseFlags([]string{"-dsn", dsn, "-redis", addr, "-quick", "-out", out}, io.Discard)
 	require.NoError(t, err)
 	var stdout bytes.Buffer
 	rep, err := run(context.Background(), cfg, &stdout)
 	t.Log(stdout.String())
 	require.NoError(t, err)
 
-	// Every cell: PostgreSQL 5 scenarios, each with a floor, at 3 client
-	// counts, SQLite 2 scenarios with a floor at 2.
-	require.Len(t, rep.Rows, 10*3+4*2)
+	// Every cell: on PostgreSQL, at 3 client counts, the floor and txlimit
+	// in 5 scenarios (distinct, hot, 3 shard counts) and the business
+	// scenario with none, floor, txlimit and redis; on SQLite, at 2, the
+	// floor and txlimit in distinct and hot.
+	const pgRows, sqliteRows = (5*2 + 4) * 3, 2 * 2 * 2
+	require.Len(t, rep.Rows, pgRows+sqliteRows)
+	impls := map[string]int{}
 	for _, r := range rep.Rows {
-		require.Positive(t, r.OpsPerSec, "%s %s %s %d", r.DB, r.Scenario, r.Impl, r.Clients)
+		what := fmt.Sprintf("%s %s %s %d", r.DB, r.Scenario, r.Impl, r.Clients)
+		impls[r.DB+" "+r.Impl]++
+		require.Positive(t, r.OpsPerSec, what)
 		require.Len(t, r.Runs, 1)
-		if r.Impl == "txlimit" {
-			require.Positive(t, r.VsFloor, "%s %s %d has a floor to compare with", r.DB, r.Scenario, r.Clients)
+		require.Equal(t, r.Scenario == "business", r.Business, what)
+		if r.Impl != implFloor {
+			require.Positive(t, r.VsFloor, "%s has a floor to compare with", what)
 		}
-		if r.Scenario != "distinct" {
-			require.Positive(t, r.VsDistinct, "%s %s %s %d is compared with distinct keys", r.DB, r.Scenario, r.Impl, r.Clients)
+		if strings.HasPrefix(r.Scenario, "hot") {
+			require.Positive(t, r.VsDistinct, "%s is compared with distinct keys", what)
+		} else {
+			require.Zero(t, r.VsDistinct, what)
 		}
-		if r.Shards > 1 && r.Impl == "txlimit" {
-			require.Positive(t, r.VsHotFloor, "%s %d is compared with the unsharded hot floor", r.Scenario, r.Clients)
+		if r.Shards > 1 && r.Impl == implTxlimit {
+			require.Positive(t, r.VsHotFloor, "%s is compared with the unsharded hot floor", what)
 		}
-		if r.DB == "postgres" {
-			// BEGIN, the call's statements, COMMIT: at least 3 round
-			// trips (an admitted unsharded txlimit call is one
-			// statement), exactly 4 for the unsharded floor (the sharded
-			// one sends one more when it waits for a shard).
-			require.GreaterOrEqual(t, r.RoundTrips, 3.0, "%s %s %d", r.Scenario, r.Impl, r.Clients)
-			if r.Impl == "floor" && r.Shards == 1 {
-				require.Equal(t, 4.0, r.RoundTrips)
+		if r.Impl == implNone {
+			require.Zero(t, r.StepP50Ms, "%s has no limit step", what)
+		} else {
+			require.Positive(t, r.StepP50Ms, what)
+			require.GreaterOrEqual(t, r.StepP99Ms, r.StepP50Ms, what)
+			require.Less(t, r.StepP50Ms, r.P50Ms+r.P99Ms, "%s: the step is part of the call", what)
+		}
+		if r.Business && r.Impl != implRedis {
+			require.Positive(t, r.VsRedis, "%s is compared with Redis", what)
+			if r.Impl != implNone {
+				require.Positive(t, r.StepVsRedis, what)
+				require.Positive(t, r.StepP99VsRedis, what)
 			}
+		} else {
+			require.Zero(t, r.VsRedis, what)
+		}
+		if r.DB != "postgres" {
+			continue
+		}
+		// Round trips per call, BEGIN, the business INSERT and COMMIT
+		// included. txlimit's own count is TestRoundTrips's to pin (in
+		// the root module): here only that it sends at least one.
+		business := 0.0
+		if r.Business {
+			business = 1
+		}
+		switch {
+		case r.Impl == implNone:
+			require.Equal(t, 3.0, r.RoundTrips, what)
+		case r.Impl == implRedis:
+			// EVALSHA; a SCRIPT FLUSH by another user of the shared Redis
+			// would add one EVAL per connection.
+			require.InDelta(t, 4.0, r.RoundTrips, 0.05, what)
+		case r.Impl == implFloor && r.Shards == 1:
+			require.Equal(t, 4.0+business, r.RoundTrips, what)
+		case r.Impl == implFloor:
+			// The sharded floor sends one more when it waits for a shard.
+			require.GreaterOrEqual(t, r.RoundTrips, 4.0, what)
+		default:
+			require.GreaterOrEqual(t, r.RoundTrips, 3.0+business, what)
 		}
 	}
-	// One all-admitted check per timed run, two saturating checks per
-	// scenario and implementation, except the sharded floor, which does
-	// not pool its shards.
-	require.Len(t, rep.Checks, (10*3+4*2)+2*7+2*4)
+	require.Equal(t, map[string]int{
+		"postgres none": 3, "postgres floor": 6 * 3, "postgres txlimit": 6 * 3, "postgres redis": 3,
+		"sqlite floor": 4, "sqlite txlimit": 4,
+	}, impls)
+
+	// One all-admitted check per timed run but none's; the saturating
+	// checks at the largest client count: exact and bounded for the floor
+	// and txlimit in every scenario (the sharded floor, which does not
+	// pool, left out), window for Redis in distinct, hot and business.
+	const timed = pgRows + sqliteRows - 3
+	const saturating = 2*2*3 + 2*3 + 3 + 2*2*2
+	require.Len(t, rep.Checks, timed+saturating)
+	kinds := map[string]int{}
 	for _, c := range rep.Checks {
 		require.True(t, c.OK, "%s: %s", c.Name, c.Detail)
+		kind, _, _ := strings.Cut(c.Name, "/")
+		kinds[kind]++
 	}
+	require.Equal(t, 3, kinds["window"], "Redis takes the window check in distinct, hot and business")
+	require.Equal(t, 3*3+2*2, kinds["exact"], "the floor and txlimit, the sharded floor left out")
 	require.Contains(t, stdout.String(), fmt.Sprintf("admission checks: %d passed, 0 failed", len(rep.Checks)))
-	require.Len(t, rep.Targets, 4)
+	// Distinct keys at 3 client counts, the 16-shard key at 32, the limit
+	// step against Redis at 3.
+	require.Len(t, rep.Targets, 7)
 	for _, target := range rep.Targets {
 		if strings.Contains(target.Name, "16 shards") {
 			require.Positive(t, target.FloorGot, "the shards target shows what the floor reaches")
 		}
+		require.Positive(t, target.Got, target.Name)
+		require.Equal(t, strings.Contains(target.Name, "Redis"), target.AtMost, target.Name)
 	}
+	require.Contains(t, rep.Redis, "Redis ")
+	require.Zero(t, redisKeys(t, addr, rep.redisKeys), "every Redis key of the run (%s) is deleted", rep.redisKeys)
 
 	f, err := os.Open(filepath.Join(out, "results.csv"))
 	require.NoError(t, err)
@@ -86,6 +181,7 @@ func TestQuickRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, records, 1+len(rep.Rows))
 	require.Equal(t, "ops_per_sec", records[0][5])
+	require.Contains(t, records[0], "step_p50_vs_redis")
 
 	data, err := os.ReadFile(filepath.Join(out, "results.json"))
 	require.NoError(t, err)
@@ -93,6 +189,12 @@ func TestQuickRun(t *testing.T) {
 	require.NoError(t, json.Unmarshal(data, &back))
 	require.Equal(t, rep.Rows, back.Rows)
 	require.Equal(t, rep.Checks, back.Checks)
+
+	md, err := os.ReadFile(filepath.Join(out, "results.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "## The limit step inside a business transaction")
+	require.Contains(t, string(md), "| postgres | business | redis | 32 |")
+	require.Contains(t, string(md), fmt.Sprintf("%d passed, 0 failed", len(rep.Checks)))
 
 	svg, err := os.ReadFile(filepath.Join(out, "results.svg"))
 	require.NoError(t, err)
@@ -151,7 +253,7 @@ type memClient struct {
 	key  string
 }
 
-func (m *memory) newClient(_ context.Context, spec limitSpec, key string) (client, error) {
+func (m *memory) newClient(_ context.Context, spec limitSpec, key string, _ bool) (client, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.bucket(spec, key)
@@ -165,7 +267,7 @@ func (m *memory) value(_ context.Context, spec limitSpec, key string) (float64, 
 	return spec.project(b.value, b.ts, spec.now()), nil
 }
 
-func (c memClient) take(context.Context) (bool, error) {
+func (c memClient) take(context.Context) (call, error) {
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
 	b := c.m.bucket(c.spec, c.key)
@@ -174,17 +276,17 @@ func (c memClient) take(context.Context) (bool, error) {
 	floor := 0.0
 	switch c.m.lie {
 	case "admit":
-		return true, nil
+		return call{ok: true}, nil
 	case "deny":
-		return false, nil
+		return call{}, nil
 	case "overdraw":
 		floor = -1
 	}
 	if left < floor {
-		return false, nil
+		return call{}, nil
 	}
 	b.value, b.ts = left, now
-	return true, nil
+	return call{ok: true}, nil
 }
 
 func (memClient) close() {}
@@ -263,4 +365,98 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 1, cfg.Repeats)
 	require.NotContains(t, cfg.Command, "secret", "the recorded command hides the DSN")
 	require.True(t, strings.HasPrefix(cfg.Command, "txlimit-bench -dsn=…"))
+	require.Equal(t, "127.0.0.1:6379", cfg.Redis, "Redis is measured by default")
+
+	cfg, err = parseFlags([]string{"-dsn", "postgres://x", "-redis="}, io.Discard)
+	require.NoError(t, err)
+	require.Empty(t, cfg.Redis, "-redis= leaves Redis out")
+}
+
+// TestCheckWindowRejectsWrongAnswers feeds the fixed-window check the
+// outcomes of right and wrong window counters: it passes exactly Capacity a
+// key in one window, at most Capacity a window across two, and counters
+// that saw every call; it fails the rest.
+func TestCheckWindowRejectsWrongAnswers(t *testing.T) {
+	spec := windowSpec("window")
+	// stats is a run of two keys that granted a and b of ops calls, whose
+	// counters hold counted calls in all.
+	stats := func(a, b, ops, counted int64, allDenied bool) runStats {
+		return runStats{
+			ops: ops, admitted: a + b, allDenied: allDenied,
+			perKey: map[string]int64{"k0": a, "k1": b},
+			values: map[string]float64{"k0": spec.Capacity - float64(counted-counted/2), "k1": spec.Capacity - float64(counted/2)},
+		}
+	}
+	one := map[string]int{"k0": 1, "k1": 1}
+	for name, tc := range map[string]struct {
+		st      runStats
+		windows map[string]int
+		ok      bool
+	}{
+		"right":                            {stats(100, 100, 202, 202, true), one, true},
+		"right, one key in two windows":    {stats(150, 100, 252, 252, true), map[string]int{"k0": 2, "k1": 1}, true},
+		"one too many in one window":       {stats(101, 100, 203, 203, true), one, false},
+		"one too few":                      {stats(99, 100, 201, 201, true), one, false},
+		"more than a window's in two":      {stats(201, 100, 303, 303, true), map[string]int{"k0": 2, "k1": 1}, false},
+		"a call the counters did not see":  {stats(100, 100, 202, 201, true), one, false},
+		"never denied: demand too small":   {stats(100, 100, 200, 200, false), one, false},
+		"no window known counts as one":    {stats(101, 100, 203, 203, true), map[string]int{}, false},
+		"counters saw more than was made":  {stats(100, 100, 202, 204, true), one, false},
+		"two windows, each key at its cap": {stats(200, 200, 402, 402, true), map[string]int{"k0": 2, "k1": 2}, true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := checkWindow("window", spec, tc.st, tc.windows)
+			require.Equal(t, tc.ok, c.OK, c.Detail)
+		})
+	}
+}
+
+// TestRedisLimit runs the Redis subject on its own: 16 clients on one key
+// beside business transactions admit exactly the window's capacity, the
+// denied calls roll their order back, the step is timed, and every key of
+// the run is deleted at the end.
+func TestRedisLimit(t *testing.T) {
+	ctx := context.Background()
+	addr := testRedis(t)
+	env, drop, err := openPostgres(ctx, testdb.URL(t))
+	require.NoError(t, err)
+	t.Cleanup(drop)
+	p, err := env.pool(ctx, 16, false)
+	require.NoError(t, err)
+	t.Cleanup(p.close)
+	rds, cleanup, err := openRedis(ctx, addr, 18)
+	require.NoError(t, err)
+	rds.trace.Store(p.trace)
+	subj := redisLimit{env: rds, p: p}
+
+	hot := scenario{name: "hot", hot: true, shards: 1}.keys(16)
+	spec := windowSpec("window/hot")
+	st, err := drive(ctx, subj, spec, workload{keys: hot, maxOps: 10 * exactCapacity, business: true})
+	require.NoError(t, err)
+	c := checkWindow(spec.Name, spec, st, map[string]int{"hot": subj.windows(spec, "hot")})
+	require.True(t, c.OK, c.Detail)
+	require.Equal(t, int64(16), st.ops-st.admitted, "each of the 16 clients stopped at its first denial")
+	require.Len(t, st.stepLat, int(st.ops))
+	for _, d := range st.stepLat {
+		require.Positive(t, d)
+	}
+	// Every admitted call committed its order; every denied one rolled it
+	// back.
+	var orders int64
+	require.NoError(t, p.pool.QueryRow(ctx, `SELECT count(*) FROM bench_orders WHERE k = 'hot'`).Scan(&orders))
+	require.Equal(t, st.admitted, orders)
+	// One EVALSHA a call (an EVAL more the first time the script runs on
+	// a Redis that has not cached it yet), beside BEGIN, INSERT and COMMIT
+	// (or ROLLBACK) on PostgreSQL.
+	require.GreaterOrEqual(t, p.trace.redis.Load(), st.ops)
+	require.LessOrEqual(t, p.trace.redis.Load(), st.ops+16+2*int64(len(hot))+2, "EVALSHA per call, TIME per client and value read")
+
+	// An injected clock cannot drive Redis's.
+	_, err = subj.newClient(ctx, exactSpec("frozen", 1), "k", false)
+	require.ErrorContains(t, err, "Redis's clock")
+
+	pattern := rds.pattern()
+	require.Positive(t, redisKeys(t, addr, pattern))
+	cleanup()
+	require.Zero(t, redisKeys(t, addr, pattern), "cleanup deletes every key of the run")
 }

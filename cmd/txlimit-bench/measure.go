@@ -58,28 +58,54 @@ func (s limitSpec) refill(d time.Duration) float64 {
 	return float64(d) * s.Rate / float64(s.Period)
 }
 
-func newLimiter[TTx any](store txlimit.Store[TTx], spec limitSpec) (*txlimit.Limiter[TTx], error) {
+// newLimiter is a Limiter of spec on store; tune, when not nil, changes the
+// Config of a variant (another mode, another setting) before it is used.
+func newLimiter[TTx any](store txlimit.Store[TTx], spec limitSpec, tune func(*txlimit.Config)) (*txlimit.Limiter[TTx], error) {
 	var opts *txlimit.Options
 	if spec.Clock != nil {
 		opts = &txlimit.Options{Clock: spec.Clock}
 	}
-	return txlimit.New(store, map[string]txlimit.Config{spec.Name: spec.config()}, opts)
+	cfg := spec.config()
+	if tune != nil {
+		tune(&cfg)
+	}
+	return txlimit.New(store, map[string]txlimit.Config{spec.Name: cfg}, opts)
 }
 
-// subject is one implementation (txlimit or the floor) on one database.
+// subject is one implementation (txlimit, the floor, Redis, ...) on one
+// database.
 type subject interface {
 	// newClient opens a client of key on a connection of its own, with the
 	// key's state in place for the floor, which has no way to create it.
-	newClient(ctx context.Context, spec limitSpec, key string) (client, error)
+	// With business set, each of the client's transactions also inserts a
+	// row of its own before the limit step, as an application does.
+	newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error)
 	// value reads the tokens of key now, once every client is closed.
 	value(ctx context.Context, spec limitSpec, key string) (float64, error)
+}
+
+// windowed is a subject whose limit is a fixed window on its server's clock
+// (Redis): Capacity calls per window of Period, the window counted by the
+// server. A saturating run that spans two windows may admit twice.
+type windowed interface {
+	// windows is how many windows of spec's key the run touched, from the
+	// first client's opening to the last value read.
+	windows(spec limitSpec, key string) int
 }
 
 // client is one connection that takes one token per call, in a transaction
 // of its own.
 type client interface {
-	take(ctx context.Context) (ok bool, err error)
+	take(ctx context.Context) (call, error)
 	close()
+}
+
+// call is the outcome of one transaction: whether the limit admitted it, and
+// how long its limit step took (the time around LimitTx, the floor's two
+// statements, the Redis EVALSHA), BEGIN, business write and COMMIT left out.
+type call struct {
+	ok   bool
+	step time.Duration
 }
 
 // workload says how the clients of one run call.
@@ -103,6 +129,12 @@ type workload struct {
 	// warmUp makes one untimed call per client first, which creates the
 	// rows and fills the connections' statement caches.
 	warmUp bool
+	// business makes every transaction write a row of its own beside the
+	// limit step (see subject.newClient).
+	business bool
+	// unlimited skips the value reads after the run: the subject has no
+	// limit to read ("none").
+	unlimited bool
 	// started is called once the clients are ready, before the timed
 	// calls, and finished right after them.
 	started, finished func()
@@ -116,6 +148,7 @@ type runStats struct {
 	elapsed       time.Duration    // of the timed calls
 	span          time.Duration    // from the first call (warm-up included) to the end of value reads
 	lat           []time.Duration  // of each timed call
+	stepLat       []time.Duration  // of the limit step of each timed call
 	values        map[string]float64
 }
 
@@ -139,7 +172,7 @@ func drive(ctx context.Context, s subject, spec limitSpec, w workload) (runStats
 	defer closeAll()
 	first := time.Now()
 	for _, key := range w.keys {
-		c, err := s.newClient(ctx, spec, key)
+		c, err := s.newClient(ctx, spec, key, w.business)
 		if err != nil {
 			return st, err
 		}
@@ -147,11 +180,11 @@ func drive(ctx context.Context, s subject, spec limitSpec, w workload) (runStats
 	}
 	if w.warmUp {
 		for i, c := range clients {
-			ok, err := c.take(ctx)
+			r, err := c.take(ctx)
 			if err != nil {
 				return st, fmt.Errorf("warm-up: %w", err)
 			}
-			if ok {
+			if r.ok {
 				st.perKey[w.keys[i]]++
 			}
 		}
@@ -163,7 +196,7 @@ func drive(ctx context.Context, s subject, spec limitSpec, w workload) (runStats
 	type result struct {
 		ops, admitted int64
 		denied        bool
-		lat           []time.Duration
+		lat, stepLat  []time.Duration
 		err           error
 	}
 	results := make([]result, len(clients))
@@ -177,6 +210,7 @@ func drive(ctx context.Context, s subject, spec limitSpec, w workload) (runStats
 		wg.Go(func() {
 			r := &results[i]
 			r.lat = make([]time.Duration, 0, 4096)
+			r.stepLat = make([]time.Duration, 0, 4096)
 			for {
 				if now := time.Now(); w.duration > 0 && !now.Before(deadline) &&
 					(!w.untilDenied || r.denied || !now.Before(hardDeadline)) {
@@ -186,15 +220,16 @@ func drive(ctx context.Context, s subject, spec limitSpec, w workload) (runStats
 					return
 				}
 				t := time.Now()
-				ok, err := c.take(runCtx)
+				res, err := c.take(runCtx)
 				if err != nil {
 					r.err = err
 					cancel()
 					return
 				}
 				r.lat = append(r.lat, time.Since(t))
+				r.stepLat = append(r.stepLat, res.step)
 				r.ops++
-				if ok {
+				if res.ok {
 					r.admitted++
 				} else {
 					r.denied = true
@@ -218,12 +253,16 @@ func drive(ctx context.Context, s subject, spec limitSpec, w workload) (runStats
 		st.perKey[w.keys[i]] += r.admitted
 		st.allDenied = st.allDenied && r.denied
 		st.lat = append(st.lat, r.lat...)
+		st.stepLat = append(st.stepLat, r.stepLat...)
 	}
 	if len(errs) > 0 {
 		return st, errs[0]
 	}
 	closeAll()
 	for _, key := range w.keys {
+		if w.unlimited {
+			break
+		}
 		if _, done := st.values[key]; done {
 			continue
 		}
@@ -336,5 +375,46 @@ func checkBounded(name string, spec limitSpec, st runStats) check {
 	}
 	c.Detail = fmt.Sprintf("%d keys granted %d..%d of %d calls (%.0f calls/s); bound [%g, %.1f] (capacity + rate*%v)",
 		len(st.perKey), lo, hi, st.ops, st.opsPerSec(), spec.Capacity, most, st.span.Round(time.Millisecond))
+	return c
+}
+
+// checkWindow checks a run of a windowed subject whose clients called until
+// denied: each key must have granted exactly its capacity when the run stayed
+// in one window, and between capacity and capacity per window touched when it
+// crossed into the next; and the server must have counted every call,
+// granted or denied (the script increments before it decides), so the
+// counters add up to the calls made.
+func checkWindow(name string, spec limitSpec, st runStats, windows map[string]int) check {
+	c := check{Name: name, OK: true}
+	if !st.allDenied {
+		c.OK = false
+		c.Detail = fmt.Sprintf("a client was never denied in %d calls: demand did not exceed %g a window, or the limit admits too much", st.ops, spec.Capacity)
+		return c
+	}
+	crossed := 0
+	for key, adm := range st.perKey {
+		n := max(windows[key], 1)
+		if n > 1 {
+			crossed++
+		}
+		if float64(adm) < spec.Capacity || float64(adm) > spec.Capacity*float64(n) || (n == 1 && float64(adm) != spec.Capacity) {
+			c.OK = false
+			c.Detail = fmt.Sprintf("key %q granted %d over %d window(s) of %v; want exactly %g in one window, at most %g a window", key, adm, n, spec.Period, spec.Capacity, spec.Capacity)
+			return c
+		}
+	}
+	var counted float64
+	for _, v := range st.values {
+		counted += spec.Capacity - v
+	}
+	if counted != float64(st.ops) {
+		c.OK = false
+		c.Detail = fmt.Sprintf("the counters add up to %.0f calls, but %d were made", counted, st.ops)
+		return c
+	}
+	c.Detail = fmt.Sprintf("%d keys: each granted %g a window of %d calls in all (%.0f calls/s), every call counted", len(st.perKey), spec.Capacity, st.ops, st.opsPerSec())
+	if crossed > 0 {
+		c.Detail += fmt.Sprintf("; %d key(s) crossed into a new window", crossed)
+	}
 	return c
 }

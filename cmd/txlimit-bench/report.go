@@ -21,18 +21,35 @@ import (
 
 // Row is one measured cell: the medians of its runs.
 type Row struct {
-	DB        string  `json:"db"`
-	Scenario  string  `json:"scenario"`
-	Impl      string  `json:"impl"`
-	Shards    int     `json:"shards"`
-	Clients   int     `json:"clients"`
+	DB       string `json:"db"`
+	Scenario string `json:"scenario"`
+	Impl     string `json:"impl"`
+	Shards   int    `json:"shards"`
+	Clients  int    `json:"clients"`
+	// Business is set in the business scenario, whose transactions insert
+	// an order beside the limit step.
+	Business  bool    `json:"business,omitempty"`
 	OpsPerSec float64 `json:"ops_per_sec"`
 	P50Ms     float64 `json:"p50_ms"`
 	P99Ms     float64 `json:"p99_ms"`
-	// VsFloor is txlimit's throughput over the floor's, same scenario and
-	// client count (for hot-shards, the hand-written sharded floor). 0 for
-	// the floor itself.
+	// StepP50Ms and StepP99Ms are the latency of the limit step alone (the
+	// time around LimitTx, the floor's statements, Redis's EVALSHA), BEGIN,
+	// business write and COMMIT left out. 0 for "none".
+	StepP50Ms float64 `json:"step_p50_ms,omitempty"`
+	StepP99Ms float64 `json:"step_p99_ms,omitempty"`
+	// VsFloor is the throughput over the floor's, same scenario and client
+	// count (for hot-shards, the hand-written sharded floor). 0 for the
+	// floor itself.
 	VsFloor float64 `json:"vs_floor,omitempty"`
+	// VsRedis is the throughput over that of the business transaction with
+	// the Redis limiter, same scenario and client count (business only).
+	VsRedis float64 `json:"vs_redis,omitempty"`
+	// StepVsFloor and StepVsRedis are the limit step's p50 over the
+	// floor's and Redis's (lower is faster); the P99 ones the same for p99.
+	StepVsFloor    float64 `json:"step_p50_vs_floor,omitempty"`
+	StepVsRedis    float64 `json:"step_p50_vs_redis,omitempty"`
+	StepP99VsFloor float64 `json:"step_p99_vs_floor,omitempty"`
+	StepP99VsRedis float64 `json:"step_p99_vs_redis,omitempty"`
 	// VsHotFloor is, for txlimit on a sharded hot key, its throughput over
 	// the floor's on the same key unsharded (one row): what shards gain.
 	VsHotFloor float64 `json:"vs_hot_floor,omitempty"`
@@ -58,6 +75,9 @@ type Target struct {
 	Want float64 `json:"want_ratio"`
 	Got  float64 `json:"got_ratio"`
 	Met  bool    `json:"met"`
+	// AtMost marks a target met at or below Want (a latency ratio);
+	// the others are met at or above it.
+	AtMost bool `json:"at_most,omitempty"`
 	// FloorGot is, where the target compares with distinct keys, the same
 	// ratio for the hand-written floor of the same run: what plain SQL
 	// reaches on that machine.
@@ -73,6 +93,7 @@ type Report struct {
 	CPUs      int       `json:"cpus"`
 	Postgres  string    `json:"postgres"`
 	SQLite    string    `json:"sqlite,omitempty"`
+	Redis     string    `json:"redis,omitempty"`
 	Duration  string    `json:"duration_per_run"`
 	Repeats   int       `json:"repeats"`
 	LoadStart string    `json:"loadavg_start,omitempty"`
@@ -81,7 +102,8 @@ type Report struct {
 	Targets   []Target  `json:"targets"`
 	Checks    []check   `json:"checks"`
 
-	schema string // the PostgreSQL schema the run used (and dropped)
+	schema    string // the PostgreSQL schema the run used (and dropped)
+	redisKeys string // matches the Redis keys the run wrote (and deleted)
 }
 
 func (r *Report) checksOK() bool {
@@ -124,14 +146,17 @@ func spread(r Row) string {
 
 func writeTable(w io.Writer, rep *Report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "db\tscenario\timpl\tclients\tops/s\tspread\tp50 ms\tp99 ms\tvs floor\tvs hot floor\tvs distinct\trt/op\tfallback\t")
+	fmt.Fprintln(tw, "db\tscenario\timpl\tclients\tops/s\tspread\tp50 ms\tp99 ms\tvs floor\tvs redis\tvs hot floor\tvs distinct\trt/op\tfallback\t")
 	for _, r := range rep.Rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			r.DB, r.Scenario, r.Impl, r.Clients, r.OpsPerSec, spread(r), r.P50Ms, r.P99Ms,
-			ratio(r.VsFloor), ratio(r.VsHotFloor), ratio(r.VsDistinct), roundTrips(r), share(r))
+			ratio(r.VsFloor), ratio(r.VsRedis), ratio(r.VsHotFloor), ratio(r.VsDistinct), roundTrips(r), share(r))
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "\nvs floor: txlimit / the hand-written floor, same scenario (for hot-shards a sharded floor that does not pool) and clients.")
+	fmt.Fprintln(w, "\nbusiness: each client its own key, and every transaction inserts an order beside its limit step: BEGIN; INSERT; step; COMMIT.")
+	fmt.Fprintln(w, "none: that transaction with no limit at all, the ceiling. redis: seed 003's fixed-window Lua script (EVALSHA) as the step.")
+	fmt.Fprintln(w, "vs floor: this / the hand-written floor, same scenario (for hot-shards a sharded floor that does not pool) and clients.")
+	fmt.Fprintln(w, "vs redis: this / the business transaction with the Redis limiter, same clients.")
 	fmt.Fprintln(w, "vs hot floor: txlimit on a sharded hot key / the floor on the same key unsharded (one row), same clients.")
 	fmt.Fprintln(w, "vs distinct: on the hot key / on distinct keys, same implementation and clients.")
 	fmt.Fprintln(w, "spread: half the range of the runs over the median. rt/op: queries + batches sent per call, BEGIN and COMMIT included.")
@@ -140,6 +165,7 @@ func writeTable(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "load average: %s at the start, %s at the end (%d CPUs)\n", rep.LoadStart, rep.LoadEnd, rep.CPUs)
 	}
 
+	writeSteps(w, rep)
 	writeProfile(w, rep)
 
 	failed := 0
@@ -157,13 +183,50 @@ func writeTable(w io.Writer, rep *Report) {
 			if !t.Met {
 				verdict = "NOT met"
 			}
-			fmt.Fprintf(w, "  %s: %.2fx, %s", t.Name, t.Got, verdict)
+			fmt.Fprintf(w, "  %s: %s, %s", t.Name, ratioOrNone(t.Got), verdict)
 			if t.FloorGot > 0 {
 				fmt.Fprintf(w, " (the hand-written floor: %.2fx)", t.FloorGot)
 			}
 			fmt.Fprintln(w)
 		}
 	}
+}
+
+func ratioOrNone(f float64) string {
+	if f == 0 {
+		return "not measured"
+	}
+	return ratio(f)
+}
+
+// stepRows are the rows whose limit step is reported: the business
+// scenario's, "none" left out.
+func stepRows(rep *Report) []Row {
+	var out []Row
+	for _, r := range rep.Rows {
+		if r.Business && r.StepP50Ms > 0 {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// writeSteps prints the latency of the limit step inside a business
+// transaction, and its ratios to the floor's and to Redis's.
+func writeSteps(w io.Writer, rep *Report) {
+	rows := stepRows(rep)
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nlimit step inside a business transaction (BEGIN; INSERT; step; COMMIT): the time around the step alone")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "db\timpl\tclients\tstep p50 ms\tstep p99 ms\tp50 vs floor\tp50 vs redis\tp99 vs floor\tp99 vs redis\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.3f\t%s\t%s\t%s\t%s\t\n", r.DB, r.Impl, r.Clients, r.StepP50Ms, r.StepP99Ms,
+			ratio(r.StepVsFloor), ratio(r.StepVsRedis), ratio(r.StepP99VsFloor), ratio(r.StepP99VsRedis))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "vs floor, vs redis: this step's latency / theirs, same clients (lower is faster).")
 }
 
 // writeProfile prints the -profile breakdown: where each cell's time goes,
@@ -190,7 +253,8 @@ func writeProfile(w io.Writer, rep *Report) {
 	}
 }
 
-// write writes results.csv, results.json and results.svg into dir.
+// write writes results.csv, results.json, results.svg and results.md into
+// dir.
 func (r *Report) write(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -207,6 +271,7 @@ func (r *Report) write(dir string) error {
 		"results.csv":  c.Bytes(),
 		"results.json": append(j, '\n'),
 		"results.svg":  []byte(r.svg()),
+		"results.md":   []byte(r.markdown()),
 	}
 	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
@@ -225,7 +290,9 @@ func (r *Report) csv(w io.Writer) error {
 		return strconv.FormatFloat(v, 'f', prec, 64)
 	}
 	_ = cw.Write([]string{"db", "scenario", "impl", "shards", "clients", "ops_per_sec", "p50_ms", "p99_ms",
-		"vs_floor", "vs_hot_floor", "vs_distinct", "round_trips_per_op", "fallback_share", "runs_ops_per_sec"})
+		"vs_floor", "vs_hot_floor", "vs_distinct", "round_trips_per_op", "fallback_share",
+		"vs_redis", "step_p50_ms", "step_p99_ms", "step_p50_vs_floor", "step_p50_vs_redis", "step_p99_vs_floor", "step_p99_vs_redis",
+		"runs_ops_per_sec"})
 	for _, row := range r.Rows {
 		runs := make([]string, len(row.Runs))
 		for i, v := range row.Runs {
@@ -237,7 +304,9 @@ func (r *Report) csv(w io.Writer) error {
 		}
 		_ = cw.Write([]string{row.DB, row.Scenario, row.Impl, strconv.Itoa(row.Shards), strconv.Itoa(row.Clients),
 			strconv.FormatFloat(row.OpsPerSec, 'f', 0, 64), f(row.P50Ms, 3), f(row.P99Ms, 3),
-			f(row.VsFloor, 3), f(row.VsHotFloor, 3), f(row.VsDistinct, 3), f(row.RoundTrips, 2), fallback, strings.Join(runs, ";")})
+			f(row.VsFloor, 3), f(row.VsHotFloor, 3), f(row.VsDistinct, 3), f(row.RoundTrips, 2), fallback,
+			f(row.VsRedis, 3), f(row.StepP50Ms, 3), f(row.StepP99Ms, 3), f(row.StepVsFloor, 3), f(row.StepVsRedis, 3),
+			f(row.StepP99VsFloor, 3), f(row.StepP99VsRedis, 3), strings.Join(runs, ";")})
 	}
 	cw.Flush()
 	return cw.Error()
@@ -246,7 +315,7 @@ func (r *Report) csv(w io.Writer) error {
 // The chart: one panel per database, a group of bars per scenario and
 // implementation, one bar per client count.
 const (
-	svgWidth    = 1000
+	svgWidth    = 1200
 	panelHeight = 340
 	plotLeft    = 80
 	plotRight   = 20
@@ -269,7 +338,7 @@ func (r *Report) svg() string {
 		svgWidth, height, svgWidth, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="16" font-weight="bold">%s</text>`+"\n", plotLeft,
-		html.EscapeString(fmt.Sprintf("txlimit LimitTx vs the hand-written floor: ops/s, %s", runsOf(r.Repeats, r.Duration))))
+		html.EscapeString(fmt.Sprintf("txlimit LimitTx vs the hand-written floor and Redis: ops/s, %s", runsOf(r.Repeats, r.Duration))))
 	for i, db := range dbs {
 		r.panel(&b, db, 40+i*panelHeight)
 	}
@@ -299,16 +368,18 @@ func (r *Report) panel(b *strings.Builder, db string, y0 int) {
 		}
 		peak = max(peak, row.OpsPerSec)
 	}
-	// Order the groups as the table does: scenarios, floor before txlimit.
+	// Order the groups as the table does: scenarios, then impls by name.
 	order := func(g group) int {
 		switch {
 		case g.scenario == "distinct":
 			return 0
 		case g.scenario == "hot":
 			return 1
+		case strings.HasPrefix(g.scenario, "hot-shards"):
+			n, _ := strconv.Atoi(strings.TrimPrefix(g.scenario, "hot-shards"))
+			return 2 + n
 		}
-		n, _ := strconv.Atoi(strings.TrimPrefix(g.scenario, "hot-shards"))
-		return 2 + n
+		return 2 + 2*1024 // business, after every shard count
 	}
 	slices.SortStableFunc(groups, func(a, c group) int {
 		if d := order(a) - order(c); d != 0 {

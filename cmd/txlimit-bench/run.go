@@ -11,18 +11,32 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/txlimit/txlimit/sqlitestore"
 )
 
 // errChecks is returned by run when an admission check failed.
 var errChecks = errors.New("an admission check failed: txlimit or the floor admitted a wrong number of calls (see above)")
 
-// scenario is one way of spreading the clients over keys.
+// scenario is one way of spreading the clients over keys, and what else
+// their transactions do.
 type scenario struct {
 	name   string
 	hot    bool // every client on one key
 	shards int
+	// business makes every transaction insert an order beside its limit
+	// step (BEGIN; INSERT …; step; COMMIT), as an application does.
+	business bool
+}
+
+// pgScenarios are the scenarios measured on PostgreSQL: distinct keys, one
+// hot key, the hot key over each shard count, and distinct keys inside a
+// business transaction, where Redis and the unlimited ceiling are measured
+// beside the floor and txlimit, and the limit step is timed on its own.
+func pgScenarios(shards []int) []scenario {
+	out := []scenario{{name: "distinct", shards: 1}, {name: "hot", hot: true, shards: 1}}
+	for _, n := range shards {
+		out = append(out, scenario{name: fmt.Sprintf("hot-shards%d", n), hot: true, shards: n})
+	}
+	return append(out, scenario{name: "business", shards: 1, business: true})
 }
 
 func (s scenario) keys(clients int) []string {
@@ -41,13 +55,14 @@ func (s scenario) keys(clients int) []string {
 type cell struct {
 	db       string // "postgres" or "sqlite"
 	scenario scenario
-	impl     string // "floor" or "txlimit"
+	impl     string // "floor", "txlimit", "redis", "none", or a variant's name
 	clients  int
 }
 
 // sample is one run of a cell.
 type sample struct {
 	opsPerSec, p50, p99 float64 // p50 and p99 in ms
+	stepP50, stepP99    float64 // of the limit step alone, in ms; 0 for "none"
 	roundTrips          float64 // per call, BEGIN and COMMIT included; 0 when not traced
 	fallback            float64 // share of calls that fell back to locking every shard
 }
@@ -62,6 +77,13 @@ var frozenAt = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 func timedSpec(name string, shards int) limitSpec {
 	return limitSpec{Name: name, Capacity: timedCapacity, Rate: 1, Period: time.Hour, Shards: shards}
+}
+
+// windowSpec is the limit of a fixed window's saturating check: exactly
+// exactCapacity a window, which lasts an hour, so that a check rarely spans
+// two.
+func windowSpec(name string) limitSpec {
+	return limitSpec{Name: name, Capacity: exactCapacity, Rate: exactCapacity, Period: time.Hour, Shards: 1}
 }
 
 func exactSpec(name string, shards int) limitSpec {
@@ -115,9 +137,21 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 	}
 	defer drop()
 	rep.Postgres, rep.schema = env.version, env.schema
-	fmt.Fprintf(w, "PostgreSQL: %s\nschema %s (dropped at the end); %v per cell, median of %d interleaved runs\n\n",
+	fmt.Fprintf(w, "PostgreSQL: %s\nschema %s (dropped at the end); %v per cell, median of %d interleaved runs\n",
 		env.version, env.schema, cfg.Duration, cfg.Repeats)
-	if err := b.postgres(ctx, env); err != nil {
+	var rds *redisEnv
+	if cfg.Redis != "" {
+		var cleanup func()
+		rds, cleanup, err = openRedis(ctx, cfg.Redis, slices.Max(cfg.Clients)+2)
+		if err != nil {
+			return nil, err
+		}
+		defer cleanup()
+		rep.Redis, rep.redisKeys = rds.version, rds.pattern()
+		fmt.Fprintf(w, "%s at %s: keys %s (deleted at the end)\n", rds.version, cfg.Redis, rds.pattern())
+	}
+	fmt.Fprintln(w)
+	if err := b.postgres(ctx, env, rds); err != nil {
 		return nil, err
 	}
 	if cfg.SQLite {
@@ -145,6 +179,7 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 		}
 		fmt.Fprintf(w, "\nwrote %s\n", strings.Join([]string{
 			filepath.Join(cfg.Out, "results.csv"), filepath.Join(cfg.Out, "results.json"), filepath.Join(cfg.Out, "results.svg"),
+			filepath.Join(cfg.Out, "results.md"),
 		}, ", "))
 	}
 	if !rep.checksOK() {
@@ -153,24 +188,18 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 	return rep, nil
 }
 
-func (b *bench) postgres(ctx context.Context, env *pgEnv) error {
-	scenarios := []scenario{{name: "distinct", shards: 1}, {name: "hot", hot: true, shards: 1}}
-	for _, n := range b.cfg.Shards {
-		scenarios = append(scenarios, scenario{name: fmt.Sprintf("hot-shards%d", n), hot: true, shards: n})
-	}
-	subjects := func(p *pgPool) map[string]subject {
-		return map[string]subject{"floor": pgFloor{p}, "txlimit": pgLimit{p}}
-	}
+func (b *bench) postgres(ctx context.Context, env *pgEnv, rds *redisEnv) error {
+	scenarios := pgScenarios(b.cfg.Shards)
+	impls := pgImpls(rds != nil)
 	for _, clients := range b.cfg.Clients {
 		p, err := env.pool(ctx, clients, b.cfg.Profile)
 		if err != nil {
 			return err
 		}
-		var cells []cell
-		for _, s := range scenarios {
-			cells = append(cells, cell{"postgres", s, "floor", clients}, cell{"postgres", s, "txlimit", clients})
+		if rds != nil {
+			rds.trace.Store(p.trace)
 		}
-		err = b.measure(ctx, cells, subjects(p), p.trace)
+		err = b.measure(ctx, cellsOf("postgres", scenarios, impls, clients), openAll(impls, &pgConns{p, rds}), p.trace)
 		p.close()
 		if err != nil {
 			return err
@@ -182,21 +211,21 @@ func (b *bench) postgres(ctx context.Context, env *pgEnv) error {
 		return err
 	}
 	defer p.close()
-	return b.checkLimits("postgres", scenarios, clients, subjects(p))
+	if rds != nil {
+		rds.trace.Store(nil)
+	}
+	return b.checkLimits("postgres", scenarios, clients, openAll(impls, &pgConns{p, rds}))
 }
 
 func (b *bench) sqlite(ctx context.Context, env *sqliteEnv) error {
 	scenarios := []scenario{{name: "distinct", shards: 1}, {name: "hot", hot: true, shards: 1}}
-	subjects := map[string]subject{"floor": sqliteFloor{env.db}, "txlimit": sqliteLimit{env.db, sqlitestore.New(env.db)}}
+	impls := sqliteImpls()
+	subjects := openAll(impls, env)
 	for _, clients := range b.cfg.SQLiteClients {
 		// Each client keeps a connection of its own; one more is free for
 		// the store to prepare its statements on (see sqlitestore.New).
 		env.db.SetMaxOpenConns(clients + 1)
-		var cells []cell
-		for _, s := range scenarios {
-			cells = append(cells, cell{"sqlite", s, "floor", clients}, cell{"sqlite", s, "txlimit", clients})
-		}
-		if err := b.measure(ctx, cells, subjects, nil); err != nil {
+		if err := b.measure(ctx, cellsOf("sqlite", scenarios, impls, clients), subjects, nil); err != nil {
 			return err
 		}
 	}
@@ -205,20 +234,33 @@ func (b *bench) sqlite(ctx context.Context, env *sqliteEnv) error {
 	return b.checkLimits("sqlite", scenarios, clients, subjects)
 }
 
+// subjectOf finds the subject of an impl by name.
+func subjectOf(subjects []opened, name string) opened {
+	for _, s := range subjects {
+		if s.name == name {
+			return s
+		}
+	}
+	panic("txlimit-bench: no implementation named " + name) // cells come from the same list
+}
+
 // measure runs every cell cfg.Repeats times, the cells of one repeat after
 // another, starting each repeat one cell further on.
-func (b *bench) measure(ctx context.Context, cells []cell, subjects map[string]subject, trace *tracer) error {
+func (b *bench) measure(ctx context.Context, cells []cell, subjects []opened, trace *tracer) error {
 	for r := range b.cfg.Repeats {
 		for i := range cells {
 			c := cells[(i+r)%len(cells)]
 			name := fmt.Sprintf("%s/%s/%s/c%d/r%d", c.db, c.scenario.name, c.impl, c.clients, r)
 			spec := timedSpec(name, c.scenario.shards)
-			var queries, batches, undos int64
+			subj := subjectOf(subjects, c.impl)
+			var queries, batches, undos, redisCalls int64
 			var spent map[string]time.Duration
-			st, err := drive(ctx, subjects[c.impl], spec, workload{
-				keys:     c.scenario.keys(c.clients),
-				duration: b.cfg.Duration,
-				warmUp:   true,
+			st, err := drive(ctx, subj, spec, workload{
+				keys:      c.scenario.keys(c.clients),
+				duration:  b.cfg.Duration,
+				warmUp:    true,
+				business:  c.scenario.business,
+				unlimited: subj.unlimited,
 				started: func() {
 					if trace != nil {
 						trace.reset()
@@ -227,6 +269,7 @@ func (b *bench) measure(ctx context.Context, cells []cell, subjects map[string]s
 				finished: func() {
 					if trace != nil {
 						queries, batches, undos = trace.queries.Load(), trace.batches.Load(), trace.undos.Load()
+						redisCalls = trace.redis.Load()
 						spent = trace.profile()
 					}
 				},
@@ -239,8 +282,11 @@ func (b *bench) measure(ctx context.Context, cells []cell, subjects map[string]s
 				p50:       ms(percentile(st.lat, 0.50)),
 				p99:       ms(percentile(st.lat, 0.99)),
 			}
+			if !subj.unlimited {
+				s.stepP50, s.stepP99 = ms(percentile(st.stepLat, 0.50)), ms(percentile(st.stepLat, 0.99))
+			}
 			if trace != nil && st.ops > 0 {
-				s.roundTrips = float64(queries+batches) / float64(st.ops)
+				s.roundTrips = float64(queries+batches+redisCalls) / float64(st.ops)
 				s.fallback = float64(undos) / float64(st.ops)
 			}
 			if _, seen := b.samples[c]; !seen {
@@ -256,40 +302,53 @@ func (b *bench) measure(ctx context.Context, cells []cell, subjects map[string]s
 				b.spentOps[c] += st.ops
 			}
 			b.samples[c] = append(b.samples[c], s)
-			b.checks = append(b.checks, checkAllAdmitted(name, spec, st))
-			fmt.Fprintf(b.w, "  %-8s %-13s %-7s %3d clients  run %d/%d: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms\n",
-				c.db, c.scenario.name, c.impl, c.clients, r+1, b.cfg.Repeats, s.opsPerSec, s.p50, s.p99)
+			if !subj.unlimited {
+				b.checks = append(b.checks, checkAllAdmitted(name, spec, st))
+			}
+			fmt.Fprintf(b.w, "  %-8s %-13s %-7s %3d clients  run %d/%d: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  step p50 %6.2f ms\n",
+				c.db, c.scenario.name, c.impl, c.clients, r+1, b.cfg.Repeats, s.opsPerSec, s.p50, s.p99, s.stepP50)
 		}
 	}
 	return nil
 }
 
-// checkLimits runs the two saturating admission checks of every scenario
-// and implementation at the given client count.
-func (b *bench) checkLimits(db string, scenarios []scenario, clients int, subjects map[string]subject) error {
+// checkLimits runs the saturating admission checks of every scenario and
+// implementation at the given client count: those its impl lists.
+func (b *bench) checkLimits(db string, scenarios []scenario, clients int, subjects []opened) error {
 	ctx := context.Background()
 	for _, s := range scenarios {
-		// The sharded floor does not pool its shards: it is a reference for
-		// throughput only, and would fail checks that run the limit out.
-		impls := []string{"txlimit"}
-		if s.shards == 1 {
-			impls = []string{"floor", "txlimit"}
-		}
-		for _, impl := range impls {
-			name := fmt.Sprintf("%s/%s/%s/c%d", db, s.name, impl, clients)
-			spec := exactSpec("exact/"+name, s.shards)
-			st, err := drive(ctx, subjects[impl], spec, workload{keys: s.keys(clients), maxOps: 10 * exactCapacity})
-			if err != nil {
-				return fmt.Errorf("%s: %w", spec.Name, err)
+		for _, subj := range subjects {
+			for _, kind := range subj.checks(s) {
+				name := fmt.Sprintf("%s/%s/%s/%s/c%d", kind, db, s.name, subj.name, clients)
+				w := workload{keys: s.keys(clients), business: s.business}
+				var spec limitSpec
+				switch kind {
+				case frozenExact:
+					spec, w.maxOps = exactSpec(name, s.shards), 10*exactCapacity
+				case realBounded:
+					spec, w.duration, w.untilDenied = boundedSpec(name, s.shards), b.cfg.CheckDuration, true
+				case windowExact:
+					spec, w.maxOps = windowSpec(name), 10*exactCapacity
+				}
+				st, err := drive(ctx, subj, spec, w)
+				if err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+				switch kind {
+				case frozenExact:
+					b.addCheck(checkExact(name, spec, st))
+				case realBounded:
+					b.addCheck(checkBounded(name, spec, st))
+				case windowExact:
+					windows := map[string]int{}
+					if wd, ok := subj.subject.(windowed); ok {
+						for _, key := range w.keys {
+							windows[key] = wd.windows(spec, key)
+						}
+					}
+					b.addCheck(checkWindow(name, spec, st, windows))
+				}
 			}
-			b.addCheck(checkExact(spec.Name, spec, st))
-
-			spec = boundedSpec("bounded/"+name, s.shards)
-			st, err = drive(ctx, subjects[impl], spec, workload{keys: s.keys(clients), duration: b.cfg.CheckDuration, untilDenied: true})
-			if err != nil {
-				return fmt.Errorf("%s: %w", spec.Name, err)
-			}
-			b.addCheck(checkBounded(spec.Name, spec, st))
 		}
 	}
 	return nil
@@ -307,14 +366,16 @@ func (b *bench) addCheck(c check) {
 // rows reduces the samples of every cell to its medians and ratios.
 func (b *bench) rows() []Row {
 	rows := make([]Row, 0, len(b.order))
-	byCell := map[cell]*Row{}
 	for _, c := range b.order {
 		ss := b.samples[c]
 		r := Row{
 			DB: c.db, Scenario: c.scenario.name, Impl: c.impl, Shards: c.scenario.shards, Clients: c.clients,
+			Business:   c.scenario.business,
 			OpsPerSec:  median(ss, func(s sample) float64 { return s.opsPerSec }),
 			P50Ms:      median(ss, func(s sample) float64 { return s.p50 }),
 			P99Ms:      median(ss, func(s sample) float64 { return s.p99 }),
+			StepP50Ms:  median(ss, func(s sample) float64 { return s.stepP50 }),
+			StepP99Ms:  median(ss, func(s sample) float64 { return s.stepP99 }),
 			RoundTrips: median(ss, func(s sample) float64 { return s.roundTrips }),
 			Fallback:   median(ss, func(s sample) float64 { return s.fallback }),
 		}
@@ -329,26 +390,42 @@ func (b *bench) rows() []Row {
 		}
 		rows = append(rows, r)
 	}
-	for i := range rows {
-		r := &rows[i]
-		byCell[cell{r.DB, scenario{name: r.Scenario}, r.Impl, r.Clients}] = r
+	type at struct {
+		db, scenario, impl string
+		clients            int
 	}
+	byCell := map[at]*Row{}
 	for i := range rows {
 		r := &rows[i]
-		if r.Scenario != "distinct" {
-			if d := byCell[cell{r.DB, scenario{name: "distinct"}, r.Impl, r.Clients}]; d != nil && d.OpsPerSec > 0 {
-				r.VsDistinct = r.OpsPerSec / d.OpsPerSec
+		byCell[at{r.DB, r.Scenario, r.Impl, r.Clients}] = r
+	}
+	// over is a / b, 0 when either is missing.
+	over := func(a, b float64) float64 {
+		if a <= 0 || b <= 0 {
+			return 0
+		}
+		return a / b
+	}
+	for i, c := range b.order {
+		r := &rows[i]
+		if c.scenario.hot {
+			if d := byCell[at{r.DB, "distinct", r.Impl, r.Clients}]; d != nil {
+				r.VsDistinct = over(r.OpsPerSec, d.OpsPerSec)
 			}
 		}
-		if r.Impl != "txlimit" {
-			continue
+		if f := byCell[at{r.DB, r.Scenario, implFloor, r.Clients}]; f != nil && r.Impl != implFloor {
+			r.VsFloor = over(r.OpsPerSec, f.OpsPerSec)
+			r.StepVsFloor = over(r.StepP50Ms, f.StepP50Ms)
+			r.StepP99VsFloor = over(r.StepP99Ms, f.StepP99Ms)
 		}
-		if f := byCell[cell{r.DB, scenario{name: r.Scenario}, "floor", r.Clients}]; f != nil && f.OpsPerSec > 0 {
-			r.VsFloor = r.OpsPerSec / f.OpsPerSec
+		if x := byCell[at{r.DB, r.Scenario, implRedis, r.Clients}]; x != nil && r.Impl != implRedis {
+			r.VsRedis = over(r.OpsPerSec, x.OpsPerSec)
+			r.StepVsRedis = over(r.StepP50Ms, x.StepP50Ms)
+			r.StepP99VsRedis = over(r.StepP99Ms, x.StepP99Ms)
 		}
-		if r.Shards > 1 {
-			if f := byCell[cell{r.DB, scenario{name: "hot"}, "floor", r.Clients}]; f != nil && f.OpsPerSec > 0 {
-				r.VsHotFloor = r.OpsPerSec / f.OpsPerSec
+		if r.Shards > 1 && r.Impl != implFloor {
+			if f := byCell[at{r.DB, "hot", implFloor, r.Clients}]; f != nil {
+				r.VsHotFloor = over(r.OpsPerSec, f.OpsPerSec)
 			}
 		}
 	}
@@ -378,27 +455,36 @@ func median(ss []sample, f func(sample) float64) float64 {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// targets evaluates the issue's goals against the rows that exist.
+// targets evaluates issue 13's goals against the rows that exist.
 func targets(rows []Row) []Target {
 	var out []Target
 	for _, r := range rows {
+		if r.DB != "postgres" || r.Impl != implTxlimit {
+			continue
+		}
 		switch {
-		case r.DB == "postgres" && r.Impl == "txlimit" && r.Scenario == "distinct":
+		case r.Scenario == "distinct":
 			out = append(out, Target{
-				Name: fmt.Sprintf("postgres distinct keys, %d clients: txlimit >= 0.9x the floor", r.Clients),
-				Want: 0.9, Got: r.VsFloor, Met: r.VsFloor >= 0.9,
+				Name: fmt.Sprintf("postgres distinct keys, %d clients: txlimit >= 1.1x the floor", r.Clients),
+				Want: 1.1, Got: r.VsFloor, Met: r.VsFloor >= 1.1,
 			})
-		case r.DB == "postgres" && r.Impl == "txlimit" && r.Scenario == "hot-shards16" && r.Clients == 32:
+		case r.Scenario == "hot-shards16" && r.Clients == 32:
 			t := Target{
 				Name: "postgres hot key over 16 shards, 32 clients: >= 0.8x txlimit on distinct keys",
 				Want: 0.8, Got: r.VsDistinct, Met: r.VsDistinct >= 0.8,
 			}
 			for _, f := range rows {
-				if f.DB == r.DB && f.Impl == "floor" && f.Scenario == r.Scenario && f.Clients == r.Clients {
+				if f.DB == r.DB && f.Impl == implFloor && f.Scenario == r.Scenario && f.Clients == r.Clients {
 					t.FloorGot = f.VsDistinct
 				}
 			}
 			out = append(out, t)
+		case r.Business && r.StepVsRedis > 0:
+			// Lower is better: the limit step's p50 over Redis's.
+			out = append(out, Target{
+				Name: fmt.Sprintf("postgres business transaction, %d clients: p50 of the limit step, txlimit <= 1.2x Redis EVAL", r.Clients),
+				Want: 1.2, Got: r.StepVsRedis, Met: r.StepVsRedis <= 1.2, AtMost: true,
+			})
 		}
 	}
 	return out

@@ -21,9 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite" // the pure-Go SQLite driver, registered as "sqlite"
 
+	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/migrations"
-	"github.com/txlimit/txlimit/pgstore"
-	"github.com/txlimit/txlimit/sqlitestore"
 )
 
 // The floor's table has the columns of txlimit's own, keyed by one text.
@@ -51,6 +50,14 @@ const (
 	SELECT shard, value, ts FROM a UNION ALL SELECT shard, value, ts FROM b LIMIT 1`
 	pgShardFloorWait   = `SELECT shard, value, ts FROM floor_shards WHERE k = $1 AND shard = $2 FOR UPDATE`
 	pgShardFloorUpdate = `UPDATE floor_shards SET value = $3, ts = $4 WHERE k = $1 AND shard = $2`
+
+	// The business write of the business scenario: an order, inserted by
+	// the transaction the limit guards, as an application does.
+	pgBusinessDDL = `CREATE TABLE bench_orders (id bigserial PRIMARY KEY, k text NOT NULL,
+		amount integer NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`
+	pgBusinessInsert     = `INSERT INTO bench_orders (k, amount) VALUES ($1, $2)`
+	sqliteBusinessDDL    = `CREATE TABLE bench_orders (id INTEGER PRIMARY KEY, k TEXT NOT NULL, amount INTEGER NOT NULL)`
+	sqliteBusinessInsert = `INSERT INTO bench_orders (k, amount) VALUES (?, ?)`
 
 	sqliteFloorDDL    = `CREATE TABLE floor_table (k TEXT PRIMARY KEY, value REAL NOT NULL, ts INTEGER NOT NULL) WITHOUT ROWID`
 	sqliteFloorInsert = `INSERT INTO floor_table (k, value, ts) VALUES (?, ?, ?) ON CONFLICT (k) DO NOTHING`
@@ -114,10 +121,10 @@ func openPostgres(ctx context.Context, dsn string) (env *pgEnv, drop func(), err
 		drop()
 		return nil, nil, err
 	}
-	for _, ddl := range []string{pgFloorDDL, pgShardFloorDDL} {
+	for _, ddl := range []string{pgFloorDDL, pgShardFloorDDL, pgBusinessDDL} {
 		if _, err := pool.pool.Exec(ctx, ddl); err != nil {
 			drop()
-			return nil, nil, fmt.Errorf("create the floor's tables: %w", err)
+			return nil, nil, fmt.Errorf("create the floor's and the business tables: %w", err)
 		}
 	}
 	return env, drop, nil
@@ -156,6 +163,8 @@ func (p *pgPool) close() { p.pool.Close() }
 // round trip and any lock wait included): the -profile breakdown.
 type tracer struct {
 	queries, batches, undos atomic.Int64
+	// redis counts the commands sent to Redis (see redisHook).
+	redis atomic.Int64
 
 	timing bool
 	mu     sync.Mutex
@@ -173,6 +182,7 @@ func (t *tracer) reset() {
 	t.queries.Store(0)
 	t.batches.Store(0)
 	t.undos.Store(0)
+	t.redis.Store(0)
 	t.mu.Lock()
 	t.spent = map[string]time.Duration{}
 	t.mu.Unlock()
@@ -217,6 +227,8 @@ func statementLabel(sql string) string {
 		return "(empty)"
 	case strings.Contains(sql, "floor_table"):
 		return "floor " + strings.ToUpper(f[0])
+	case strings.Contains(sql, "bench_orders"):
+		return "business " + strings.ToUpper(f[0])
 	case len(f) >= 3 && strings.EqualFold(f[1], "TO"):
 		return strings.ToUpper(f[0] + " TO " + f[2]) // ROLLBACK TO SAVEPOINT
 	}
@@ -253,16 +265,71 @@ func (t *tracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatc
 
 func (t *tracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchEndData) { t.end(ctx) }
 
-// pgLimit is txlimit on PostgreSQL: pgx.BeginFunc around LimitTx.
-type pgLimit struct{ p *pgPool }
+// errDenied rolls back the transaction of a call that its limit denied, as
+// an application does; take reports the denial, not an error.
+var errDenied = errors.New("denied")
 
-type pgLimitClient struct {
-	conn *pgxpool.Conn
-	call func(ctx context.Context, tx pgx.Tx) (bool, error)
+// pgStep is the limit step of one call inside the caller's transaction on
+// PostgreSQL.
+type pgStep func(ctx context.Context, tx pgx.Tx) (ok bool, err error)
+
+// pgClient is a client of any PostgreSQL subject on a connection of its
+// own: each call is BEGIN; with business, the INSERT of an order; the
+// subject's limit step; COMMIT, or ROLLBACK when the step denied.
+type pgClient struct {
+	conn     *pgxpool.Conn
+	business string // the key the orders are inserted under; "" for none
+	step     pgStep
+	release  func() // what else the client holds (a Redis connection)
 }
 
-func (s pgLimit) newClient(ctx context.Context, spec limitSpec, key string) (client, error) {
-	l, err := newLimiter(pgstore.New(s.p.pool), spec)
+func newPgClient(conn *pgxpool.Conn, key string, business bool, step pgStep) *pgClient {
+	c := &pgClient{conn: conn, step: step}
+	if business {
+		c.business = key
+	}
+	return c
+}
+
+func (c *pgClient) take(ctx context.Context) (r call, err error) {
+	err = pgx.BeginFunc(ctx, c.conn, func(tx pgx.Tx) error {
+		if c.business != "" {
+			if _, err := tx.Exec(ctx, pgBusinessInsert, c.business, 1); err != nil {
+				return err
+			}
+		}
+		start := time.Now()
+		ok, err := c.step(ctx, tx)
+		r = call{ok: ok, step: time.Since(start)}
+		if err == nil && !ok {
+			return errDenied
+		}
+		return err
+	})
+	if errors.Is(err, errDenied) {
+		err = nil
+	}
+	return r, err
+}
+
+func (c *pgClient) close() {
+	if c.release != nil {
+		c.release()
+	}
+	c.conn.Release()
+}
+
+// pgLimit is txlimit on PostgreSQL: LimitTx in the caller's pgx.Tx. store
+// and tune make its variants: another store on the same pool, another mode
+// or setting of the same limit.
+type pgLimit struct {
+	p     *pgPool
+	store txlimit.Store[pgx.Tx]
+	tune  func(*txlimit.Config)
+}
+
+func (s pgLimit) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
+	l, err := newLimiter(s.store, spec, s.tune)
 	if err != nil {
 		return nil, err
 	}
@@ -270,24 +337,14 @@ func (s pgLimit) newClient(ctx context.Context, spec limitSpec, key string) (cli
 	if err != nil {
 		return nil, err
 	}
-	return &pgLimitClient{conn: conn, call: func(ctx context.Context, tx pgx.Tx) (bool, error) {
+	return newPgClient(conn, key, business, func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		res, err := l.LimitTx(ctx, tx, spec.Name, key)
 		return res.OK, err
-	}}, nil
+	}), nil
 }
-
-func (c *pgLimitClient) take(ctx context.Context) (ok bool, err error) {
-	err = pgx.BeginFunc(ctx, c.conn, func(tx pgx.Tx) (err error) {
-		ok, err = c.call(ctx, tx)
-		return err
-	})
-	return ok, err
-}
-
-func (c *pgLimitClient) close() { c.conn.Release() }
 
 func (s pgLimit) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
-	l, err := newLimiter(pgstore.New(s.p.pool), spec)
+	l, err := newLimiter(s.store, spec, s.tune)
 	if err != nil {
 		return 0, err
 	}
@@ -295,16 +352,26 @@ func (s pgLimit) value(ctx context.Context, spec limitSpec, key string) (float64
 	return snap.Value, err
 }
 
+// pgNone is the business transaction with no limit at all (BEGIN; INSERT;
+// COMMIT): the ceiling of every limited one.
+type pgNone struct{ p *pgPool }
+
+func (s pgNone) newClient(ctx context.Context, _ limitSpec, key string, business bool) (client, error) {
+	conn, err := s.p.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return newPgClient(conn, key, business, func(context.Context, pgx.Tx) (bool, error) { return true, nil }), nil
+}
+
+func (pgNone) value(context.Context, limitSpec, string) (float64, error) {
+	return 0, errors.New("the business transaction alone has no limit to read")
+}
+
 // pgFloor is the hand-written floor on PostgreSQL.
 type pgFloor struct{ p *pgPool }
 
-type pgFloorClient struct {
-	conn *pgxpool.Conn
-	spec limitSpec
-	k    string
-}
-
-func (s pgFloor) newClient(ctx context.Context, spec limitSpec, key string) (client, error) {
+func (s pgFloor) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
 	conn, err := s.p.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -315,67 +382,55 @@ func (s pgFloor) newClient(ctx context.Context, spec limitSpec, key string) (cli
 			conn.Release()
 			return nil, err
 		}
-		return &pgShardFloorClient{pgFloorClient{conn: conn, spec: spec, k: k}}, nil
+		return newPgClient(conn, key, business, shardFloorStep(spec, k)), nil
 	}
 	if _, err := conn.Exec(ctx, pgFloorInsert, k, spec.Capacity, spec.now()); err != nil {
 		conn.Release()
 		return nil, err
 	}
-	return &pgFloorClient{conn: conn, spec: spec, k: k}, nil
-}
-
-func (c *pgFloorClient) take(ctx context.Context) (ok bool, err error) {
-	err = pgx.BeginFunc(ctx, c.conn, func(tx pgx.Tx) error {
+	return newPgClient(conn, key, business, func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		var value float64
 		var ts time.Time
-		if err := tx.QueryRow(ctx, pgFloorSelect, c.k).Scan(&value, &ts); err != nil {
-			return err
+		if err := tx.QueryRow(ctx, pgFloorSelect, k).Scan(&value, &ts); err != nil {
+			return false, err
 		}
-		now := c.spec.now()
-		left := c.spec.project(value, ts, now) - 1
+		now := spec.now()
+		left := spec.project(value, ts, now) - 1
 		if left < 0 {
-			return nil
+			return false, nil
 		}
-		ok = true
-		_, err := tx.Exec(ctx, pgFloorUpdate, c.k, left, now)
-		return err
-	})
-	return ok, err
+		_, err := tx.Exec(ctx, pgFloorUpdate, k, left, now)
+		return err == nil, err
+	}), nil
 }
 
-func (c *pgFloorClient) close() { c.conn.Release() }
-
-// pgShardFloorClient is the floor of a sharded limit: one token from the
-// one shard it locks, each shard a bucket of its own with 1/Shards of the
-// rate and capacity. It does not pool shards (a call whose shard is short is
+// shardFloorStep is the floor of a sharded limit: one token from the one
+// shard it locks, each shard a bucket of its own with 1/Shards of the rate
+// and capacity. It does not pool shards (a call whose shard is short is
 // denied), so it takes part only in the timed runs, where no shard runs
 // out, and not in the saturating admission checks.
-type pgShardFloorClient struct{ pgFloorClient }
-
-func (c *pgShardFloorClient) take(ctx context.Context) (ok bool, err error) {
-	shard := c.spec.shard()
-	err = pgx.BeginFunc(ctx, c.conn, func(tx pgx.Tx) error {
-		start := int32(mathrand.IntN(c.spec.Shards))
+func shardFloorStep(spec limitSpec, k string) pgStep {
+	shard := spec.shard()
+	return func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		start := int32(mathrand.IntN(spec.Shards))
 		var s int32
 		var value float64
 		var ts time.Time
-		err := tx.QueryRow(ctx, pgShardFloorTry, c.k, start).Scan(&s, &value, &ts)
+		err := tx.QueryRow(ctx, pgShardFloorTry, k, start).Scan(&s, &value, &ts)
 		if errors.Is(err, pgx.ErrNoRows) {
-			err = tx.QueryRow(ctx, pgShardFloorWait, c.k, start).Scan(&s, &value, &ts)
+			err = tx.QueryRow(ctx, pgShardFloorWait, k, start).Scan(&s, &value, &ts)
 		}
 		if err != nil {
-			return err
+			return false, err
 		}
 		now := shard.now()
 		left := shard.project(value, ts, now) - 1
 		if left < 0 {
-			return nil
+			return false, nil
 		}
-		ok = true
-		_, err = tx.Exec(ctx, pgShardFloorUpdate, c.k, s, left, now)
-		return err
-	})
-	return ok, err
+		_, err = tx.Exec(ctx, pgShardFloorUpdate, k, s, left, now)
+		return err == nil, err
+	}
 }
 
 func (s pgFloor) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
@@ -436,43 +491,72 @@ func openSQLite(ctx context.Context) (env *sqliteEnv, cleanup func(), err error)
 		cleanup()
 		return nil, nil, err
 	}
-	if _, err := db.ExecContext(ctx, sqliteFloorDDL); err != nil {
-		cleanup()
-		return nil, nil, fmt.Errorf("create the floor's table: %w", err)
+	for _, ddl := range []string{sqliteFloorDDL, sqliteBusinessDDL} {
+		if _, err := db.ExecContext(ctx, ddl); err != nil {
+			cleanup()
+			return nil, nil, fmt.Errorf("create the floor's and the business tables: %w", err)
+		}
 	}
 	return env, cleanup, nil
 }
 
-// sqliteLimit is txlimit on SQLite: BeginTx (IMMEDIATE), LimitTx, Commit.
-// Its clients share one Store, as sqlitestore.New asks, so that the
-// statements it prepares serve every client and every cell.
-type sqliteLimit struct {
-	db    *sql.DB
-	store *sqlitestore.Store
+// sqlStep is the limit step of one call inside the caller's *sql.Tx.
+type sqlStep func(ctx context.Context, tx *sql.Tx) (ok bool, err error)
+
+// sqlClient is a client of a database/sql subject on a connection of its
+// own: BeginTx; with business, the INSERT of an order (businessSQL, in the
+// dialect's placeholders); the step; Commit, or Rollback when it denied.
+type sqlClient struct {
+	conn        *sql.Conn
+	businessSQL string
+	business    string // the key the orders are inserted under; "" for none
+	step        sqlStep
 }
 
-type sqliteClient struct {
-	conn *sql.Conn
-	call func(ctx context.Context, tx *sql.Tx) (bool, error)
-}
-
-func (c *sqliteClient) take(ctx context.Context) (bool, error) {
+func (c *sqlClient) take(ctx context.Context) (call, error) {
 	tx, err := c.conn.BeginTx(ctx, nil)
 	if err != nil {
-		return false, err
+		return call{}, err
 	}
-	ok, err := c.call(ctx, tx)
-	if err != nil {
+	if c.business != "" {
+		if _, err := tx.ExecContext(ctx, c.businessSQL, c.business, 1); err != nil {
+			_ = tx.Rollback()
+			return call{}, err
+		}
+	}
+	start := time.Now()
+	ok, err := c.step(ctx, tx)
+	r := call{ok: ok, step: time.Since(start)}
+	if err != nil || !ok {
 		_ = tx.Rollback()
-		return false, err
+		return r, err
 	}
-	return ok, tx.Commit()
+	return r, tx.Commit()
 }
 
-func (c *sqliteClient) close() { _ = c.conn.Close() }
+func (c *sqlClient) close() { _ = c.conn.Close() }
 
-func (s sqliteLimit) newClient(ctx context.Context, spec limitSpec, key string) (client, error) {
-	l, err := newLimiter(s.store, spec)
+func newSQLClient(conn *sql.Conn, businessSQL, key string, business bool, step sqlStep) *sqlClient {
+	c := &sqlClient{conn: conn, businessSQL: businessSQL, step: step}
+	if business {
+		c.business = key
+	}
+	return c
+}
+
+// sqlLimit is txlimit on database/sql: BeginTx, LimitTx, Commit. Its
+// clients share one Store, as sqlitestore.New asks, so that the statements
+// it prepares serve every client and every cell. businessSQL is the orders
+// INSERT in the store's dialect.
+type sqlLimit struct {
+	db          *sql.DB
+	store       txlimit.Store[*sql.Tx]
+	businessSQL string
+	tune        func(*txlimit.Config)
+}
+
+func (s sqlLimit) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
+	l, err := newLimiter(s.store, spec, s.tune)
 	if err != nil {
 		return nil, err
 	}
@@ -480,14 +564,14 @@ func (s sqliteLimit) newClient(ctx context.Context, spec limitSpec, key string) 
 	if err != nil {
 		return nil, err
 	}
-	return &sqliteClient{conn: conn, call: func(ctx context.Context, tx *sql.Tx) (bool, error) {
+	return newSQLClient(conn, s.businessSQL, key, business, func(ctx context.Context, tx *sql.Tx) (bool, error) {
 		res, err := l.LimitTx(ctx, tx, spec.Name, key)
 		return res.OK, err
-	}}, nil
+	}), nil
 }
 
-func (s sqliteLimit) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
-	l, err := newLimiter(s.store, spec)
+func (s sqlLimit) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
+	l, err := newLimiter(s.store, spec, s.tune)
 	if err != nil {
 		return 0, err
 	}
@@ -499,7 +583,7 @@ func (s sqliteLimit) value(ctx context.Context, spec limitSpec, key string) (flo
 // DSN's _txlock), SELECT, UPDATE, COMMIT.
 type sqliteFloor struct{ db *sql.DB }
 
-func (s sqliteFloor) newClient(ctx context.Context, spec limitSpec, key string) (client, error) {
+func (s sqliteFloor) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, err
@@ -509,7 +593,7 @@ func (s sqliteFloor) newClient(ctx context.Context, spec limitSpec, key string) 
 		_ = conn.Close()
 		return nil, err
 	}
-	return &sqliteClient{conn: conn, call: func(ctx context.Context, tx *sql.Tx) (bool, error) {
+	return newSQLClient(conn, sqliteBusinessInsert, key, business, func(ctx context.Context, tx *sql.Tx) (bool, error) {
 		var value float64
 		var ts int64
 		if err := tx.QueryRowContext(ctx, sqliteFloorSelect, k).Scan(&value, &ts); err != nil {
@@ -522,7 +606,7 @@ func (s sqliteFloor) newClient(ctx context.Context, spec limitSpec, key string) 
 		}
 		_, err := tx.ExecContext(ctx, sqliteFloorUpdate, left, now.UnixMicro(), k)
 		return err == nil, err
-	}}, nil
+	}), nil
 }
 
 func (s sqliteFloor) value(ctx context.Context, spec limitSpec, key string) (float64, error) {

@@ -120,6 +120,20 @@ func ping(url string) error {
 // tb ends, and returns its name.
 func Schema(tb testing.TB) string {
 	tb.Helper()
+	schema := EmptySchema(tb)
+	pool := Pool(tb, schema, pgx.QueryExecModeCacheStatement, 2)
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if err := migrations.Up(context.Background(), db, migrations.Postgres); err != nil {
+		tb.Fatalf("migrations: %v", err)
+	}
+	return schema
+}
+
+// EmptySchema creates a new schema without txlimit's table, dropped when tb
+// ends, and returns its name.
+func EmptySchema(tb testing.TB) string {
+	tb.Helper()
 	url := URL(tb)
 	ctx := context.Background()
 	b := make([]byte, 6)
@@ -140,12 +154,6 @@ func Schema(tb testing.TB) string {
 			_ = conn.Close(context.Background())
 		}
 	})
-	pool := Pool(tb, schema, pgx.QueryExecModeCacheStatement, 2)
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	if err := migrations.Up(ctx, db, migrations.Postgres); err != nil {
-		tb.Fatalf("migrations: %v", err)
-	}
 	return schema
 }
 

@@ -15,3 +15,16 @@ type Txlimit struct {
 	Value float64
 	Ts    time.Time
 }
+
+type TxlimitEscrow struct {
+	Claim int64
+	Xid   int64
+	Name  string
+	Key   string
+	Shard int32
+	Count float64
+}
+
+type TxlimitEscrowClaim struct {
+	ID int64
+}

@@ -1,25 +1,37 @@
-package promobserver_test
+// Package observertest is what the tests of txlimit's Observers share: a
+// scenario of real calls whose every outcome is known, the counts it must
+// produce, and the databases it runs on (a SQLite file in the test's temp
+// dir; PostgreSQL through internal/testdb, which fails under CI=true when
+// there is none).
+package observertest
 
 import (
 	"context"
+	"database/sql"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	_ "modernc.org/sqlite" // the SQLite driver the tests open
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/migrations"
 )
 
-// runScenario makes real calls on a Limiter over store, observed by obs,
+// RunScenario makes real calls on a Limiter over store, observed by obs,
 // whose outcomes are known exactly (the clock stands still): see
-// wantDecisions and wantErrors. unmigrated is a store on a database without
+// WantDecisions and WantErrors. unmigrated is a store on a database without
 // txlimit's table; unreachable is one on a closed database, for the store's
 // errors.
-func runScenario[TTx any](t *testing.T, store, unmigrated, unreachable txlimit.Store[TTx], obs txlimit.Observer) {
+func RunScenario[TTx any](t *testing.T, store, unmigrated, unreachable txlimit.Store[TTx], obs txlimit.Observer) {
 	t.Helper()
 	ctx := context.Background()
-	opts := &txlimit.Options{Clock: frozen(), Observer: obs}
+	opts := &txlimit.Options{Clock: Frozen(), Observer: obs}
 	l, err := txlimit.New(store, map[string]txlimit.Config{
 		"send":  {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour, MaxReserved: 1},
 		"burst": {Kind: txlimit.FixedWindow, Rate: 10, Period: time.Hour, Shards: 2},
@@ -89,8 +101,8 @@ func runScenario[TTx any](t *testing.T, store, unmigrated, unreachable txlimit.S
 	}
 }
 
-// wantDecisions is what runScenario decides, by "limit op outcome".
-var wantDecisions = map[string]int64{
+// WantDecisions is what RunScenario decides, by "limit op outcome".
+var WantDecisions = map[string]int64{
 	"send limit allowed":     2,
 	"send limit reserved":    1,
 	"send limit denied":      2,
@@ -104,11 +116,60 @@ var wantDecisions = map[string]int64{
 	"burst limit denied":     14,
 }
 
-// wantErrors is runScenario's errors, by "limit op kind".
-var wantErrors = map[string]int64{
+// WantErrors is RunScenario's errors, by "limit op kind".
+var WantErrors = map[string]int64{
 	"send limit invalid":      1,
 	"send limit canceled":     1,
 	"nope limit invalid":      1,
 	"bare limit not_migrated": 2,
 	"down limit database":     2,
+}
+
+// Frozen is a clock that stands still, so that no token refills during a
+// test and every count is exact.
+func Frozen() func() time.Time {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	return func() time.Time { return at }
+}
+
+const sqliteDSN = "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+
+// SQLite opens a new SQLite file, with txlimit's table when migrate, closed
+// when t ends.
+func SQLite(t *testing.T, migrate bool) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "txlimit.db")+sqliteDSN)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	if migrate {
+		require.NoError(t, migrations.Up(context.Background(), db, migrations.SQLite))
+	}
+	return db
+}
+
+// ClosedSQLite returns a migrated database that is already closed.
+func ClosedSQLite(t *testing.T) *sql.DB {
+	t.Helper()
+	db := SQLite(t, true)
+	require.NoError(t, db.Close())
+	return db
+}
+
+// Postgres returns a pool of at most 8 connections whose search_path is a
+// new schema, dropped when t ends, with txlimit's table when migrate.
+func Postgres(t *testing.T, migrate bool) *pgxpool.Pool {
+	t.Helper()
+	schema := testdb.EmptySchema(t)
+	if migrate {
+		schema = testdb.Schema(t)
+	}
+	return testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 8)
+}
+
+// ClosedPostgres returns a pool on a migrated schema that is already closed.
+func ClosedPostgres(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := Postgres(t, true)
+	pool.Close()
+	return pool
 }

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/txlimit/txlimit/pgstore"
+	"github.com/txlimit/txlimit/sqlitestore"
+)
+
+// The implementations every ratio is taken against.
+const (
+	implFloor   = "floor"   // the hand-written SQL
+	implTxlimit = "txlimit" // LimitTx on the database's default store
+	implRedis   = "redis"   // seed 003's Lua script, beside the transaction
+	implNone    = "none"    // the business transaction with no limit
+)
+
+// impl is one implementation measured on one kind of database: a row of the
+// tables for every scenario it runs in and every client count. E is what it
+// opens its subject on, the connections of one client count.
+//
+// A txlimit variant is one entry more in pgImpls or sqliteImpls: another
+// store on the same connections (pgLimit{p: c.pg, store: …}, or for a
+// database/sql store sqlLimit on stdlib.OpenDBFromPool(c.pg.pool) with
+// pgBusinessInsert), or the same store with another Config (tune: func(cfg
+// *txlimit.Config) {…}). Its rows get the ratios to the floor and to Redis of
+// their scenario, and it takes the admission checks its checks function
+// lists.
+type impl[E any] struct {
+	name string
+	open func(E) subject
+	// runs reports whether the timed cells of a scenario measure it.
+	runs func(scenario) bool
+	// checks lists the saturating admission checks it takes in a scenario,
+	// at the largest client count (nil: none).
+	checks func(scenario) []saturation
+	// unlimited marks the subject with no limit: its timed runs are not
+	// checked and its step is not timed.
+	unlimited bool
+}
+
+// saturation is a saturating admission check: clients call until denied.
+type saturation int
+
+const (
+	// frozenExact: on a frozen clock exactly Capacity is admitted per key.
+	frozenExact saturation = iota
+	// realBounded: on the real clock, Capacity <= admitted <= Capacity +
+	// refill per key.
+	realBounded
+	// windowExact: a fixed window on the server's clock admits exactly
+	// Capacity per key, or at most Capacity per window touched, and counts
+	// every call.
+	windowExact
+)
+
+func (s saturation) String() string {
+	switch s {
+	case frozenExact:
+		return "exact"
+	case realBounded:
+		return "bounded"
+	case windowExact:
+		return "window"
+	}
+	return fmt.Sprintf("saturation(%d)", int(s))
+}
+
+func always(scenario) bool       { return true }
+func inBusiness(s scenario) bool { return s.business }
+
+// bucketChecks are the token bucket's checks, in every scenario.
+func bucketChecks(scenario) []saturation { return []saturation{frozenExact, realBounded} }
+
+// unpooledFloorChecks leaves the sharded floor out: it does not pool its
+// rows, so it cannot admit exactly the limit.
+func unpooledFloorChecks(s scenario) []saturation {
+	if s.shards > 1 {
+		return nil
+	}
+	return bucketChecks(s)
+}
+
+// pgConns are the connections of one client count on PostgreSQL: a pool of
+// that size, and Redis when -redis is set.
+type pgConns struct {
+	pg    *pgPool
+	redis *redisEnv // nil without -redis
+}
+
+// pgImpls are the implementations measured on PostgreSQL.
+func pgImpls(withRedis bool) []impl[*pgConns] {
+	impls := []impl[*pgConns]{
+		{name: implNone, runs: inBusiness, checks: nil, unlimited: true,
+			open: func(c *pgConns) subject { return pgNone{c.pg} }},
+		{name: implFloor, runs: always, checks: unpooledFloorChecks,
+			open: func(c *pgConns) subject { return pgFloor{c.pg} }},
+		{name: implTxlimit, runs: always, checks: bucketChecks,
+			open: func(c *pgConns) subject { return pgLimit{p: c.pg, store: pgstore.New(c.pg.pool)} }},
+	}
+	if withRedis {
+		impls = append(impls, impl[*pgConns]{name: implRedis, runs: inBusiness,
+			// Also on the hot key: one counter under every client at once.
+			checks: func(s scenario) []saturation {
+				if s.shards > 1 {
+					return nil
+				}
+				return []saturation{windowExact}
+			},
+			open: func(c *pgConns) subject { return redisLimit{env: c.redis, p: c.pg} }})
+	}
+	return impls
+}
+
+// sqliteImpls are the implementations measured on SQLite.
+func sqliteImpls() []impl[*sqliteEnv] {
+	return []impl[*sqliteEnv]{
+		{name: implFloor, runs: always, checks: bucketChecks,
+			open: func(e *sqliteEnv) subject { return sqliteFloor{e.db} }},
+		{name: implTxlimit, runs: always, checks: bucketChecks,
+			open: func(e *sqliteEnv) subject {
+				return sqlLimit{db: e.db, store: sqlitestore.New(e.db), businessSQL: sqliteBusinessInsert}
+			}},
+	}
+}
+
+// opened is an impl's subject on one client count's connections.
+type opened struct {
+	subject
+	name      string
+	checks    func(scenario) []saturation
+	unlimited bool
+}
+
+func openAll[E any](impls []impl[E], e E) []opened {
+	out := make([]opened, len(impls))
+	for i, im := range impls {
+		checks := im.checks
+		if checks == nil {
+			checks = func(scenario) []saturation { return nil }
+		}
+		out[i] = opened{subject: im.open(e), name: im.name, checks: checks, unlimited: im.unlimited}
+	}
+	return out
+}
+
+// cellsOf lists the cells of one client count: every scenario, every impl
+// that runs in it.
+func cellsOf[E any](db string, scenarios []scenario, impls []impl[E], clients int) []cell {
+	var cells []cell
+	for _, s := range scenarios {
+		for _, im := range impls {
+			if im.runs(s) {
+				cells = append(cells, cell{db, s, im.name, clients})
+			}
+		}
+	}
+	return cells
+}

@@ -1,0 +1,205 @@
+-- name: EscrowClaim :one
+-- Escrow mode (docs/escrow.md): the caller's transaction inserts a claim;
+-- a separate autocommit statement debits the limit row and records a
+-- pending entry; settlement later deletes both, giving the tokens back when
+-- the caller did not commit the claim. EscrowClaim runs in the caller's transaction: the claim, and that transaction's
+-- top-level id (which it assigns if the transaction had none yet).
+INSERT INTO txlimit_escrow_claim DEFAULT VALUES
+RETURNING id, CAST(CAST(pg_current_xact_id() AS text) AS bigint) AS xid;
+
+-- name: EscrowUnclaim :exec
+-- Runs in the caller's transaction: removes the claim of a call that took
+-- nothing (a denial), so that it leaves no row behind.
+DELETE FROM txlimit_escrow_claim WHERE id = sqlc.arg(id);
+
+-- name: EscrowDebit :one
+-- The escrow take, in its own short transaction on the store's pool: lock
+-- the limit's one row, refill, decide and, when the call fits, write the new
+-- state and record the pending entry, all in one statement, so the hot row
+-- is held only while it runs. The arithmetic is algo.Take's, operation for
+-- operation (a differential test holds it to algo): project the row to the
+-- clock (capped at capacity, never backwards), then grant when the
+-- projected value covers the count within algo's tolerance, or as a
+-- reservation. It returns the row as it was and the clock, from which the
+-- store recomputes the decision with algo for RetryAfter and Remaining, and
+-- no row at all when the key has no row yet (the store creates it, full,
+-- and runs this again). The clock is read after the row's lock is held.
+WITH o AS MATERIALIZED (
+    SELECT t.value, t.ts FROM txlimit AS t
+    WHERE t.name = sqlc.arg(name) AND t.key = sqlc.arg(key) AND t.shard = 0
+    FOR UPDATE
+), c AS MATERIALIZED (
+    SELECT o.value, o.ts, k.clock,
+           CAST(EXTRACT(EPOCH FROM k.clock) * 1000000 AS bigint) AS now_us,
+           CAST(EXTRACT(EPOCH FROM o.ts) * 1000000 AS bigint) AS ts_us
+    FROM o CROSS JOIN LATERAL (
+        SELECT CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+    ) AS k
+), w AS MATERIALIZED (
+    SELECT c.*, c.now_us - c.ts_us AS elapsed,
+           CASE WHEN c.now_us - c.ts_us > 0 THEN (c.now_us - c.ts_us) / sqlc.arg(period_us)::bigint ELSE 0 END AS windows
+    FROM c
+), p AS MATERIALIZED (
+    SELECT w.value, w.ts, w.clock,
+           CASE
+               WHEN w.elapsed <= 0 THEN least(w.value, sqlc.arg(capacity)::float8)
+               WHEN sqlc.arg(fixed_window)::boolean THEN
+                   CASE WHEN w.windows = 0 THEN least(w.value, sqlc.arg(capacity)::float8)
+                        ELSE least(w.value + sqlc.arg(rate)::float8 * CAST(w.windows AS float8), sqlc.arg(capacity)::float8) END
+               ELSE least(w.value + CAST(w.elapsed AS float8) * sqlc.arg(rate)::float8 / CAST(sqlc.arg(period_us)::bigint AS float8),
+                          sqlc.arg(capacity)::float8)
+           END AS pv,
+           CASE
+               WHEN w.elapsed <= 0 THEN w.ts_us
+               WHEN sqlc.arg(fixed_window)::boolean THEN w.ts_us + w.windows * sqlc.arg(period_us)::bigint
+               ELSE w.now_us
+           END AS pts
+    FROM w
+), d AS MATERIALIZED (
+    SELECT p.value, p.ts, p.clock, p.pts,
+           p.pv - sqlc.arg(count)::float8 AS left_value,
+           (p.pv - sqlc.arg(count)::float8 >= -(1e-9 * greatest(1, sqlc.arg(capacity)::float8))) AS plain,
+           (sqlc.arg(reserve)::boolean AND (sqlc.arg(max_reserved)::float8 = 0
+               OR p.pv - (sqlc.arg(count)::float8 - sqlc.arg(max_reserved)::float8) >= -(1e-9 * greatest(1, sqlc.arg(capacity)::float8)))) AS reserved
+    FROM p
+), upd AS (
+    UPDATE txlimit AS t
+    SET value = CASE WHEN d.plain THEN greatest(d.left_value, 0) ELSE d.left_value END,
+        ts = TIMESTAMPTZ 'epoch' + d.pts * INTERVAL '1 microsecond'
+    FROM d
+    WHERE t.name = sqlc.arg(name) AND t.key = sqlc.arg(key) AND t.shard = 0 AND (d.plain OR d.reserved)
+    RETURNING t.shard
+), pending AS (
+    INSERT INTO txlimit_escrow (claim, xid, name, key, shard, count)
+    SELECT sqlc.arg(claim), sqlc.arg(xid), sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(count)
+    FROM d
+    WHERE d.plain OR d.reserved
+    RETURNING claim
+)
+SELECT d.value, d.ts, d.clock, CAST(d.plain OR d.reserved AS boolean) AS ok
+FROM d;
+
+-- name: EscrowInsertRow :exec
+-- Creates the missing row of (name, key), full, for EscrowDebit to lock.
+INSERT INTO txlimit (name, key, shard, value, ts)
+VALUES (sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(value), sqlc.arg(ts))
+ON CONFLICT (name, key, shard) DO NOTHING;
+
+-- name: EscrowKeyFates :many
+-- Step one of settlement, for one key: up to max_entries pending entries
+-- whose transaction is no longer in progress (committed, aborted, or too
+-- old for pg_xact_status: NULL), oldest first. maybe_refund is set when the
+-- transaction aborted or its claim is not visible yet: only step two, a
+-- later statement, may conclude that tokens go back.
+SELECT e.claim,
+       CAST(pg_xact_status(CAST(CAST(e.xid AS text) AS xid8)) IS NOT DISTINCT FROM 'aborted'
+            OR NOT EXISTS (SELECT 1 FROM txlimit_escrow_claim AS c WHERE c.id = e.claim) AS boolean) AS maybe_refund
+FROM txlimit_escrow AS e
+WHERE e.name = sqlc.arg(name) AND e.key = sqlc.arg(key)
+  AND pg_xact_status(CAST(CAST(e.xid AS text) AS xid8)) IS DISTINCT FROM 'in progress'
+ORDER BY e.claim
+LIMIT sqlc.arg(max_entries);
+
+-- name: EscrowFates :many
+-- Step one of settlement over every key: EscrowKeyFates, from the claim
+-- after the cursor on.
+SELECT e.claim,
+       CAST(pg_xact_status(CAST(CAST(e.xid AS text) AS xid8)) IS NOT DISTINCT FROM 'aborted'
+            OR NOT EXISTS (SELECT 1 FROM txlimit_escrow_claim AS c WHERE c.id = e.claim) AS boolean) AS maybe_refund
+FROM txlimit_escrow AS e
+WHERE e.claim > sqlc.arg(after)
+  AND pg_xact_status(CAST(CAST(e.xid AS text) AS xid8)) IS DISTINCT FROM 'in progress'
+ORDER BY e.claim
+LIMIT sqlc.arg(max_entries);
+
+-- name: EscrowSettle :many
+-- Step two of settlement: settles the listed entries, which step one found
+-- ended, in a later statement (so a later snapshot). An entry is settled
+-- only when its transaction is visible as ended in this statement's
+-- snapshot (pg_visible_in_snapshot: a commit that pg_xact_status already
+-- reported but that this snapshot does not show yet waits for the next
+-- run), so the claim's absence below really means "not committed". Its
+-- claim present: the tokens are spent, both rows go. Its claim absent (the
+-- transaction aborted, or rolled back to a savepoint around the call): the
+-- count goes back to the limit row, and the entry goes. Nothing here waits
+-- for a lock: entries another settler holds are skipped, and so are the
+-- refunds whose limit row a transaction holds (the entry stays for the next
+-- run). A refund to a row that no longer exists (pruned as full, or reset)
+-- is dropped: a missing row is full. The refund adds the count to the row
+-- as stored; algo projects a row capped at Capacity, so this equals
+-- algo.CreditShards at every later instant.
+WITH e AS MATERIALIZED (
+    SELECT p.claim, p.name, p.key, p.shard, p.count
+    FROM txlimit_escrow AS p
+    WHERE p.claim = ANY(sqlc.arg(claims)::bigint[])
+      AND pg_xact_status(CAST(CAST(p.xid AS text) AS xid8)) IS DISTINCT FROM 'in progress'
+      AND pg_visible_in_snapshot(CAST(CAST(p.xid AS text) AS xid8), pg_current_snapshot())
+    ORDER BY p.claim
+    FOR UPDATE SKIP LOCKED
+), f AS MATERIALIZED (
+    SELECT e.claim, e.name, e.key, e.shard, e.count,
+           EXISTS (SELECT 1 FROM txlimit_escrow_claim AS c WHERE c.id = e.claim) AS spent
+    FROM e
+), r AS MATERIALIZED (
+    SELECT t.name, t.key, t.shard FROM txlimit AS t
+    WHERE (t.name, t.key, t.shard) IN (SELECT f.name, f.key, f.shard FROM f WHERE NOT f.spent)
+    ORDER BY t.name, t.key, t.shard
+    FOR UPDATE SKIP LOCKED
+), done AS MATERIALIZED (
+    SELECT f.claim, f.name, f.key, f.shard, f.count, f.spent,
+           CAST(NOT f.spent AND EXISTS (SELECT 1 FROM r WHERE r.name = f.name AND r.key = f.key AND r.shard = f.shard) AS boolean) AS refund
+    FROM f
+    WHERE f.spent
+       OR EXISTS (SELECT 1 FROM r WHERE r.name = f.name AND r.key = f.key AND r.shard = f.shard)
+       OR NOT EXISTS (SELECT 1 FROM txlimit AS x WHERE x.name = f.name AND x.key = f.key AND x.shard = f.shard)
+), gone_claims AS (
+    DELETE FROM txlimit_escrow_claim AS c USING done
+    WHERE c.id = done.claim AND done.spent
+    RETURNING c.id
+), gone AS (
+    DELETE FROM txlimit_escrow AS p USING done
+    WHERE p.claim = done.claim
+    RETURNING p.claim
+), credited AS (
+    UPDATE txlimit AS t
+    SET value = t.value + s.total
+    FROM (SELECT done.name, done.key, done.shard, sum(done.count) AS total
+          FROM done WHERE done.refund
+          GROUP BY done.name, done.key, done.shard) AS s
+    WHERE t.name = s.name AND t.key = s.key AND t.shard = s.shard
+    RETURNING t.name
+)
+SELECT done.claim, done.spent, done.refund, done.count FROM done;
+
+-- name: EscrowDeleteOrphanClaims :execrows
+-- Deletes up to max_claims claims that have no pending entry: those of a
+-- call whose debit failed (or that Reset detached) in a transaction that
+-- committed anyway. A visible claim belongs to a committed transaction, and
+-- its entry, if it was ever made, committed before it; so a visible claim
+-- without a visible entry has none, now or later.
+DELETE FROM txlimit_escrow_claim AS c
+WHERE c.id IN (
+    SELECT o.id FROM txlimit_escrow_claim AS o
+    WHERE NOT EXISTS (SELECT 1 FROM txlimit_escrow AS p WHERE p.claim = o.id)
+    ORDER BY o.id
+    LIMIT sqlc.arg(max_claims)
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: EscrowDeleteKey :exec
+-- Reset of an escrow limit, in the caller's transaction: detaches the
+-- pending entries of (name, key), so that a call that rolls back later does
+-- not credit tokens taken before the reset to the fresh limit. Their claims
+-- become orphans, which settlement deletes.
+DELETE FROM txlimit_escrow WHERE name = sqlc.arg(name) AND key = sqlc.arg(key);
+
+-- name: EscrowCount :one
+-- The number of pending entries and of claims: the size of the escrow
+-- tables, for Settle's result and for tests.
+SELECT (SELECT count(*) FROM txlimit_escrow) AS pending,
+       (SELECT count(*) FROM txlimit_escrow_claim) AS claims;
+
+-- name: ProbeEscrow :exec
+-- Fails when the escrow tables or one of their columns is missing.
+SELECT e.claim, e.xid, e.name, e.key, e.shard, e.count, c.id
+FROM txlimit_escrow AS e, txlimit_escrow_claim AS c LIMIT 0;
