@@ -20,6 +20,7 @@ import (
 	"net"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -206,6 +207,80 @@ func BenchmarkLimitTx(b *testing.B) {
 	b.Run("pgsqlstore/hot", limitSQL("unsharded", true))
 	b.Run("txlimit/hot-shards16", limit("shards16", true))
 	b.Run("pgsqlstore/hot-shards16", limitSQL("shards16", true))
+}
+
+// BenchmarkLimitTxSerial times one call after another on one connection,
+// each in a transaction of its own (BEGIN; …; COMMIT), where nothing queues:
+// the latency a call adds, where round trips show.
+//
+//	go test -run '^$' -bench 'LimitTxSerial' -benchtime 2000x .
+//
+// Each iteration runs every subject once, in turn, so that the load of a
+// shared machine falls on all of them alike, and the benchmark reports each
+// subject's median (µs) and the ratios of medians. The subjects: empty-tx
+// (BEGIN; COMMIT, what every subject also pays); floor (the hand-written
+// SELECT … FOR UPDATE, then UPDATE); locked (LimitTx on a limit whose Period,
+// 290 years, is above 2^53 µs, which keeps it off the one-statement path:
+// the locked path of the same build, two round trips like the floor); and
+// txlimit (LimitTx, one statement).
+func BenchmarkLimitTxSerial(b *testing.B) {
+	ctx := context.Background()
+	pool := testdb.Pool(b, testdb.Schema(b), pgx.QueryExecModeCacheStatement, 1)
+	_, err := pool.Exec(ctx, pgFloorDDL)
+	require.NoError(b, err)
+	// The pool's one connection does not wait for its commits to reach
+	// the disk, whose flush would otherwise be most of every write
+	// transaction's time and most of its variance.
+	_, err = pool.Exec(ctx, "SET synchronous_commit = off")
+	require.NoError(b, err)
+	longPeriod := 290 * 365 * 24 * time.Hour
+	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
+		"txlimit": benchConfig(1),
+		"locked":  {Kind: txlimit.TokenBucket, Rate: 1, Period: longPeriod, Capacity: benchCapacity},
+	}, nil)
+	require.NoError(b, err)
+	key := fmt.Sprintf("%s#%d", b.Name(), benchRun.Add(1))
+	_, err = pool.Exec(ctx, pgFloorInsert, key, benchCapacity)
+	require.NoError(b, err)
+	limit := func(name string) func() (bool, error) {
+		return func() (bool, error) {
+			var res txlimit.Result
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+				res, err = l.LimitTx(ctx, tx, name, key)
+				return err
+			})
+			return res.OK, err
+		}
+	}
+	subjects := []struct {
+		name string
+		op   func() (bool, error)
+	}{
+		{"empty-tx", func() (bool, error) { return true, pgx.BeginFunc(ctx, pool, func(pgx.Tx) error { return nil }) }},
+		{"floor", func() (bool, error) { return pgFloor(ctx, pool, key) }},
+		{"locked", limit("locked")},
+		{"txlimit", limit("txlimit")},
+	}
+	times := make([][]time.Duration, len(subjects))
+	for b.Loop() {
+		for i, s := range subjects {
+			start := time.Now()
+			ok, err := s.op()
+			times[i] = append(times[i], time.Since(start))
+			if err != nil || !ok {
+				b.Fatalf("%s: ok %v, err %v", s.name, ok, err)
+			}
+		}
+	}
+	p50 := make(map[string]float64, len(subjects))
+	for i, s := range subjects {
+		slices.Sort(times[i])
+		p50[s.name] = float64(times[i][len(times[i])/2].Microseconds())
+		b.ReportMetric(p50[s.name], s.name+"-p50-µs")
+	}
+	b.ReportMetric(p50["txlimit"]/p50["locked"], "txlimit/locked")
+	b.ReportMetric(p50["txlimit"]/p50["floor"], "txlimit/floor")
+	b.ReportMetric((p50["txlimit"]-p50["empty-tx"])/(p50["floor"]-p50["empty-tx"]), "step-txlimit/step-floor")
 }
 
 // BenchmarkSQLiteLimitTx compares LimitTx with the hand-written floor on a
@@ -448,23 +523,33 @@ func TestRoundTrips(t *testing.T) {
 		for i := range 5 {
 			res, got := limitTx(live, "unsharded", "k")
 			require.True(t, res.OK)
-			// SELECT … FOR UPDATE, then UPDATE.
-			requireTrips(t, trips{Queries: 2}, got, fmt.Sprintf("steady state, call %d", i))
+			// One statement: INSERT … ON CONFLICT DO UPDATE … RETURNING,
+			// which refills, decides and writes.
+			requireTrips(t, trips{Queries: 1}, got, fmt.Sprintf("steady state, call %d", i))
 		}
 	})
 
 	t.Run("UnshardedDenied", func(t *testing.T) {
-		res, _ := limitTx(frozen, "tight", "k")
-		require.True(t, res.OK)
-		res, got := limitTx(frozen, "tight", "k")
-		require.False(t, res.OK)
-		// The lock shows the token missing; a denial writes nothing.
-		requireTrips(t, trips{Queries: 1}, got, "denied")
+		// The first denial on the connection prepares the read it adds.
+		for _, key := range []string{"rehearsal", "k"} {
+			res, _ := limitTx(frozen, "tight", key)
+			require.True(t, res.OK)
+			res, got := limitTx(frozen, "tight", key)
+			require.False(t, res.OK)
+			if key == "k" {
+				// The statement grants nothing and leaves the row locked;
+				// SELECT … FOR UPDATE reads it for algo, which denies; a
+				// denial writes nothing.
+				requireTrips(t, trips{Queries: 2}, got, "denied")
+			}
+		}
 	})
 
 	t.Run("ShardedFastPath", func(t *testing.T) {
 		// The first call of a key finds no row to try and creates them all
-		// on the fallback path.
+		// on the fallback path; the second call of "warm" prepares the
+		// fast path's write.
+		limitTx(live, "sharded", "warm")
 		limitTx(live, "sharded", "warm")
 		limitTx(live, "sharded", "k")
 		for i := range 5 {

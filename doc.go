@@ -64,10 +64,13 @@
 //
 // Every operation X has a form XTx that runs in a transaction the caller owns,
 // and a form X that runs in a short transaction of its own on the store's pool
-// (or database). LimitTx locks the limit's row (SELECT … FOR UPDATE on
-// PostgreSQL) until the caller's transaction ends: two transactions cannot both
-// spend the same tokens, and a limit that many transactions share serializes
-// them. Keep such transactions short, or give the limit Shards: a sharded limit
+// (or database). LimitTx locks the limit's row until the caller's transaction
+// ends: two transactions cannot both spend the same tokens, and a limit that
+// many transactions share serializes them. On an unsharded limit an admitted
+// call is one statement (INSERT … ON CONFLICT DO UPDATE … RETURNING on
+// PostgreSQL and SQLite) that locks or creates the row, refills it, decides
+// and writes with the database's clock; a denial writes nothing and costs
+// one more read. Keep such transactions short, or give the limit Shards: a sharded limit
 // keeps its tokens in several rows, and a call takes a row no other
 // transaction holds (FOR UPDATE SKIP LOCKED), falling back to all rows, locked
 // in order, when one row alone lacks the tokens. Across all shards never more

@@ -149,3 +149,27 @@ func Extra(rows []Row, n int) []int32 {
 	}
 	return out
 }
+
+// InSQL reports whether a store may take p from one row in one statement
+// that refills, decides and writes in SQL (see "One statement" in the
+// stores), that is whether the statement's arithmetic is exactly algo's for
+// p. A period above 2^53 µs (285 years) does not survive PostgreSQL's
+// interval arithmetic exactly, and magnitudes near float64's range overflow
+// there into an error where algo rounds to ±Inf: such limits take the
+// store's Go path.
+func InSQL(p TakeParams) bool {
+	const maxPeriod, maxMagnitude = 1 << 53, 1e200
+	c := p.Config
+	return c.Period <= maxPeriod && c.Rate <= maxMagnitude && c.Capacity <= maxMagnitude &&
+		c.MaxReserved <= maxMagnitude && p.Count <= maxMagnitude
+}
+
+// Granted is the decision of a grant that left next, the new state of the
+// row a store took from in SQL (InSQL), at now: algo.Take's when it grants,
+// which reports the wait of a reservation (a value below zero) only.
+func Granted(c algo.Config, next algo.State, now int64) algo.Decision {
+	if next.Value < 0 {
+		return algo.Decision{OK: true, RetryAfter: algo.RetryAfter(c, next, now)}
+	}
+	return algo.Decision{OK: true}
+}

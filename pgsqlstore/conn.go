@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/pgproto"
 	"github.com/txlimit/txlimit/pgsqlstore/internal/db"
@@ -218,4 +219,22 @@ func (c conn) DeleteShards(ctx context.Context, tx *sql.Tx, rows []pgproto.RowRe
 		shards.int(r.Shard)
 	}
 	return c.q.DeleteShards(ctx, tx, db.DeleteShardsParams{Names: names.String(), Keys: keys.String(), Shards: shards.String()})
+}
+
+// TakeRow runs TakeRow, one statement.
+func (c conn) TakeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (algo.State, time.Time, bool, error) {
+	full := p.Full()
+	cfg := p.Config
+	r, err := c.q.TakeRow(ctx, tx, db.TakeRowParams{
+		Name: p.Name, Key: p.Key, Shard: 0, FullValue: full.Value, FullTs: time.UnixMicro(full.TS), Now: p.Now,
+		Kind: int32(cfg.Kind), Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, MaxReserved: cfg.MaxReserved,
+		Count: p.Count, Reserve: p.Reserve,
+	})
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return algo.State{}, time.Time{}, false, nil
+	case err != nil:
+		return algo.State{}, time.Time{}, false, err
+	}
+	return algo.State{Value: r.Value, TS: r.Ts.UnixMicro()}, r.Clock, true, nil
 }

@@ -22,9 +22,10 @@
 // locked in one canonical order, a Prune that never waits for a row live
 // traffic holds. Use pgstore when the application's transactions are
 // pgx.Tx; use pgsqlstore when they are *sql.Tx. database/sql sends one
-// statement per round trip where pgx sends a batch, so a call on an
-// unsharded limit costs the same two round trips in both (the locking read
-// and the write), while the sharded fast path costs four (the savepoint, the
+// statement per round trip where pgx sends a batch, so an admitted call on
+// an unsharded limit costs the same one round trip in both (one upsert that
+// refills, decides and writes; a denial adds the locking read), while the
+// sharded fast path costs four (the savepoint, the
 // try-lock, the write, the release) where pgstore needs two, and LimitAll
 // one per statement (the insert, the locking read, one write per limit)
 // where pgstore needs two. With lib/pq, add binary_parameters=yes to the

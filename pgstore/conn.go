@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/pgproto"
 	"github.com/txlimit/txlimit/pgstore/internal/db"
@@ -271,4 +272,22 @@ func deleteParams(rows []pgproto.RowRef) db.DeleteShardsParams {
 		p.Names[i], p.Keys[i], p.Shards[i] = r.Name, r.Key, r.Shard
 	}
 	return p
+}
+
+// TakeRow runs TakeRow, one statement.
+func (c conn) TakeRow(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (algo.State, time.Time, bool, error) {
+	full := p.Full()
+	cfg := p.Config
+	r, err := c.q.TakeRow(ctx, tx, db.TakeRowParams{
+		Name: p.Name, Key: p.Key, Shard: 0, FullValue: full.Value, FullTs: time.UnixMicro(full.TS), Now: p.Now,
+		Kind: int32(cfg.Kind), Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, MaxReserved: cfg.MaxReserved,
+		Count: p.Count, Reserve: p.Reserve,
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return algo.State{}, time.Time{}, false, nil
+	case err != nil:
+		return algo.State{}, time.Time{}, false, err
+	}
+	return algo.State{Value: r.Value, TS: r.Ts.UnixMicro()}, r.Clock, true, nil
 }

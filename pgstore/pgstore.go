@@ -4,10 +4,17 @@
 //	limiter, err := txlimit.New(pgstore.New(pool), limits, nil)
 //
 // The limiter's TTx is then pgx.Tx, and LimitTx takes the transaction the
-// application already has open. Rows are read with SELECT … FOR UPDATE and
-// written in that transaction, so they stay locked until it ends. A sharded
-// limit takes the first shard that no other transaction holds (FOR UPDATE
-// SKIP LOCKED, inside a savepoint that the same call releases or rolls back).
+// application already has open. Rows are locked and written in that
+// transaction, so they stay locked until it ends. An admitted call on an
+// unsharded limit is one statement, INSERT … ON CONFLICT DO UPDATE … WHERE
+// <fits> RETURNING, that creates or locks the row, refills it to the server's
+// clock, decides and writes, with algo's arithmetic (a differential test holds
+// it to algo); when it grants nothing, the row is read with SELECT … FOR
+// UPDATE and decided on in Go. A sharded limit takes the first shard that no
+// other transaction holds (FOR UPDATE SKIP LOCKED, inside a savepoint that
+// the same call releases or rolls back). PostgreSQL 14 or later: the
+// statement relies on extract(epoch …) of a timestamptz being an exact
+// numeric. The protocol is shared with pgsqlstore (internal/pgproto).
 //
 // A limit with Config.Escrow (docs/escrow.md) is taken differently: a claim
 // row in the caller's transaction, and the debit in a short transaction of

@@ -76,11 +76,18 @@
 // # Clock
 //
 // SQLite has no server clock. The store reads the clock of the process,
-// time.Now truncated to microseconds, after it has taken the write lock, so
-// that the transactions that consume a limit read the clock in the order in
-// which they write it. A txlimit.Options.Clock replaces it. Processes that
-// share a database file share a machine, and with it a clock; a clock that
-// steps backwards never adds tokens.
+// time.Now truncated to microseconds, and a txlimit.Options.Clock replaces
+// it. An admitted call on an unsharded limit is one statement, INSERT …
+// ON CONFLICT DO UPDATE … RETURNING, that refills, decides and writes at
+// that clock, read just before the statement: in a transaction begun
+// IMMEDIATE (the setting above) the write lock is held already, so the
+// transactions that consume a limit read the clock in the order in which
+// they write it. In a deferred transaction a call may wait for the lock
+// after reading the clock and find the row written at a later instant; the
+// arithmetic treats that as a clock that stepped back, which never adds
+// tokens (the call gets no refill for the interval, which a later call
+// does). Processes that share a database file share a machine, and with it
+// a clock.
 //
 // # Shards
 //
@@ -157,7 +164,7 @@ func wrap(op string, err error) error {
 	}
 	msg := err.Error()
 	switch {
-	case strings.Contains(msg, "no such table") || strings.Contains(msg, "no such column"):
+	case strings.Contains(msg, "no such table") || strings.Contains(msg, "no such column") || strings.Contains(msg, "has no column named"):
 		return fmt.Errorf("txlimit/sqlitestore: %s: %w: %w", op, driver.ErrNotMigrated, err)
 	case strings.Contains(msg, "database is locked") || strings.Contains(msg, "SQLITE_BUSY"):
 		return fmt.Errorf("txlimit/sqlitestore: %s: another connection held the write lock; roll back and retry the "+
@@ -277,13 +284,25 @@ func (s *Store) store(ctx context.Context, tx *sql.Tx, l driver.Limit, had []dri
 	return nil
 }
 
-// Take implements driver.Store: under the write lock, every shard of the
-// limit is read, decided on and written. There is no row lock to skip, so a
-// sharded limit is never served from one shard.
+// Take implements driver.Store. On an unsharded limit it runs one
+// statement that refills, decides and writes (takeRowSQL); when that grants
+// nothing, and on a sharded limit, every shard of the limit is read under
+// the write lock, decided on in Go and written. There is no row lock to
+// skip, so a sharded limit is never served from one shard.
 func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
 	var start time.Time
 	if p.TimeLocks {
 		start = time.Now()
+	}
+	if p.Shards == 1 && driver.InSQL(p) {
+		res, done, err := s.takeRow(ctx, tx, p, clock(p.Now))
+		if err != nil || done {
+			if p.TimeLocks {
+				res.LockWait = time.Since(start)
+			}
+			s.stmts.learnMode(ctx, tx)
+			return res, err
+		}
 	}
 	rows, at, err := s.lockKey(ctx, tx, p.Name, p.Key, p.Now)
 	if err != nil {

@@ -38,9 +38,8 @@ var frozen = time.UnixMicro(1_700_000_000_000_000)
 
 // takeOne takes one token, as a reservation so that it always grants and
 // writes, from an unsharded token bucket of capacity 1000 on (name, key).
-// On a key with no row Take runs TouchKey, LockShards and InsertShard; on a
-// key with its row, TouchKey, LockShards and WriteShard. It returns the
-// value left.
+// Take runs one statement, TakeRow, on a key with its row or without. It
+// returns the value left.
 func takeOne(ctx context.Context, s *Store, tx *sql.Tx, name, key string) (float64, error) {
 	res, err := s.Take(ctx, tx, driver.TakeParams{
 		Limit: driver.Limit{Name: name, Key: key, Shards: 1, Config: algo.Config{
@@ -81,9 +80,9 @@ func prepared(s *Store) map[string]bool {
 	return out
 }
 
-// everyStatement is what Take (on a new key and on an existing one) and
-// Read run.
-var everyStatement = []string{"TouchKey", "LockShards", "InsertShard", "WriteShard", "ReadShards"}
+// everyStatement is what a granted Take (on a new key and on an existing
+// one) and Read run.
+var everyStatement = []string{"TakeRow", "ReadShards"}
 
 // prepareAll runs Takes (creating a key, then writing it) and a Read until
 // the store has prepared their statements in the background.
@@ -95,7 +94,7 @@ func prepareAll(t *testing.T, s *Store) {
 		i++
 		key := "up"
 		if i%2 == 0 {
-			key = time.Duration(i).String() // a new key: InsertShard
+			key = time.Duration(i).String() // a new key
 		}
 		require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
 			_, err := takeOne(ctx, s, tx, "warm", key)
@@ -124,7 +123,7 @@ func TestTxOfAnotherDB(t *testing.T) {
 	tx, err := other.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
-	for _, want := range []float64{999, 998} { // InsertShard, then WriteShard
+	for _, want := range []float64{999, 998} { // a new row, then an update
 		v, err := takeOne(ctx, s, tx, "n", "k")
 		require.NoError(t, err)
 		require.Equal(t, want, v)
@@ -177,7 +176,9 @@ func TestOneConnectionPool(t *testing.T) {
 	// exactly.
 	ready := func() bool {
 		p := prepared(store)
-		return p["TouchKey"] && p["LockShards"] && p["InsertShard"] && p["WriteShard"]
+		// TakeRow grants; a denial reads the row with TouchKey and
+		// LockShards.
+		return p["TakeRow"] && p["TouchKey"] && p["LockShards"]
 	}
 	require.Eventually(t, ready, 10*time.Second, time.Millisecond)
 	granted = 0
@@ -201,13 +202,13 @@ func TestPreparedStatements(t *testing.T) {
 	for i := range 3 {
 		require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
 			v, err := takeOne(ctx, s, tx, "warm", "up")
-			require.Equal(t, before[0].Value-float64(i+1), v, "LockShards read the value WriteShard wrote")
+			require.Equal(t, before[0].Value-float64(i+1), v, "TakeRow read the value it wrote before")
 			return err
 		}))
 		require.Equal(t, []driver.Row{{Shard: 0, Value: before[0].Value - float64(i+1), TS: frozen}},
 			readRows(t, s, "warm", "up"))
 	}
-	// A new key: InsertShard, prepared.
+	// A new key, prepared.
 	require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
 		_, err := takeOne(ctx, s, tx, "warm", "new")
 		return err

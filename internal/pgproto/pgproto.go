@@ -50,6 +50,10 @@ type Conn[TTx any] interface {
 	// DropShard rolls back to the savepoint and releases it.
 	DropShard(ctx context.Context, tx TTx) error
 
+	// TakeRow runs TakeRow: one admitted call on shard 0 in one statement.
+	// ok is false when it returned no row (granted nothing): the row is
+	// then locked, or the key has rows beyond shard 0.
+	TakeRow(ctx context.Context, tx TTx, p driver.TakeParams) (next algo.State, clock time.Time, ok bool, err error)
 	// ReadShards runs ReadShards.
 	ReadShards(ctx context.Context, tx TTx, name, key string, now *time.Time) (driver.ReadResult, error)
 	// LockShards runs LockShards.
@@ -161,6 +165,13 @@ func (t *LockTimer) Stop(start time.Time) {
 // a lock; otherwise every shard is locked, in shard order.
 func Take[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.TakeParams) (driver.TakeResult, error) {
 	lt := LockTimer{On: p.TimeLocks}
+	if p.Shards == 1 && driver.InSQL(p) {
+		res, done, err := takeInSQL(ctx, c, tx, p, &lt)
+		if err != nil || done {
+			res.LockWait = lt.Total
+			return res, err
+		}
+	}
 	if driver.FitsOneShard(p) {
 		res, done, err := takeOneShard(ctx, c, tx, p, &lt)
 		if err != nil || done {
@@ -193,6 +204,22 @@ func Take[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.TakeParams
 		}
 	}
 	return driver.TakeResult{Decision: d, At: at, States: next, LockWait: lt.Total}, nil
+}
+
+// takeInSQL takes from an unsharded limit in one statement, TakeRow, which
+// creates or locks the row, refills, decides and writes in SQL. done is false
+// when the statement granted nothing (a denial, a stored value that is not
+// finite, rows left by a sharded config): the row is then locked, and the
+// caller takes its locked path, which decides with algo in Go, so that a
+// denial costs one more round trip. Whichever path writes, the state is
+// algo's (TestTakeRowMatchesAlgo in each store).
+func takeInSQL[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.TakeParams, lt *LockTimer) (driver.TakeResult, bool, error) {
+	defer lt.Stop(lt.Start())
+	next, clock, ok, err := c.TakeRow(ctx, tx, p)
+	if err != nil || !ok {
+		return driver.TakeResult{}, false, err
+	}
+	return driver.TakeResult{Decision: driver.Granted(p.Config, next, clock.UnixMicro()), At: clock, States: []algo.State{next}}, true, nil
 }
 
 // takeOneShard is the fast path of a sharded limit: lock the first shard,

@@ -213,3 +213,150 @@ FOR UPDATE OF t SKIP LOCKED;
 -- Reads no row, but fails when the table or one of its columns is missing:
 -- the check behind Limiter.Ping.
 SELECT name, key, shard, value, ts FROM txlimit LIMIT 0;
+
+-- name: TakeRow :one
+-- One admitted call on one row in one statement: it creates the row or locks
+-- it (waiting for the transaction that holds it), refills it to the clock,
+-- decides and writes, as algo.Take does, and returns the new state and the
+-- clock. It returns no row when the call is not granted, when the stored
+-- value is not finite, or when the key has rows beyond shard 0 (written under
+-- a sharded config, to be pooled: resharded), all left to the store's Go
+-- path; the conflicting row is then locked all the same (ON CONFLICT locks it
+-- before its WHERE is evaluated), which the store's locked path that follows
+-- takes anyway, and nothing is written.
+--
+-- The arithmetic is algo's, operation for operation, in float8 and in bigint
+-- microseconds (the epoch of a timestamptz is an exact numeric), so that the
+-- state written is bit for bit the one algo computes; a differential test in
+-- pgstore holds it to algo. The parameters are read once, in c, with the
+-- clock. The refill and decision appear three times: for a missing row (full:
+-- full_value at full_ts, algo.Full), and in the SET and the WHERE of the row
+-- that conflicts, which is the version ON CONFLICT locked, not the
+-- statement's snapshot. kind is algo.Kind (1 token bucket, 2 fixed window);
+-- tol is algo's tolerance. period must be at most 2^53 µs, so that a
+-- remainder of it times an interval is exact. A reservation is granted
+-- here only when its wait is surely below 2e15 µs (63 years: a bound from
+-- above, in float operations the differential test repeats); a longer one is
+-- left to the Go path, which refuses waits a Decision cannot hold. OFFSET 0
+-- keeps each step a
+-- subquery of its own, evaluated once, where PostgreSQL would otherwise pull
+-- it up and repeat its expressions at every use.
+WITH c AS MATERIALIZED (
+    SELECT k.clock,
+           CAST(extract(epoch FROM k.clock) * 1000000 AS bigint) AS now_us,
+           sqlc.arg(kind)::integer AS kind,
+           sqlc.arg(rate)::float8 AS rate,
+           sqlc.arg(period)::bigint AS period,
+           sqlc.arg(capacity)::float8 AS capacity,
+           sqlc.arg(max_reserved)::float8 AS max_reserved,
+           sqlc.arg(count)::float8 AS count,
+           sqlc.arg(reserve)::boolean AS reserve,
+           1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8) AS tol,
+           EXISTS (SELECT 1 FROM txlimit AS x
+                   WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0) AS resharded
+    FROM (SELECT CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS k
+)
+INSERT INTO txlimit AS t (name, key, shard, value, ts)
+SELECT sqlc.arg(name), sqlc.arg(key), sqlc.arg(shard)::integer, n.value, n.ts
+FROM c
+CROSS JOIN LATERAL (
+    SELECT sqlc.arg(full_value)::float8 AS v, sqlc.arg(full_ts)::timestamptz AS ts,
+           c.now_us - CAST(extract(epoch FROM sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
+    OFFSET 0
+) AS s
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN least(s.v, c.capacity)
+                WHEN c.kind = 2 THEN least(s.v + c.rate * CAST(s.e / c.period AS float8), c.capacity)
+                ELSE least(s.v + CAST(s.e AS float8) * c.rate / CAST(c.period AS float8), c.capacity)
+           END AS v,
+           CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN s.ts
+                WHEN c.kind = 2 THEN c.clock - (s.e % c.period) * interval '1 microsecond'
+                ELSE c.clock
+           END AS ts
+    OFFSET 0
+) AS p
+CROSS JOIN LATERAL (
+    SELECT p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room
+    OFFSET 0
+) AS d
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN d.left_over >= -c.tol
+                THEN CASE WHEN d.left_over > 0 THEN d.left_over ELSE 0 END
+                ELSE d.left_over
+           END AS value,
+           p.ts,
+           NOT c.resharded AND s.v BETWEEN -1e300 AND 1e300
+           AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol)
+                    AND (-d.left_over / c.rate + 2) * CAST(c.period AS float8) + CAST(greatest(-s.e, 0) AS float8) < 2e15)) AS ok
+) AS n
+WHERE n.ok
+ON CONFLICT (name, key, shard) DO UPDATE
+SET (value, ts) = (
+    SELECT n.value, n.ts
+    FROM c
+    CROSS JOIN LATERAL (
+        SELECT t.value AS v, t.ts AS ts,
+               c.now_us - CAST(extract(epoch FROM t.ts) * 1000000 AS bigint) AS e
+        OFFSET 0
+    ) AS s
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN least(s.v, c.capacity)
+                    WHEN c.kind = 2 THEN least(s.v + c.rate * CAST(s.e / c.period AS float8), c.capacity)
+                    ELSE least(s.v + CAST(s.e AS float8) * c.rate / CAST(c.period AS float8), c.capacity)
+               END AS v,
+               CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN s.ts
+                    WHEN c.kind = 2 THEN c.clock - (s.e % c.period) * interval '1 microsecond'
+                    ELSE c.clock
+               END AS ts
+        OFFSET 0
+    ) AS p
+    CROSS JOIN LATERAL (
+        SELECT p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room
+        OFFSET 0
+    ) AS d
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN d.left_over >= -c.tol
+                    THEN CASE WHEN d.left_over > 0 THEN d.left_over ELSE 0 END
+                    ELSE d.left_over
+               END AS value,
+               p.ts,
+               NOT c.resharded AND s.v BETWEEN -1e300 AND 1e300
+               AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol)
+                    AND (-d.left_over / c.rate + 2) * CAST(c.period AS float8) + CAST(greatest(-s.e, 0) AS float8) < 2e15)) AS ok
+    ) AS n
+)
+WHERE (
+    SELECT n.ok
+    FROM c
+    CROSS JOIN LATERAL (
+        SELECT t.value AS v, t.ts AS ts,
+               c.now_us - CAST(extract(epoch FROM t.ts) * 1000000 AS bigint) AS e
+        OFFSET 0
+    ) AS s
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN least(s.v, c.capacity)
+                    WHEN c.kind = 2 THEN least(s.v + c.rate * CAST(s.e / c.period AS float8), c.capacity)
+                    ELSE least(s.v + CAST(s.e AS float8) * c.rate / CAST(c.period AS float8), c.capacity)
+               END AS v,
+               CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN s.ts
+                    WHEN c.kind = 2 THEN c.clock - (s.e % c.period) * interval '1 microsecond'
+                    ELSE c.clock
+               END AS ts
+        OFFSET 0
+    ) AS p
+    CROSS JOIN LATERAL (
+        SELECT p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room
+        OFFSET 0
+    ) AS d
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN d.left_over >= -c.tol
+                    THEN CASE WHEN d.left_over > 0 THEN d.left_over ELSE 0 END
+                    ELSE d.left_over
+               END AS value,
+               p.ts,
+               NOT c.resharded AND s.v BETWEEN -1e300 AND 1e300
+               AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol)
+                    AND (-d.left_over / c.rate + 2) * CAST(c.period AS float8) + CAST(greatest(-s.e, 0) AS float8) < 2e15)) AS ok
+    ) AS n
+)
+RETURNING t.value, t.ts, (SELECT c.clock FROM c) AS clock;
