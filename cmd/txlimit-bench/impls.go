@@ -3,6 +3,9 @@ package main
 import (
 	"fmt"
 
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/txlimit/txlimit/pgsqlstore"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
 )
@@ -11,8 +14,10 @@ import (
 const (
 	implFloor   = "floor"   // the hand-written SQL
 	implTxlimit = "txlimit" // LimitTx on the database's default store
-	implRedis   = "redis"   // seed 003's Lua script, beside the transaction
-	implNone    = "none"    // the business transaction with no limit
+	// LimitTx on PostgreSQL through database/sql (pgsqlstore)
+	implTxlimitSQL = "txlimit/pgsqlstore"
+	implRedis      = "redis" // seed 003's Lua script, beside the transaction
+	implNone       = "none"  // the business transaction with no limit
 )
 
 // impl is one implementation measured on one kind of database: a row of the
@@ -97,6 +102,12 @@ func pgImpls(withRedis bool) []impl[*pgConns] {
 			open: func(c *pgConns) subject { return pgFloor{c.pg} }},
 		{name: implTxlimit, runs: always, checks: bucketChecks,
 			open: func(c *pgConns) subject { return pgLimit{p: c.pg, store: pgstore.New(c.pg.pool)} }},
+		// The same statements on database/sql (pgx's stdlib on the same pool).
+		{name: implTxlimitSQL, runs: always, checks: bucketChecks,
+			open: func(c *pgConns) subject {
+				db := stdlib.OpenDBFromPool(c.pg.pool)
+				return sqlLimit{db: db, store: pgsqlstore.New(db), businessSQL: pgBusinessInsert}
+			}},
 	}
 	if withRedis {
 		impls = append(impls, impl[*pgConns]{name: implRedis, runs: inBusiness,

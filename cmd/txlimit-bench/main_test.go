@@ -74,11 +74,11 @@ func TestQuickRun(t *testing.T) {
 	t.Log(stdout.String())
 	require.NoError(t, err)
 
-	// Every cell: on PostgreSQL, at 3 client counts, the floor and txlimit
-	// in 5 scenarios (distinct, hot, 3 shard counts) and the business
-	// scenario with none, floor, txlimit and redis; on SQLite, at 2, the
-	// floor and txlimit in distinct and hot.
-	const pgRows, sqliteRows = (5*2 + 4) * 3, 2 * 2 * 2
+	// Every cell: on PostgreSQL, at 3 client counts, the floor, txlimit
+	// and txlimit/pgsqlstore in 5 scenarios (distinct, hot, 3 shard counts)
+	// and the business scenario with none, floor, both txlimit stores and
+	// redis; on SQLite, at 2, the floor and txlimit in distinct and hot.
+	const pgRows, sqliteRows = (5*3 + 5) * 3, 2 * 2 * 2
 	require.Len(t, rep.Rows, pgRows+sqliteRows)
 	impls := map[string]int{}
 	for _, r := range rep.Rows {
@@ -141,16 +141,17 @@ func TestQuickRun(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]int{
-		"postgres none": 3, "postgres floor": 6 * 3, "postgres txlimit": 6 * 3, "postgres redis": 3,
+		"postgres none": 3, "postgres floor": 6 * 3, "postgres txlimit": 6 * 3, "postgres txlimit/pgsqlstore": 6 * 3, "postgres redis": 3,
 		"sqlite floor": 4, "sqlite txlimit": 4,
 	}, impls)
 
 	// One all-admitted check per timed run but none's; the saturating
 	// checks at the largest client count: exact and bounded for the floor
-	// and txlimit in every scenario (the sharded floor, which does not
-	// pool, left out), window for Redis in distinct, hot and business.
+	// and both txlimit stores in every scenario (the sharded floor, which
+	// does not pool, left out), window for Redis in distinct, hot and
+	// business.
 	const timed = pgRows + sqliteRows - 3
-	const saturating = 2*2*3 + 2*3 + 3 + 2*2*2
+	const saturating = 3*2*3 + 2*2*3 + 3 + 2*2*2
 	require.Len(t, rep.Checks, timed+saturating)
 	kinds := map[string]int{}
 	for _, c := range rep.Checks {
@@ -159,7 +160,7 @@ func TestQuickRun(t *testing.T) {
 		kinds[kind]++
 	}
 	require.Equal(t, 3, kinds["window"], "Redis takes the window check in distinct, hot and business")
-	require.Equal(t, 3*3+2*2, kinds["exact"], "the floor and txlimit, the sharded floor left out")
+	require.Equal(t, 3+6+6+2*2, kinds["exact"], "the floor (3 scenarios) and both txlimit stores (6), the sharded floor left out")
 	require.Contains(t, stdout.String(), fmt.Sprintf("admission checks: %d passed, 0 failed", len(rep.Checks)))
 	// Distinct keys at 3 client counts, the 16-shard key at 32, the limit
 	// step against Redis at 3.
