@@ -3,12 +3,10 @@ package pgsqlstore
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"time"
 
-	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/pgproto"
+	"github.com/txlimit/txlimit/internal/retrytx"
 )
 
 // RunTxAttempts is how many times RunTx runs fn at most.
@@ -33,31 +31,7 @@ const RunTxAttempts = 5
 // error (a lost connection) leaves the transaction's fate unknown; RunTx
 // returns it at once, never running fn again.
 func RunTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
-	backoff := 10 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		err := runTx(ctx, db, opts, fn)
-		var ambiguous *commitError
-		switch {
-		case errors.As(err, &ambiguous):
-			return ambiguous.err
-		case err == nil || !Retryable(err):
-			return err
-		case attempt == RunTxAttempts:
-			return fmt.Errorf("pgsqlstore: RunTx: gave up after %d attempts: %w", attempt, err)
-		}
-		wait := txlimit.Jitter(backoff/2, backoff/2)
-		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
-			return err
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return errors.Join(err, ctx.Err())
-		}
-		backoff *= 2
-	}
+	return retrytx.Run(ctx, "pgsqlstore: RunTx", RunTxAttempts, Retryable, func() error { return runTx(ctx, db, opts, fn) })
 }
 
 // runTx is one run of RunTx.
@@ -74,14 +48,7 @@ func runTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx
 		if _, ok := pgproto.SQLState(err); ok {
 			return err // the server rolled it back
 		}
-		return &commitError{err: fmt.Errorf("pgsqlstore: RunTx: COMMIT failed, and the transaction may or may not have committed: %w", err)}
+		return &retrytx.Ambiguous{Err: fmt.Errorf("pgsqlstore: RunTx: COMMIT failed, and the transaction may or may not have committed: %w", err)}
 	}
 	return nil
 }
-
-// commitError marks an error from COMMIT after which the transaction's fate
-// is unknown.
-type commitError struct{ err error }
-
-func (e *commitError) Error() string { return e.err.Error() }
-func (e *commitError) Unwrap() error { return e.err }

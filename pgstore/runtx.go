@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/retrytx"
 )
 
 // TxBeginner begins a transaction: a *pgxpool.Pool, a *pgx.Conn, or a pgx.Tx
@@ -47,31 +46,7 @@ const RunTxAttempts = 5
 // have committed and RunTx cannot tell; it returns that error at once, never
 // running fn again.
 func RunTx(ctx context.Context, db TxBeginner, txOptions pgx.TxOptions, fn func(pgx.Tx) error) error {
-	backoff := 10 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		err := runTx(ctx, db, txOptions, fn)
-		var ambiguous *commitError
-		switch {
-		case errors.As(err, &ambiguous):
-			return ambiguous.err
-		case err == nil || !Retryable(err):
-			return err
-		case attempt == RunTxAttempts:
-			return fmt.Errorf("pgstore: RunTx: gave up after %d attempts: %w", attempt, err)
-		}
-		wait := txlimit.Jitter(backoff/2, backoff/2)
-		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
-			return err
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return errors.Join(err, ctx.Err())
-		}
-		backoff *= 2
-	}
+	return retrytx.Run(ctx, "pgstore: RunTx", RunTxAttempts, Retryable, func() error { return runTx(ctx, db, txOptions, fn) })
 }
 
 // runTx is one run of RunTx.
@@ -89,14 +64,7 @@ func runTx(ctx context.Context, db TxBeginner, txOptions pgx.TxOptions, fn func(
 		if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) || pgconn.SafeToRetry(err) {
 			return err // the server rolled it back, or never got the COMMIT
 		}
-		return &commitError{err: fmt.Errorf("pgstore: RunTx: COMMIT failed, and the transaction may or may not have committed: %w", err)}
+		return &retrytx.Ambiguous{Err: fmt.Errorf("pgstore: RunTx: COMMIT failed, and the transaction may or may not have committed: %w", err)}
 	}
 	return nil
 }
-
-// commitError marks an error from COMMIT after which the transaction's fate
-// is unknown.
-type commitError struct{ err error }
-
-func (e *commitError) Error() string { return e.err.Error() }
-func (e *commitError) Unwrap() error { return e.err }
