@@ -58,46 +58,52 @@ func TestLimitThroughPgBouncer(t *testing.T) {
 				}, &txlimit.Options{Clock: func() time.Time { return frozen }})
 				require.NoError(t, err)
 
-				var granted, denied atomic.Int64
-				errs := make(chan error, clients*calls)
-				var wg sync.WaitGroup
-				for range clients {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for range calls {
-							var res txlimit.Result
-							var err error
-							if inTx {
-								err = pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-									res, err = l.LimitTx(context.Background(), tx, name, "k")
-									return err
-								})
-							} else {
-								res, err = l.Limit(context.Background(), name, "k")
-							}
-							switch {
-							case err != nil:
-								errs <- err
-							case res.OK:
-								granted.Add(1)
-							default:
-								denied.Add(1)
-							}
-						}
-					}()
-				}
-				wg.Wait()
-				close(errs)
-				for err := range errs {
-					require.NoError(t, err)
-				}
-				require.EqualValues(t, capacity, granted.Load())
-				require.EqualValues(t, clients*calls-capacity, denied.Load())
-				snap, err := l.Value(context.Background(), name, "k")
-				require.NoError(t, err)
-				require.Zero(t, snap.Value)
+				requireExactAdmission(t, l, name, clients, calls, capacity, func() (res txlimit.Result, err error) {
+					if !inTx {
+						return l.Limit(context.Background(), name, "k")
+					}
+					err = pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+						res, err = l.LimitTx(context.Background(), tx, name, "k")
+						return err
+					})
+					return res, err
+				})
 			})
 		}
 	}
+}
+
+// requireExactAdmission runs clients goroutines, each making calls calls of
+// call, and requires that no call errs, that exactly capacity of them are
+// granted, and that limit name of l holds nothing afterwards.
+func requireExactAdmission[TTx any](t *testing.T, l *txlimit.Limiter[TTx], name string, clients, calls, capacity int, call func() (txlimit.Result, error)) {
+	t.Helper()
+	var granted, denied atomic.Int64
+	errs := make(chan error, clients*calls)
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for range calls {
+				res, err := call()
+				switch {
+				case err != nil:
+					errs <- err
+				case res.OK:
+					granted.Add(1)
+				default:
+					denied.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, capacity, granted.Load())
+	require.EqualValues(t, clients*calls-capacity, denied.Load())
+	snap, err := l.Value(context.Background(), name, "k")
+	require.NoError(t, err)
+	require.Zero(t, snap.Value)
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -165,50 +163,20 @@ func TestDatabaseSQLThroughPgBouncer(t *testing.T) {
 				require.NoError(t, err)
 				require.NoError(t, l.Ping(context.Background()))
 
-				var granted, denied atomic.Int64
-				errs := make(chan error, clients*calls)
-				var wg sync.WaitGroup
-				for range clients {
-					wg.Go(func() {
-						for range calls {
-							var res txlimit.Result
-							var err error
-							if inTx {
-								err = func() error {
-									tx, err := db.BeginTx(context.Background(), nil)
-									if err != nil {
-										return err
-									}
-									defer tx.Rollback()
-									if res, err = l.LimitTx(context.Background(), tx, name, "k"); err != nil {
-										return err
-									}
-									return tx.Commit()
-								}()
-							} else {
-								res, err = l.Limit(context.Background(), name, "k")
-							}
-							switch {
-							case err != nil:
-								errs <- err
-							case res.OK:
-								granted.Add(1)
-							default:
-								denied.Add(1)
-							}
-						}
-					})
-				}
-				wg.Wait()
-				close(errs)
-				for err := range errs {
-					require.NoError(t, err)
-				}
-				require.EqualValues(t, capacity, granted.Load())
-				require.EqualValues(t, clients*calls-capacity, denied.Load())
-				snap, err := l.Value(context.Background(), name, "k")
-				require.NoError(t, err)
-				require.Zero(t, snap.Value)
+				requireExactAdmission(t, l, name, clients, calls, capacity, func() (res txlimit.Result, err error) {
+					if !inTx {
+						return l.Limit(context.Background(), name, "k")
+					}
+					tx, err := db.BeginTx(context.Background(), nil)
+					if err != nil {
+						return res, err
+					}
+					defer func() { _ = tx.Rollback() }()
+					if res, err = l.LimitTx(context.Background(), tx, name, "k"); err != nil {
+						return res, err
+					}
+					return res, tx.Commit()
+				})
 			})
 		}
 	}
