@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"testing"
 	"time"
 
@@ -63,11 +62,11 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 			}
 			require.NoError(t, err, "%s: algo grants %+v %+v", name, want, wantD)
 			got := algo.State{Value: r.Value, TS: r.Ts.UnixMicro()}
-			requireBits(t, want, got, name)
+			algocase.RequireBits(t, want, got, name)
 			require.Equal(t, wantD, driver.Granted(cfg, got, c.Now), name)
 			require.True(t, r.Clock.Equal(now), name)
 			require.Len(t, rows, 1, name)
-			requireBits(t, want, algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, name+": stored")
+			algocase.RequireBits(t, want, algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, name+": stored")
 			return errRollback
 		})
 		require.ErrorIs(t, err, errRollback)
@@ -83,7 +82,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 				requireSame(t, c.State, rows, name+": a denial writes nothing")
 			} else {
 				require.Len(t, rows, 1, name)
-				requireBits(t, want, algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, name+": stored by Take")
+				algocase.RequireBits(t, want, algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, name+": stored by Take")
 			}
 			return errRollback
 		})
@@ -124,13 +123,7 @@ func requireSame(t *testing.T, prior *algo.State, rows []driver.Row, msg string)
 		return
 	}
 	require.Len(t, rows, 1, msg)
-	requireBits(t, *prior, algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, msg)
-}
-
-func requireBits(t *testing.T, want, got algo.State, msg string) {
-	t.Helper()
-	require.Equal(t, math.Float64bits(want.Value), math.Float64bits(got.Value), "%s: value %v, want %v", msg, got.Value, want.Value)
-	require.Equal(t, want.TS, got.TS, "%s: ts", msg)
+	algocase.RequireBits(t, *prior, algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, msg)
 }
 
 // A key whose rows were written under Shards 4 and is now taken with Shards
@@ -158,7 +151,7 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 		require.Equal(t, wantD, res.Decision)
 		rows := stored(ctx, t, tx, algocase.Case{Limit: l})
 		require.Len(t, rows, 1, "the extra shards are deleted")
-		requireBits(t, want[0], algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, "pooled")
+		algocase.RequireBits(t, want[0], algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, "pooled")
 		return nil
 	}))
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"math"
 	"testing"
 	"time"
 
@@ -58,9 +57,9 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 			require.True(t, done, "%s: algo grants %+v %+v", name, want, wantD)
 			require.Equal(t, wantD, res.Decision, name)
 			require.Len(t, res.States, 1, name)
-			requireBits(t, want, res.States[0], name)
+			algocase.RequireBits(t, want, res.States[0], name)
 			require.Len(t, rows, 1, name)
-			requireBits(t, want, rows[0], name+": stored")
+			algocase.RequireBits(t, want, rows[0], name+": stored")
 		})
 		run(func(tx *sql.Tx) {
 			seed(ctx, t, tx, c)
@@ -73,7 +72,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 				return
 			}
 			require.Len(t, rows, 1, name)
-			requireBits(t, want, rows[0], name+": stored by Take")
+			algocase.RequireBits(t, want, rows[0], name+": stored by Take")
 		})
 	}
 }
@@ -112,13 +111,7 @@ func requireSame(t *testing.T, prior *algo.State, rows []algo.State, msg string)
 		return
 	}
 	require.Len(t, rows, 1, msg)
-	requireBits(t, *prior, rows[0], msg)
-}
-
-func requireBits(t *testing.T, want, got algo.State, msg string) {
-	t.Helper()
-	require.Equal(t, math.Float64bits(want.Value), math.Float64bits(got.Value), "%s: value %v, want %v", msg, got.Value, want.Value)
-	require.Equal(t, want.TS, got.TS, "%s: ts", msg)
+	algocase.RequireBits(t, *prior, rows[0], msg)
 }
 
 // A key whose rows were written under Shards 4 and is now taken with Shards
@@ -145,7 +138,7 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 		require.Equal(t, wantD, res.Decision)
 		rows := stored(ctx, t, tx, algocase.Case{Limit: l})
 		require.Len(t, rows, 1, "the extra shards are deleted")
-		requireBits(t, want[0], rows[0], "pooled")
+		algocase.RequireBits(t, want[0], rows[0], "pooled")
 		return nil
 	}))
 }

@@ -12,6 +12,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
 )
@@ -173,4 +175,12 @@ func LongReservation(c Case, want algo.State) bool {
 	ahead := max(c.Prior().TS-c.Now, 0)
 	bound := float64(float64(-want.Value/cfg.Rate+2)*float64(cfg.Period)) + float64(ahead)
 	return bound >= 2e15
+}
+
+// RequireBits fails t unless got is want bit for bit: the same float64 bits
+// of Value and the same TS.
+func RequireBits(t testing.TB, want, got algo.State, msg string) {
+	t.Helper()
+	require.Equal(t, math.Float64bits(want.Value), math.Float64bits(got.Value), "%s: value %v, want %v", msg, got.Value, want.Value)
+	require.Equal(t, want.TS, got.TS, "%s: ts", msg)
 }
