@@ -360,3 +360,78 @@ WHERE (
     ) AS n
 )
 RETURNING t.value, t.ts, (SELECT c.clock FROM c) AS clock;
+
+-- name: TakeBucket :one
+-- TakeRow for the common case, lean: one token bucket call that is not a
+-- reservation. TakeRow's steps are subqueries that PostgreSQL sets up anew
+-- at every execution, three times over (for a missing row, in the SET and in
+-- the WHERE), which made it cost the server three times the hand-written
+-- SELECT … FOR UPDATE plus UPDATE (instructions counted under callgrind);
+-- this statement has no subquery but the test for shards beyond 0, and its
+-- expressions are small enough to repeat. The clock is statement_timestamp(),
+-- the server's time at the call like clock_timestamp() but stable within the
+-- statement, so that every use reads the same instant.
+--
+-- A missing row is full (Capacity at ts 0, algo.Full): refilled it stays
+-- Capacity, so taking count leaves Capacity - count, stamped now (or at 0,
+-- the row's own time, for a clock before 1970). The
+-- INSERT proposes that row only when the key has no rows beyond shard 0 (a
+-- sharded config's, to be resharded by the Go path), so the ON CONFLICT
+-- branch need not look again. On a conflict the row is locked (waiting for
+-- its holder) and its latest version refilled and decided as algo.Take
+-- does: elapsed e in microseconds, e <= 0 adds nothing (v + 0 is v), the
+-- value capped at Capacity, what is left floored at 0 (greatest(0, x) keeps
+-- +0 where x is -0, as algo's x > 0 test does), the time the later of the
+-- row's and the clock. No row comes back when the call does not fit or the
+-- stored value is not finite; the store then takes its locked path.
+INSERT INTO txlimit AS t (name, key, shard, value, ts)
+SELECT sqlc.arg(name), sqlc.arg(key), 0,
+       greatest(0, sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8),
+       greatest(timestamptz 'epoch', COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
+WHERE sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8 >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+  AND NOT EXISTS (SELECT 1 FROM txlimit AS x
+                  WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)
+ON CONFLICT (name, key, shard) DO UPDATE
+SET value = greatest(0,
+        least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
+                        * sqlc.arg(rate)::float8 / CAST(sqlc.arg(period)::bigint AS float8),
+              sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
+    ts = greatest(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
+WHERE t.value BETWEEN -1e300 AND 1e300
+  AND least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
+                      * sqlc.arg(rate)::float8 / CAST(sqlc.arg(period)::bigint AS float8),
+            sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8
+      >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
+
+-- name: TakeWindow :one
+-- TakeBucket for a fixed window: one call that is not a reservation, in a
+-- statement as lean. A missing row is full at full_ts (algo.Full: the
+-- window origin); either row is advanced by whole periods: w = e / period
+-- windows refill rate each (w = 0 for e < period, where v + 0 is v), and
+-- the time moves to the start of the current window, clock - e % period,
+-- only when a window has passed.
+INSERT INTO txlimit AS t (name, key, shard, value, ts)
+SELECT sqlc.arg(name), sqlc.arg(key), 0,
+       greatest(0, sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8),
+       CASE WHEN f.e < sqlc.arg(period)::bigint THEN sqlc.arg(full_ts)::timestamptz
+            ELSE f.clock - (f.e % sqlc.arg(period)::bigint) * interval '1 microsecond'
+       END
+FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
+      FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
+WHERE sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8 >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+  AND NOT EXISTS (SELECT 1 FROM txlimit AS x
+                  WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)
+ON CONFLICT (name, key, shard) DO UPDATE
+SET value = greatest(0,
+        least(t.value + sqlc.arg(rate)::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / sqlc.arg(period)::bigint AS float8),
+              sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
+    ts = CASE WHEN CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) < sqlc.arg(period)::bigint THEN t.ts
+              ELSE COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp())
+                   - (CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) % sqlc.arg(period)::bigint) * interval '1 microsecond'
+         END
+WHERE t.value BETWEEN -1e300 AND 1e300
+  AND least(t.value + sqlc.arg(rate)::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / sqlc.arg(period)::bigint AS float8),
+            sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8
+      >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;

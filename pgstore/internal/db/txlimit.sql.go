@@ -422,6 +422,81 @@ func (q *Queries) ScanKeys(ctx context.Context, db DBTX, arg ScanKeysParams) ([]
 	return items, nil
 }
 
+const TakeBucket = `-- name: TakeBucket :one
+INSERT INTO txlimit AS t (name, key, shard, value, ts)
+SELECT $1, $2, 0,
+       greatest(0, $3::float8 - $4::float8),
+       greatest(timestamptz 'epoch', COALESCE($5::timestamptz, statement_timestamp()))
+WHERE $3::float8 - $4::float8 >= -1e-9::float8 * greatest(1, $3::float8)
+  AND NOT EXISTS (SELECT 1 FROM txlimit AS x
+                  WHERE x.name = $1 AND x.key = $2 AND x.shard > 0)
+ON CONFLICT (name, key, shard) DO UPDATE
+SET value = greatest(0,
+        least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE($5::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
+                        * $6::float8 / CAST($7::bigint AS float8),
+              $3::float8) - $4::float8),
+    ts = greatest(t.ts, COALESCE($5::timestamptz, statement_timestamp()))
+WHERE t.value BETWEEN -1e300 AND 1e300
+  AND least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE($5::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
+                      * $6::float8 / CAST($7::bigint AS float8),
+            $3::float8) - $4::float8
+      >= -1e-9::float8 * greatest(1, $3::float8)
+RETURNING t.value, t.ts, CAST(COALESCE($5::timestamptz, statement_timestamp()) AS timestamptz) AS clock
+`
+
+type TakeBucketParams struct {
+	Name     string
+	Key      string
+	Capacity float64
+	Count    float64
+	Now      *time.Time
+	Rate     float64
+	Period   int64
+}
+
+type TakeBucketRow struct {
+	Value float64
+	Ts    time.Time
+	Clock time.Time
+}
+
+// TakeRow for the common case, lean: one token bucket call that is not a
+// reservation. TakeRow's steps are subqueries that PostgreSQL sets up anew
+// at every execution, three times over (for a missing row, in the SET and in
+// the WHERE), which made it cost the server three times the hand-written
+// SELECT … FOR UPDATE plus UPDATE (instructions counted under callgrind);
+// this statement has no subquery but the test for shards beyond 0, and its
+// expressions are small enough to repeat. The clock is statement_timestamp(),
+// the server's time at the call like clock_timestamp() but stable within the
+// statement, so that every use reads the same instant.
+//
+// A missing row is full (Capacity at ts 0, algo.Full): refilled it stays
+// Capacity, so taking count leaves Capacity - count, stamped now (or at 0,
+// the row's own time, for a clock before 1970). The
+// INSERT proposes that row only when the key has no rows beyond shard 0 (a
+// sharded config's, to be resharded by the Go path), so the ON CONFLICT
+// branch need not look again. On a conflict the row is locked (waiting for
+// its holder) and its latest version refilled and decided as algo.Take
+// does: elapsed e in microseconds, e <= 0 adds nothing (v + 0 is v), the
+// value capped at Capacity, what is left floored at 0 (greatest(0, x) keeps
+// +0 where x is -0, as algo's x > 0 test does), the time the later of the
+// row's and the clock. No row comes back when the call does not fit or the
+// stored value is not finite; the store then takes its locked path.
+func (q *Queries) TakeBucket(ctx context.Context, db DBTX, arg TakeBucketParams) (TakeBucketRow, error) {
+	row := db.QueryRow(ctx, TakeBucket,
+		arg.Name,
+		arg.Key,
+		arg.Capacity,
+		arg.Count,
+		arg.Now,
+		arg.Rate,
+		arg.Period,
+	)
+	var i TakeBucketRow
+	err := row.Scan(&i.Value, &i.Ts, &i.Clock)
+	return i, err
+}
+
 const TakeRow = `-- name: TakeRow :one
 WITH c AS MATERIALIZED (
     SELECT k.clock,
@@ -609,6 +684,72 @@ func (q *Queries) TakeRow(ctx context.Context, db DBTX, arg TakeRowParams) (Take
 		arg.Now,
 	)
 	var i TakeRowRow
+	err := row.Scan(&i.Value, &i.Ts, &i.Clock)
+	return i, err
+}
+
+const TakeWindow = `-- name: TakeWindow :one
+INSERT INTO txlimit AS t (name, key, shard, value, ts)
+SELECT $1, $2, 0,
+       greatest(0, $3::float8 - $4::float8),
+       CASE WHEN f.e < $5::bigint THEN $6::timestamptz
+            ELSE f.clock - (f.e % $5::bigint) * interval '1 microsecond'
+       END
+FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - $6::timestamptz) * 1000000 AS bigint) AS e
+      FROM (SELECT COALESCE($7::timestamptz, statement_timestamp()) AS clock) AS k) AS f
+WHERE $3::float8 - $4::float8 >= -1e-9::float8 * greatest(1, $3::float8)
+  AND NOT EXISTS (SELECT 1 FROM txlimit AS x
+                  WHERE x.name = $1 AND x.key = $2 AND x.shard > 0)
+ON CONFLICT (name, key, shard) DO UPDATE
+SET value = greatest(0,
+        least(t.value + $8::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / $5::bigint AS float8),
+              $3::float8) - $4::float8),
+    ts = CASE WHEN CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) < $5::bigint THEN t.ts
+              ELSE COALESCE($7::timestamptz, statement_timestamp())
+                   - (CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) % $5::bigint) * interval '1 microsecond'
+         END
+WHERE t.value BETWEEN -1e300 AND 1e300
+  AND least(t.value + $8::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / $5::bigint AS float8),
+            $3::float8) - $4::float8
+      >= -1e-9::float8 * greatest(1, $3::float8)
+RETURNING t.value, t.ts, CAST(COALESCE($7::timestamptz, statement_timestamp()) AS timestamptz) AS clock
+`
+
+type TakeWindowParams struct {
+	Name     string
+	Key      string
+	Capacity float64
+	Count    float64
+	Period   int64
+	FullTs   time.Time
+	Now      *time.Time
+	Rate     float64
+}
+
+type TakeWindowRow struct {
+	Value float64
+	Ts    time.Time
+	Clock time.Time
+}
+
+// TakeBucket for a fixed window: one call that is not a reservation, in a
+// statement as lean. A missing row is full at full_ts (algo.Full: the
+// window origin); either row is advanced by whole periods: w = e / period
+// windows refill rate each (w = 0 for e < period, where v + 0 is v), and
+// the time moves to the start of the current window, clock - e % period,
+// only when a window has passed.
+func (q *Queries) TakeWindow(ctx context.Context, db DBTX, arg TakeWindowParams) (TakeWindowRow, error) {
+	row := db.QueryRow(ctx, TakeWindow,
+		arg.Name,
+		arg.Key,
+		arg.Capacity,
+		arg.Count,
+		arg.Period,
+		arg.FullTs,
+		arg.Now,
+		arg.Rate,
+	)
+	var i TakeWindowRow
 	err := row.Scan(&i.Value, &i.Ts, &i.Clock)
 	return i, err
 }
