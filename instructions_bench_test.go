@@ -1,0 +1,146 @@
+package txlimit_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/pgstore"
+)
+
+// BenchmarkServerInstructions counts the instructions the PostgreSQL server
+// executes for one transaction of each subject, on a server run under
+// valgrind's callgrind (scripts/callgrind.sh, whose comment gives the
+// command). Counts do not move with the machine's load, where timings on a
+// shared 2-core machine do, and at 32 clients, where the server's CPU is the
+// limit, throughput follows them. Each subject runs n transactions on a
+// connection of its own, then 3n on another; the difference over 2n is the
+// cost of one, without the connection's start and end.
+//
+// Subjects: empty-tx (BEGIN; COMMIT), floor (the hand-written SELECT … FOR
+// UPDATE, then UPDATE), and LimitTx on a token bucket, a fixed window, a
+// reservation, the locked Go path (a Period above 2^53 µs keeps a limit off
+// the one-statement path) and a limit over 4 shards.
+func BenchmarkServerInstructions(b *testing.B) {
+	dir := os.Getenv("TXLIMIT_CALLGRIND")
+	if dir == "" {
+		b.Skip("TXLIMIT_CALLGRIND is not set: start a server under callgrind with scripts/callgrind.sh, which gives the command")
+	}
+	ctx := context.Background()
+	schema := testdb.Schema(b)
+	setup := testdb.Pool(b, schema, pgx.QueryExecModeCacheStatement, 1)
+	if _, err := setup.Exec(ctx, pgFloorDDL); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := setup.Exec(ctx, pgFloorInsert, "k", benchCapacity); err != nil {
+		b.Fatal(err)
+	}
+	setup.Close()
+	configs := map[string]txlimit.Config{
+		"bucket":  benchConfig(1),
+		"window":  {Kind: txlimit.FixedWindow, Rate: benchCapacity, Period: time.Hour, Capacity: benchCapacity},
+		"reserve": benchConfig(1),
+		"locked":  {Kind: txlimit.TokenBucket, Rate: 1, Period: 290 * 365 * 24 * time.Hour, Capacity: benchCapacity},
+		"sharded": benchConfig(4),
+	}
+	limit := func(l *txlimit.Limiter[pgx.Tx], name string) func(context.Context, pgx.Tx) error {
+		var opts []txlimit.Option
+		if name == "reserve" {
+			opts = append(opts, txlimit.Reserve())
+		}
+		return func(ctx context.Context, tx pgx.Tx) error {
+			res, err := l.LimitTx(ctx, tx, name, "k", opts...)
+			if err == nil && !res.OK {
+				err = fmt.Errorf("%s: denied", name)
+			}
+			return err
+		}
+	}
+	subjects := []string{"empty-tx", "floor", "bucket", "window", "reserve", "locked", "sharded"}
+	// cost runs n transactions of subject s on a new connection and returns
+	// what its backend executed in all, once the backend has exited and
+	// callgrind has written its file.
+	cost := func(s string, n int) int64 {
+		pool := testdb.Pool(b, schema, pgx.QueryExecModeCacheStatement, 1)
+		defer pool.Close()
+		var pid int32
+		if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			b.Fatal(err)
+		}
+		l, err := txlimit.New(pgstore.New(pool), configs, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var op func(context.Context, pgx.Tx) error
+		switch s {
+		case "empty-tx":
+			op = func(context.Context, pgx.Tx) error { return nil }
+		case "floor":
+			op = nil
+		default:
+			op = limit(l, s)
+		}
+		for range n {
+			if op == nil {
+				if ok, err := pgFloor(ctx, pool, "k"); err != nil || !ok {
+					b.Fatalf("floor: ok %v, err %v", ok, err)
+				}
+				continue
+			}
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return op(ctx, tx) }); err != nil {
+				b.Fatal(err)
+			}
+		}
+		pool.Close()
+		return callgrindTotal(b, filepath.Join(dir, fmt.Sprintf("cg.%d", pid)))
+	}
+	const n = 100
+	per := map[string]float64{}
+	for range b.N {
+		for _, s := range subjects {
+			per[s] = float64(cost(s, 3*n)-cost(s, n)) / (2 * n)
+		}
+	}
+	for _, s := range subjects {
+		b.ReportMetric(per[s]/1000, s+"-kinstr/tx")
+	}
+	b.ReportMetric(per["bucket"]/per["floor"], "bucket/floor")
+	b.ReportMetric(per["locked"]/per["floor"], "locked/floor")
+}
+
+// callgrindTotal waits up to a minute for callgrind's file of a backend that
+// has exited (valgrind writes it as the process ends) and returns the
+// instructions it counted.
+func callgrindTotal(b *testing.B, path string) int64 {
+	for range 600 {
+		if f, err := os.Open(path); err == nil {
+			sc := bufio.NewScanner(f)
+			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			for sc.Scan() {
+				if rest, ok := strings.CutPrefix(sc.Text(), "totals: "); ok {
+					f.Close()
+					n, err := strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
+					if err != nil {
+						b.Fatal(err)
+					}
+					return n
+				}
+			}
+			f.Close()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	b.Fatalf("%s: no callgrind totals after a minute (is the server running under scripts/callgrind.sh?)", path)
+	return 0
+}
+
