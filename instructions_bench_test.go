@@ -143,4 +143,3 @@ func callgrindTotal(b *testing.B, path string) int64 {
 	b.Fatalf("%s: no callgrind totals after a minute (is the server running under scripts/callgrind.sh?)", path)
 	return 0
 }
-
