@@ -166,8 +166,9 @@ func (p *pgPool) close() { p.pool.Close() }
 // how many calls went on to lock every shard. With timing set it also adds
 // up the time spent in each kind of statement, as the client sees it (the
 // round trip and any lock wait included): the -profile breakdown. The
-// statements of escrow's settling job (a context marked untraced) are left
-// out: they are not part of any call.
+// statements of escrow's settling job (a context marked untraced) are not
+// counted, since they are not part of any call, and are timed apart, under
+// labels that start with settleLabel.
 type tracer struct {
 	queries, batches, undos atomic.Int64
 	// redis counts the commands sent to Redis (see redisHook).
@@ -177,6 +178,9 @@ type tracer struct {
 	mu     sync.Mutex
 	spent  map[string]time.Duration
 }
+
+// settleLabel starts the -profile labels of escrow's settling job.
+const settleLabel = "Settle job: "
 
 type traceStart struct{}
 
@@ -244,7 +248,7 @@ func statementLabel(sql string) string {
 
 func (t *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if isUntraced(ctx) {
-		return ctx
+		return t.start(ctx, settleLabel+statementLabel(d.SQL))
 	}
 	t.queries.Add(1)
 	if !t.timing {
@@ -256,10 +260,9 @@ func (t *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQu
 func (t *tracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) { t.end(ctx) }
 
 func (t *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	if isUntraced(ctx) {
-		return ctx
+	if !isUntraced(ctx) {
+		t.batches.Add(1)
 	}
-	t.batches.Add(1)
 	if !t.timing {
 		return ctx
 	}
@@ -267,7 +270,11 @@ func (t *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBa
 	for i, q := range d.Batch.QueuedQueries {
 		labels[i] = statementLabel(q.SQL)
 	}
-	return t.start(ctx, "["+strings.Join(labels, " + ")+"]")
+	label := "[" + strings.Join(labels, " + ") + "]"
+	if isUntraced(ctx) {
+		label = settleLabel + label
+	}
+	return t.start(ctx, label)
 }
 
 func (t *tracer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
