@@ -27,7 +27,21 @@
 //     COMMIT (ROLLBACK when denied), measured for the floor, txlimit,
 //     Redis (seed 003's fixed-window Lua script: server TIME, INCR, EXPIRE
 //     on the first call of a window, in one EVALSHA) and none (no limit at
-//     all: the ceiling).
+//     all: the ceiling);
+//   - business-hot: the same business transaction with every client on one
+//     key, measured for the floor (on that one row), txlimit, escrow and
+//     Redis;
+//   - escrow, in both business scenarios: txlimit's LimitTx with
+//     Config.Escrow (docs/escrow.md). Its store debits on a pool of its
+//     own (escrowPoolSize connections, beside the clients' pool), so that a
+//     debit never waits for a connection a client holds, and a settling job
+//     runs Limiter.Settle every -settle-every (default 100ms) in a goroutine
+//     during each of its runs, as a user would. The output reports the
+//     job's cost (rows settled a second, ms per Settle call), the escrow
+//     tables' rows left at the end of each run (so growth would show), the
+//     waits for the store pool, and escrow on the hot key over escrow on
+//     distinct keys, over the floor on the hot row and over Redis on the hot
+//     key (issue 15's targets).
 //
 // The first three measure the floor and txlimit. Each operation is one
 // transaction that takes one token: for txlimit pgx.BeginFunc around
@@ -76,13 +90,18 @@
 //
 // The saturating checks run for every scenario, txlimit and floor (except
 // the sharded floor, which does not pool its rows and so cannot admit
-// exactly the limit), and Redis on distinct keys, the hot key and in the
-// business scenario, at the largest client count. Each check is printed;
+// exactly the limit), escrow in both business scenarios, and Redis on
+// distinct keys, the hot key and in both business scenarios, at the largest
+// client count. Each check is printed;
 // when one fails the command exits with status 1 (after writing its files,
 // so that they show the failure).
 //
 // -quick is a smoke run of well under a minute on an idle machine: short
-// cells, one repeat.
+// cells, one repeat. -subjects measures only the implementations it names
+// (none, floor, txlimit, txlimit/pgsqlstore, escrow, redis), for a quick
+// iteration on a few:
+//
+//	go run . -dsn … -clients 8,32 -subjects floor,escrow,redis -shards '' -sqlite=false
 //
 // -profile times every PostgreSQL statement and Redis command (as the client
 // sees it: the round trip and any lock wait included) and prints, per cell,

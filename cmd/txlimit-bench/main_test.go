@@ -512,3 +512,37 @@ func TestRedisLimit(t *testing.T) {
 	cleanup()
 	require.Zero(t, redisKeys(t, addr, pattern), "cleanup deletes every key of the run")
 }
+
+// TestSubjectsRun runs only the floor and escrow (-subjects), without Redis
+// or SQLite: only their rows and checks are there, and escrow is still
+// compared with the floor on the hot row and with its own distinct keys.
+func TestSubjectsRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a short run against PostgreSQL; skipped under -short")
+	}
+	cfg, err := parseFlags([]string{"-dsn", testdb.URL(t), "-redis=", "-sqlite=false", "-quick",
+		"-clients", "8", "-shards", "", "-subjects", "escrow,floor"}, io.Discard)
+	require.NoError(t, err)
+	var stdout bytes.Buffer
+	rep, err := run(context.Background(), cfg, &stdout)
+	t.Log(stdout.String())
+	require.NoError(t, err)
+	impls := map[string]int{}
+	for _, r := range rep.Rows {
+		impls[r.Scenario+" "+r.Impl]++
+	}
+	require.Equal(t, map[string]int{
+		"distinct floor": 1, "hot floor": 1, "business floor": 1, "business-hot floor": 1,
+		"business escrow": 1, "business-hot escrow": 1,
+	}, impls)
+	// A timed check per row; exact and bounded for the floor in 4
+	// scenarios and for escrow in 2.
+	require.Len(t, rep.Checks, 6+2*(4+2))
+	ratios := escrowRatios(rep.Rows)
+	require.Len(t, ratios, 1)
+	require.Positive(t, ratios[0].VsDistinct)
+	require.Positive(t, ratios[0].VsFloor)
+	require.Zero(t, ratios[0].VsRedis, "Redis is not measured")
+	require.Contains(t, stdout.String(), "subjects: escrow, floor")
+	require.Contains(t, stdout.String(), "escrow's settling job")
+}
