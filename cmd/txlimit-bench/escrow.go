@@ -115,7 +115,7 @@ func (s pgEscrow) startSettling(ctx context.Context, spec limitSpec) (func() (se
 			st.busy += d
 			st.rows += int64(r.Spent + r.Refunded + r.Dropped + r.Orphans)
 			if err != nil && first == nil {
-				first = fmt.Errorf("Settle: %w", err)
+				first = fmt.Errorf("the settling job (Limiter.Settle): %w", err)
 			}
 			mu.Unlock()
 			if err != nil {
