@@ -92,8 +92,9 @@ type SettleResult struct {
 // Settle settles the calls that escrow limits (Config.Escrow) took in
 // transactions that have ended since: the tokens of a committed call stay
 // taken, those of a call that did not commit go back to its limit, and the
-// rows that recorded them are deleted. Every escrow call also settles up to
-// 16 ended calls of its own key, so a busy key settles itself; Settle is
+// rows that recorded them are deleted. An escrow call also settles up to 16
+// ended calls of its own key (unless another call of the key is doing so on
+// the same store), so a busy key settles itself; Settle is
 // what settles the keys that are not called again, and bounds the size of
 // the escrow tables. Run it every few seconds, from one process or from
 // many (settlers skip each other's rows and never wait for a lock), for

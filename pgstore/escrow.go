@@ -108,11 +108,12 @@ func (s *Store) escrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) 
 			}
 		}
 	}
-	if needsRefund(fates) || len(fates) >= keySettleAt {
+	if (needsRefund(fates) || len(fates) >= keySettleAt) && s.settlingKey(p.Name, p.Key) {
 		// Best effort: an error here (a cancelled ctx, a lost connection)
 		// leaves the calls for a later call or for Settle, and the take
 		// itself has succeeded.
 		_, _ = s.settleClaims(ctx, claimsOf(fates))
+		s.keySettled(p.Name, p.Key)
 	}
 	old := algo.State{Value: deb.Value, TS: deb.Ts.UnixMicro()}
 	next, d := algo.Take(p.Shard(1), old, deb.Clock.UnixMicro(), p.Count, p.Reserve)
@@ -206,6 +207,22 @@ func (s *Store) sendDebit(ctx context.Context, params db.EscrowDebitParams) (db.
 	}
 	return row, fates, debitErr
 }
+
+// settlingKey reports whether the caller may settle the ended calls of
+// (name, key) after its debit: not while another call of the same key on
+// this store is doing so. On a hot key every call finds the same ended
+// calls; settling them once is enough, and the calls that skip it spare
+// the database a statement that would find the rows settled or locked
+// (SKIP LOCKED). A call that would be denied does not ask: it settles its
+// key's possible refunds whatever the others do. keySettled ends the turn.
+func (s *Store) settlingKey(name, key string) bool {
+	_, busy := s.keySettling.LoadOrStore(escrowKey{name, key}, struct{}{})
+	return !busy
+}
+
+func (s *Store) keySettled(name, key string) { s.keySettling.Delete(escrowKey{name, key}) }
+
+type escrowKey struct{ name, key string }
 
 func needsRefund(fates []db.EscrowKeyFatesRow) bool {
 	for _, f := range fates {

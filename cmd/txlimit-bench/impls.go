@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -17,7 +18,9 @@ const (
 	// LimitTx on PostgreSQL through database/sql (pgsqlstore)
 	implTxlimitSQL = "txlimit/pgsqlstore"
 	implRedis      = "redis" // seed 003's Lua script, beside the transaction
-	implNone       = "none"  // the business transaction with no limit
+	// LimitTx on pgstore with Config.Escrow, the store on a pool of its own
+	implEscrow = "escrow"
+	implNone   = "none" // the business transaction with no limit
 )
 
 // impl is one implementation measured on one kind of database: a row of the
@@ -74,6 +77,21 @@ func (s saturation) String() string {
 func always(scenario) bool       { return true }
 func inBusiness(s scenario) bool { return s.business }
 
+// notBusinessHot leaves out the hot key inside a business transaction,
+// which measures escrow against the floor, locked txlimit and Redis.
+func notBusinessHot(s scenario) bool { return !s.business || !s.hot }
+
+// escrowRuns: escrow runs inside the business transaction, on distinct keys
+// and on the hot key (it has one shard).
+func escrowRuns(s scenario) bool { return s.business && s.shards <= 1 }
+
+func escrowChecks(s scenario) []saturation {
+	if !escrowRuns(s) {
+		return nil
+	}
+	return bucketChecks(s)
+}
+
 // bucketChecks are the token bucket's checks, in every scenario.
 func bucketChecks(scenario) []saturation { return []saturation{frozenExact, realBounded} }
 
@@ -87,28 +105,42 @@ func unpooledFloorChecks(s scenario) []saturation {
 }
 
 // pgConns are the connections of one client count on PostgreSQL: a pool of
-// that size, and Redis when -redis is set.
+// that size, Redis when -redis is set, and the escrow store's own pool.
 type pgConns struct {
 	pg    *pgPool
 	redis *redisEnv // nil without -redis
+	// escrow is the pool the escrow subject's store debits and settles on,
+	// apart from the clients' (nil when escrow is not measured).
+	escrow      *pgPool
+	settleEvery time.Duration
 }
 
 // pgImpls are the implementations measured on PostgreSQL.
 func pgImpls(withRedis bool) []impl[*pgConns] {
 	impls := []impl[*pgConns]{
-		{name: implNone, runs: inBusiness, checks: nil, unlimited: true,
+		{name: implNone, runs: func(s scenario) bool { return s.business && !s.hot }, checks: nil, unlimited: true,
 			open: func(c *pgConns) subject { return pgNone{c.pg} }},
 		{name: implFloor, runs: always, checks: unpooledFloorChecks,
 			open: func(c *pgConns) subject { return pgFloor{c.pg} }},
 		{name: implTxlimit, runs: always, checks: bucketChecks,
 			open: func(c *pgConns) subject { return pgLimit{p: c.pg, store: pgstore.New(c.pg.pool)} }},
 		// The same statements on database/sql (pgx's stdlib on the same pool).
-		{name: implTxlimitSQL, runs: always, checks: bucketChecks,
+		{name: implTxlimitSQL, runs: notBusinessHot,
+			checks: func(s scenario) []saturation {
+				if !notBusinessHot(s) {
+					return nil
+				}
+				return bucketChecks(s)
+			},
 			open: func(c *pgConns) subject {
 				db := stdlib.OpenDBFromPool(c.pg.pool)
 				return sqlLimit{db: db, store: pgsqlstore.New(db), businessSQL: pgBusinessInsert}
 			}},
 	}
+	// The same LimitTx in escrow mode (Config.Escrow), its store on a pool
+	// of its own with a settling job beside the clients (see pgEscrow).
+	impls = append(impls, impl[*pgConns]{name: implEscrow, runs: escrowRuns, checks: escrowChecks,
+		open: func(c *pgConns) subject { return newPgEscrow(c.pg, c.escrow, c.settleEvery) }})
 	if withRedis {
 		impls = append(impls, impl[*pgConns]{name: implRedis, runs: inBusiness,
 			// Also on the hot key: one counter under every client at once.
@@ -133,6 +165,17 @@ func sqliteImpls() []impl[*sqliteEnv] {
 				return sqlLimit{db: e.db, store: sqlitestore.New(e.db), businessSQL: sqliteBusinessInsert}
 			}},
 	}
+}
+
+// selected is the impls that -subjects names, in their order.
+func selected[E any](impls []impl[E], cfg config) []impl[E] {
+	var out []impl[E]
+	for _, im := range impls {
+		if cfg.wants(im.name) {
+			out = append(out, im)
+		}
+	}
+	return out
 }
 
 // opened is an impl's subject on one client count's connections.

@@ -27,7 +27,21 @@
 //     COMMIT (ROLLBACK when denied), measured for the floor, txlimit,
 //     Redis (seed 003's fixed-window Lua script: server TIME, INCR, EXPIRE
 //     on the first call of a window, in one EVALSHA) and none (no limit at
-//     all: the ceiling).
+//     all: the ceiling);
+//   - business-hot: the same business transaction with every client on one
+//     key, measured for the floor (on that one row), txlimit, escrow and
+//     Redis;
+//   - escrow, in both business scenarios: txlimit's LimitTx with
+//     Config.Escrow (docs/escrow.md). Its store debits on a pool of its
+//     own (escrowPoolSize connections, beside the clients' pool), so that a
+//     debit never waits for a connection a client holds, and a settling job
+//     runs Limiter.Settle every -settle-every (default 100ms) in a goroutine
+//     during each of its runs, as a user would. The output reports the
+//     job's cost (rows settled a second, ms per Settle call), the escrow
+//     tables' rows left at the end of each run (so growth would show), the
+//     waits for the store pool, and escrow on the hot key over escrow on
+//     distinct keys, over the floor on the hot row and over Redis on the hot
+//     key (issue 15's targets).
 //
 // The first three measure the floor and txlimit. Each operation is one
 // transaction that takes one token: for txlimit pgx.BeginFunc around
@@ -76,13 +90,18 @@
 //
 // The saturating checks run for every scenario, txlimit and floor (except
 // the sharded floor, which does not pool its rows and so cannot admit
-// exactly the limit), and Redis on distinct keys, the hot key and in the
-// business scenario, at the largest client count. Each check is printed;
+// exactly the limit), escrow in both business scenarios, and Redis on
+// distinct keys, the hot key and in both business scenarios, at the largest
+// client count. Each check is printed;
 // when one fails the command exits with status 1 (after writing its files,
 // so that they show the failure).
 //
 // -quick is a smoke run of well under a minute on an idle machine: short
-// cells, one repeat.
+// cells, one repeat. -subjects measures only the implementations it names
+// (none, floor, txlimit, txlimit/pgsqlstore, escrow, redis), for a quick
+// iteration on a few:
+//
+//	go run . -dsn … -clients 8,32 -subjects floor,escrow,redis -shards '' -sqlite=false
 //
 // -profile times every PostgreSQL statement and Redis command (as the client
 // sees it: the round trip and any lock wait included) and prints, per cell,
@@ -140,6 +159,11 @@ type config struct {
 	Out           string // directory for results.{csv,json,svg,md}; "" writes none
 	Quick         bool
 	Profile       bool
+	// Subjects are the implementations to measure (-subjects); nil
+	// measures every one.
+	Subjects []string
+	// SettleEvery is the period of escrow's settling job (-settle-every).
+	SettleEvery time.Duration
 	// CheckDuration is how long each real-clock admission check runs.
 	CheckDuration time.Duration
 	// Command is the command line, recorded in the results.
@@ -152,6 +176,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var (
 		cfg                          config
 		clients, sqliteClients, shds string
+		subjects                     string
 	)
 	fs.StringVar(&cfg.DSN, "dsn", "", "PostgreSQL connection string (required), e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	fs.StringVar(&cfg.Redis, "redis", "127.0.0.1:6379", "address of the Redis the Redis limiter runs on (keys txlimit-bench:<run id>:…, deleted at the end); -redis= leaves Redis out")
@@ -163,9 +188,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&shds, "shards", "4,16,64", "shard counts of the hot-shards scenarios, comma-separated")
 	fs.StringVar(&cfg.Out, "out", "", "write results.csv, results.json, results.svg and results.md to this directory")
 	fs.BoolVar(&cfg.Quick, "quick", false, "smoke run: 250ms cells, one repeat (well under 30s in all)")
+	fs.StringVar(&subjects, "subjects", "", "implementations to measure, comma-separated (default: all): "+strings.Join(subjectNames, ", "))
+	fs.DurationVar(&cfg.SettleEvery, "settle-every", 100*time.Millisecond, "period of escrow's settling job (Limiter.Settle), run in a goroutine during every escrow run")
 	fs.BoolVar(&cfg.Profile, "profile", false, "time every PostgreSQL statement and print where each cell's calls spend their time")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: txlimit-bench -dsn postgres://... [-redis 127.0.0.1:6379] [-sqlite] [-duration 2s] [-repeat 3] [-out docs/bench] [-quick]")
+		fmt.Fprintln(stderr, "usage: txlimit-bench -dsn postgres://... [-redis 127.0.0.1:6379] [-sqlite] [-duration 2s] [-repeat 3] [-subjects floor,escrow,redis] [-out docs/bench] [-quick]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -182,6 +209,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return config{}, err
 	}
 	if cfg.Shards, err = parseCounts("-shards", shds, 2, txlimit.MaxShards); err != nil {
+		return config{}, err
+	}
+	if cfg.Subjects, err = parseSubjects(subjects); err != nil {
 		return config{}, err
 	}
 	cfg.Command = "txlimit-bench " + strings.Join(redactDSN(args), " ")
@@ -206,8 +236,44 @@ func (c config) validate() error {
 		return errors.New("-clients needs at least one client count, e.g. -clients 1,8,32")
 	case c.SQLite && len(c.SQLiteClients) == 0:
 		return errors.New("-sqlite-clients needs at least one client count, e.g. -sqlite-clients 1,8 (or pass -sqlite=false)")
+	case c.SettleEvery <= 0:
+		return fmt.Errorf("-settle-every must be > 0, got %v", c.SettleEvery)
+	case c.Redis == "" && c.Subjects != nil && slices.Contains(c.Subjects, implRedis):
+		return errors.New("-subjects lists redis, but -redis= leaves Redis out: pass -redis 127.0.0.1:6379, or leave redis out of -subjects")
 	}
 	return nil
+}
+
+// subjectNames are the implementations -subjects may name.
+var subjectNames = []string{implNone, implFloor, implTxlimit, implTxlimitSQL, implEscrow, implRedis}
+
+// parseSubjects parses -subjects: "" is every subject (nil).
+func parseSubjects(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out []string
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if !slices.Contains(subjectNames, f) {
+			return nil, fmt.Errorf("-subjects: unknown subject %q; name some of %s, comma-separated", f, strings.Join(subjectNames, ", "))
+		}
+		if !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("-subjects %q names no subject; name some of %s, or leave the flag out for all", s, strings.Join(subjectNames, ", "))
+	}
+	return out, nil
+}
+
+// wants reports whether the run measures the implementation name.
+func (c config) wants(name string) bool {
+	return c.Subjects == nil || slices.Contains(c.Subjects, name)
 }
 
 // parseCounts parses a comma-separated list of integers in [lo, hi], sorted

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -75,10 +76,12 @@ func TestQuickRun(t *testing.T) {
 	require.NoError(t, err)
 
 	// Every cell: on PostgreSQL, at 3 client counts, the floor, txlimit
-	// and txlimit/pgsqlstore in 5 scenarios (distinct, hot, 3 shard counts)
-	// and the business scenario with none, floor, both txlimit stores and
-	// redis; on SQLite, at 2, the floor and txlimit in distinct and hot.
-	const pgRows, sqliteRows = (5*3 + 5) * 3, 2 * 2 * 2
+	// and txlimit/pgsqlstore in 5 scenarios (distinct, hot, 3 shard
+	// counts), the business scenario with none, floor, both txlimit
+	// stores, escrow and redis, and business-hot with floor, txlimit,
+	// escrow and redis; on SQLite, at 2, the floor and txlimit in distinct
+	// and hot.
+	const pgRows, sqliteRows = (5*3 + 6 + 4) * 3, 2 * 2 * 2
 	require.Len(t, rep.Rows, pgRows+sqliteRows)
 	impls := map[string]int{}
 	for _, r := range rep.Rows {
@@ -86,17 +89,29 @@ func TestQuickRun(t *testing.T) {
 		impls[r.DB+" "+r.Impl]++
 		require.Positive(t, r.OpsPerSec, what)
 		require.Len(t, r.Runs, 1)
-		require.Equal(t, r.Scenario == "business", r.Business, what)
+		require.Equal(t, strings.HasPrefix(r.Scenario, "business"), r.Business, what)
 		if r.Impl != implFloor {
 			require.Positive(t, r.VsFloor, "%s has a floor to compare with", what)
 		}
-		if strings.HasPrefix(r.Scenario, "hot") {
+		if strings.HasPrefix(r.Scenario, "hot") || r.Scenario == "business-hot" {
 			require.Positive(t, r.VsDistinct, "%s is compared with distinct keys", what)
 		} else {
 			require.Zero(t, r.VsDistinct, what)
 		}
 		if r.Shards > 1 && r.Impl == implTxlimit {
 			require.Positive(t, r.VsHotFloor, "%s is compared with the unsharded hot floor", what)
+		}
+		if r.Scenario == "business-hot" && r.Impl != implFloor {
+			require.Positive(t, r.VsHotFloor, "%s is compared with the floor on the hot row", what)
+		}
+		if r.Impl == implEscrow {
+			// The settling job ran beside every escrow run, and every
+			// pending entry left at the end of a run belongs to a call
+			// that committed, so its claim is there too.
+			require.Positive(t, r.SettleMsPerCall, "%s: Settle ran during the run", what)
+			require.Equal(t, r.EscrowEntries, r.EscrowClaims, what)
+		} else {
+			require.Zero(t, r.SettleMsPerCall, what)
 		}
 		if r.Impl == implNone {
 			require.Zero(t, r.StepP50Ms, "%s has no limit step", what)
@@ -136,22 +151,30 @@ func TestQuickRun(t *testing.T) {
 		case r.Impl == implFloor:
 			// The sharded floor sends one more when it waits for a shard.
 			require.GreaterOrEqual(t, r.RoundTrips, 4.0, what)
+		case r.Impl == implEscrow:
+			// The claim in the caller's transaction and the debit on the
+			// store's pool; a settlement of the key's ended calls now and
+			// then (the settling job's statements are not counted).
+			require.GreaterOrEqual(t, r.RoundTrips, 5.0, what)
+			require.Less(t, r.RoundTrips, 6.0, what)
 		default:
 			require.GreaterOrEqual(t, r.RoundTrips, 3.0+business, what)
 		}
 	}
 	require.Equal(t, map[string]int{
-		"postgres none": 3, "postgres floor": 6 * 3, "postgres txlimit": 6 * 3, "postgres txlimit/pgsqlstore": 6 * 3, "postgres redis": 3,
+		"postgres none": 3, "postgres floor": 7 * 3, "postgres txlimit": 7 * 3, "postgres txlimit/pgsqlstore": 6 * 3,
+		"postgres escrow": 2 * 3, "postgres redis": 2 * 3,
 		"sqlite floor": 4, "sqlite txlimit": 4,
 	}, impls)
 
 	// One all-admitted check per timed run but none's; the saturating
 	// checks at the largest client count: exact and bounded for the floor
-	// and both txlimit stores in every scenario (the sharded floor, which
-	// does not pool, left out), window for Redis in distinct, hot and
-	// business.
+	// (4 scenarios: the sharded floor, which does not pool, left out),
+	// txlimit (7), txlimit/pgsqlstore (6: not business-hot) and escrow
+	// (business and business-hot), window for Redis in distinct, hot,
+	// business and business-hot.
 	const timed = pgRows + sqliteRows - 3
-	const saturating = 3*2*3 + 2*2*3 + 3 + 2*2*2
+	const saturating = 2*(4+7+6+2) + 4 + 2*2*2
 	require.Len(t, rep.Checks, timed+saturating)
 	kinds := map[string]int{}
 	for _, c := range rep.Checks {
@@ -159,18 +182,25 @@ func TestQuickRun(t *testing.T) {
 		kind, _, _ := strings.Cut(c.Name, "/")
 		kinds[kind]++
 	}
-	require.Equal(t, 3, kinds["window"], "Redis takes the window check in distinct, hot and business")
-	require.Equal(t, 3+6+6+2*2, kinds["exact"], "the floor (3 scenarios) and both txlimit stores (6), the sharded floor left out")
+	require.Equal(t, 4, kinds["window"], "Redis takes the window check in distinct, hot, business and business-hot")
+	require.Equal(t, 4+7+6+2+2*2, kinds["exact"], "the floor (4 scenarios), txlimit (7), txlimit/pgsqlstore (6), escrow (2), SQLite's two (2 each)")
+	for _, s := range []string{"business", "business-hot"} {
+		for _, kind := range []string{"exact", "bounded"} {
+			require.True(t, slices.ContainsFunc(rep.Checks, func(c check) bool { return c.Name == kind+"/postgres/"+s+"/escrow/c32" }),
+				"escrow takes the %s check in %s", kind, s)
+		}
+	}
 	require.Contains(t, stdout.String(), fmt.Sprintf("admission checks: %d passed, 0 failed", len(rep.Checks)))
 	// Distinct keys at 3 client counts, the 16-shard key at 32, the limit
-	// step against Redis at 3.
-	require.Len(t, rep.Targets, 7)
+	// step against Redis at 3; escrow on the hot key against its distinct
+	// keys and Redis at 8 and 32, and against the floor at 32.
+	require.Len(t, rep.Targets, 7+2+3)
 	for _, target := range rep.Targets {
 		if strings.Contains(target.Name, "16 shards") {
 			require.Positive(t, target.FloorGot, "the shards target shows what the floor reaches")
 		}
 		require.Positive(t, target.Got, target.Name)
-		require.Equal(t, strings.Contains(target.Name, "Redis"), target.AtMost, target.Name)
+		require.Equal(t, strings.Contains(target.Name, "limit step"), target.AtMost, target.Name)
 	}
 	require.Contains(t, rep.Redis, "Redis ")
 	require.Zero(t, redisKeys(t, addr, rep.redisKeys), "every Redis key of the run (%s) is deleted", rep.redisKeys)
@@ -195,6 +225,8 @@ func TestQuickRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(md), "## The limit step inside a business transaction")
 	require.Contains(t, string(md), "| postgres | business | redis | 32 |")
+	require.Contains(t, string(md), "## Escrow mode on one hot key")
+	require.Contains(t, string(md), "| postgres | business-hot | escrow | 32 |")
 	require.Contains(t, string(md), fmt.Sprintf("%d passed, 0 failed", len(rep.Checks)))
 
 	svg, err := os.ReadFile(filepath.Join(out, "results.svg"))
@@ -371,6 +403,25 @@ func TestParseFlags(t *testing.T) {
 	cfg, err = parseFlags([]string{"-dsn", "postgres://x", "-redis="}, io.Discard)
 	require.NoError(t, err)
 	require.Empty(t, cfg.Redis, "-redis= leaves Redis out")
+	require.Nil(t, cfg.Subjects, "every subject by default")
+	require.True(t, cfg.wants(implEscrow))
+
+	cfg, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", " floor,escrow ,redis,floor"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, []string{implFloor, implEscrow, implRedis}, cfg.Subjects)
+	require.False(t, cfg.wants(implTxlimit))
+
+	_, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", "floor,escrw"}, io.Discard)
+	require.ErrorContains(t, err, `-subjects: unknown subject "escrw"; name some of none, floor, txlimit, txlimit/pgsqlstore, escrow, redis`)
+
+	_, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", ","}, io.Discard)
+	require.ErrorContains(t, err, "names no subject")
+
+	_, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", "redis", "-redis="}, io.Discard)
+	require.ErrorContains(t, err, "-redis= leaves Redis out")
+
+	_, err = parseFlags([]string{"-dsn", "postgres://x", "-settle-every", "0s"}, io.Discard)
+	require.ErrorContains(t, err, "-settle-every must be > 0")
 }
 
 // TestCheckWindowRejectsWrongAnswers feeds the fixed-window check the
@@ -460,4 +511,38 @@ func TestRedisLimit(t *testing.T) {
 	require.Positive(t, redisKeys(t, addr, pattern))
 	cleanup()
 	require.Zero(t, redisKeys(t, addr, pattern), "cleanup deletes every key of the run")
+}
+
+// TestSubjectsRun runs only the floor and escrow (-subjects), without Redis
+// or SQLite: only their rows and checks are there, and escrow is still
+// compared with the floor on the hot row and with its own distinct keys.
+func TestSubjectsRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a short run against PostgreSQL; skipped under -short")
+	}
+	cfg, err := parseFlags([]string{"-dsn", testdb.URL(t), "-redis=", "-sqlite=false", "-quick",
+		"-clients", "8", "-shards", "", "-subjects", "escrow,floor"}, io.Discard)
+	require.NoError(t, err)
+	var stdout bytes.Buffer
+	rep, err := run(context.Background(), cfg, &stdout)
+	t.Log(stdout.String())
+	require.NoError(t, err)
+	impls := map[string]int{}
+	for _, r := range rep.Rows {
+		impls[r.Scenario+" "+r.Impl]++
+	}
+	require.Equal(t, map[string]int{
+		"distinct floor": 1, "hot floor": 1, "business floor": 1, "business-hot floor": 1,
+		"business escrow": 1, "business-hot escrow": 1,
+	}, impls)
+	// A timed check per row; exact and bounded for the floor in 4
+	// scenarios and for escrow in 2.
+	require.Len(t, rep.Checks, 6+2*(4+2))
+	ratios := escrowRatios(rep.Rows)
+	require.Len(t, ratios, 1)
+	require.Positive(t, ratios[0].VsDistinct)
+	require.Positive(t, ratios[0].VsFloor)
+	require.Zero(t, ratios[0].VsRedis, "Redis is not measured")
+	require.Contains(t, stdout.String(), "subjects: escrow, floor")
+	require.Contains(t, stdout.String(), "escrow's settling job")
 }

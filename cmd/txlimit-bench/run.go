@@ -28,15 +28,27 @@ type scenario struct {
 }
 
 // pgScenarios are the scenarios measured on PostgreSQL: distinct keys, one
-// hot key, the hot key over each shard count, and distinct keys inside a
-// business transaction, where Redis and the unlimited ceiling are measured
-// beside the floor and txlimit, and the limit step is timed on its own.
+// hot key, the hot key over each shard count, and inside a business
+// transaction distinct keys, where Redis and the unlimited ceiling are
+// measured beside the floor and txlimit, and one hot key, where escrow mode
+// is measured against the floor on that one row, locked txlimit and Redis;
+// in both the limit step is timed on its own.
 func pgScenarios(shards []int) []scenario {
 	out := []scenario{{name: "distinct", shards: 1}, {name: "hot", hot: true, shards: 1}}
 	for _, n := range shards {
 		out = append(out, scenario{name: fmt.Sprintf("hot-shards%d", n), hot: true, shards: n})
 	}
-	return append(out, scenario{name: "business", shards: 1, business: true})
+	return append(out, scenario{name: "business", shards: 1, business: true},
+		scenario{name: "business-hot", hot: true, shards: 1, business: true})
+}
+
+// distinctOf is the scenario with distinct keys that a hot one compares
+// with: the same transaction, each client its own key.
+func (s scenario) distinctOf() string {
+	if s.business {
+		return "business"
+	}
+	return "distinct"
 }
 
 func (s scenario) keys(clients int) []string {
@@ -65,6 +77,12 @@ type sample struct {
 	stepP50, stepP99    float64 // of the limit step alone, in ms; 0 for "none"
 	roundTrips          float64 // per call, BEGIN and COMMIT included; 0 when not traced
 	fallback            float64 // share of calls that fell back to locking every shard
+	// Escrow's settling job (0 for the others): entries and claims settled
+	// per second, ms per Settle call, the escrow tables' rows after the
+	// run, and the mean wait for a connection of the store's pool.
+	settleRowsPerSec, settleMsPerCall float64
+	escrowEntries, escrowClaims       int64
+	poolWaitUs                        float64
 }
 
 // Limits. The timed runs admit everything; the checks run out on purpose.
@@ -121,16 +139,20 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 	b := &bench{cfg: cfg, w: w, samples: map[cell][]sample{},
 		spent: map[cell]map[string]time.Duration{}, spentOps: map[cell]int64{}}
 	rep := &Report{
-		Generated: time.Now().UTC().Truncate(time.Second),
-		Command:   cfg.Command,
-		Go:        runtime.Version(),
-		Platform:  runtime.GOOS + "/" + runtime.GOARCH,
-		CPUs:      runtime.NumCPU(),
-		Duration:  cfg.Duration.String(),
-		Repeats:   cfg.Repeats,
-		LoadStart: loadAvg(),
+		Generated:   time.Now().UTC().Truncate(time.Second),
+		Command:     cfg.Command,
+		Go:          runtime.Version(),
+		Platform:    runtime.GOOS + "/" + runtime.GOARCH,
+		CPUs:        runtime.NumCPU(),
+		Duration:    cfg.Duration.String(),
+		Repeats:     cfg.Repeats,
+		SettleEvery: cfg.SettleEvery.String(),
+		LoadStart:   loadAvg(),
 	}
 
+	if cfg.Subjects != nil {
+		fmt.Fprintf(w, "subjects: %s\n", strings.Join(cfg.Subjects, ", "))
+	}
 	env, drop, err := openPostgres(ctx, cfg.DSN)
 	if err != nil {
 		return nil, err
@@ -140,7 +162,7 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 	fmt.Fprintf(w, "PostgreSQL: %s\nschema %s (dropped at the end); %v per cell, median of %d interleaved runs\n",
 		env.version, env.schema, cfg.Duration, cfg.Repeats)
 	var rds *redisEnv
-	if cfg.Redis != "" {
+	if cfg.Redis != "" && cfg.wants(implRedis) {
 		var cleanup func()
 		rds, cleanup, err = openRedis(ctx, cfg.Redis, slices.Max(cfg.Clients)+2)
 		if err != nil {
@@ -190,36 +212,58 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 
 func (b *bench) postgres(ctx context.Context, env *pgEnv, rds *redisEnv) error {
 	scenarios := pgScenarios(b.cfg.Shards)
-	impls := pgImpls(rds != nil)
+	impls := selected(pgImpls(rds != nil), b.cfg)
+	escrow := slices.ContainsFunc(impls, func(im impl[*pgConns]) bool { return im.name == implEscrow })
+	// conns opens the connections of a client count: the clients' pool,
+	// and the escrow store's own when escrow is measured.
+	conns := func(clients int, timing bool) (*pgConns, func(), error) {
+		p, err := env.pool(ctx, clients, timing)
+		if err != nil {
+			return nil, nil, err
+		}
+		c := &pgConns{pg: p, redis: rds, settleEvery: b.cfg.SettleEvery}
+		if escrow {
+			if c.escrow, err = env.poolOn(ctx, escrowPoolSize(clients), p.trace); err != nil {
+				p.close()
+				return nil, nil, err
+			}
+		}
+		return c, func() {
+			if c.escrow != nil {
+				c.escrow.close()
+			}
+			p.close()
+		}, nil
+	}
 	for _, clients := range b.cfg.Clients {
-		p, err := env.pool(ctx, clients, b.cfg.Profile)
+		c, closeConns, err := conns(clients, b.cfg.Profile)
 		if err != nil {
 			return err
 		}
 		if rds != nil {
-			rds.trace.Store(p.trace)
+			rds.trace.Store(c.pg.trace)
 		}
-		err = b.measure(ctx, cellsOf("postgres", scenarios, impls, clients), openAll(impls, &pgConns{p, rds}), p.trace)
-		p.close()
+		err = b.measure(ctx, cellsOf("postgres", scenarios, impls, clients), openAll(impls, c), c.pg.trace)
+		closeConns()
 		if err != nil {
 			return err
 		}
 	}
 	clients := slices.Max(b.cfg.Clients)
-	p, err := env.pool(ctx, clients, false)
+	c, closeConns, err := conns(clients, false)
 	if err != nil {
 		return err
 	}
-	defer p.close()
+	defer closeConns()
 	if rds != nil {
 		rds.trace.Store(nil)
 	}
-	return b.checkLimits("postgres", scenarios, clients, openAll(impls, &pgConns{p, rds}))
+	return b.checkLimits("postgres", scenarios, clients, openAll(impls, c))
 }
 
 func (b *bench) sqlite(ctx context.Context, env *sqliteEnv) error {
 	scenarios := []scenario{{name: "distinct", shards: 1}, {name: "hot", hot: true, shards: 1}}
-	impls := sqliteImpls()
+	impls := selected(sqliteImpls(), b.cfg)
 	subjects := openAll(impls, env)
 	for _, clients := range b.cfg.SQLiteClients {
 		// Each client keeps a connection of its own; one more is free for
@@ -289,6 +333,13 @@ func (b *bench) measure(ctx context.Context, cells []cell, subjects []opened, tr
 				s.roundTrips = float64(queries+batches+redisCalls) / float64(st.ops)
 				s.fallback = float64(undos) / float64(st.ops)
 			}
+			if ss := st.settle; ss != nil {
+				s.settleRowsPerSec, s.settleMsPerCall = ss.rowsPerSec(), ss.msPerCall()
+				s.escrowEntries, s.escrowClaims = ss.entries, ss.claims
+				if ss.acquires > 0 {
+					s.poolWaitUs = float64(ss.acquireTime.Microseconds()) / float64(ss.acquires)
+				}
+			}
 			if _, seen := b.samples[c]; !seen {
 				b.order = append(b.order, c)
 			}
@@ -307,6 +358,11 @@ func (b *bench) measure(ctx context.Context, cells []cell, subjects []opened, tr
 			}
 			fmt.Fprintf(b.w, "  %-8s %-13s %-7s %3d clients  run %d/%d: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  step p50 %6.2f ms\n",
 				c.db, c.scenario.name, c.impl, c.clients, r+1, b.cfg.Repeats, s.opsPerSec, s.p50, s.p99, s.stepP50)
+			if ss := st.settle; ss != nil {
+				fmt.Fprintf(b.w, "           settling: %d Settle calls, %.0f rows/s, %.2f ms a call; store pool: %d of %d acquisitions waited, %.0f µs each on average; "+
+					"escrow tables after the run: %d entries, %d claims\n",
+					ss.calls, ss.rowsPerSec(), ss.msPerCall(), ss.waited, ss.acquires, s.poolWaitUs, ss.entries, ss.claims)
+			}
 		}
 	}
 	return nil
@@ -381,6 +437,12 @@ func (b *bench) rows() []Row {
 		}
 		for _, s := range ss {
 			r.Runs = append(r.Runs, s.opsPerSec)
+			r.EscrowEntries, r.EscrowClaims = max(r.EscrowEntries, s.escrowEntries), max(r.EscrowClaims, s.escrowClaims)
+		}
+		if c.impl == implEscrow {
+			r.SettleRowsPerSec = median(ss, func(s sample) float64 { return s.settleRowsPerSec })
+			r.SettleMsPerCall = median(ss, func(s sample) float64 { return s.settleMsPerCall })
+			r.StorePoolWaitUs = median(ss, func(s sample) float64 { return s.poolWaitUs })
 		}
 		if ops := b.spentOps[c]; ops > 0 {
 			r.Profile = map[string]float64{}
@@ -409,7 +471,7 @@ func (b *bench) rows() []Row {
 	for i, c := range b.order {
 		r := &rows[i]
 		if c.scenario.hot {
-			if d := byCell[at{r.DB, "distinct", r.Impl, r.Clients}]; d != nil {
+			if d := byCell[at{r.DB, c.scenario.distinctOf(), r.Impl, r.Clients}]; d != nil {
 				r.VsDistinct = over(r.OpsPerSec, d.OpsPerSec)
 			}
 		}
@@ -425,6 +487,13 @@ func (b *bench) rows() []Row {
 		}
 		if r.Shards > 1 && r.Impl != implFloor {
 			if f := byCell[at{r.DB, "hot", implFloor, r.Clients}]; f != nil {
+				r.VsHotFloor = over(r.OpsPerSec, f.OpsPerSec)
+			}
+		}
+		if c.scenario.business && c.scenario.hot && r.Impl != implFloor {
+			// The floor on the same one row: the same business
+			// transaction around SELECT … FOR UPDATE; UPDATE.
+			if f := byCell[at{r.DB, c.scenario.name, implFloor, r.Clients}]; f != nil {
 				r.VsHotFloor = over(r.OpsPerSec, f.OpsPerSec)
 			}
 		}
@@ -455,10 +524,14 @@ func median(ss []sample, f func(sample) float64) float64 {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// targets evaluates issue 13's goals against the rows that exist.
+// targets evaluates issue 13's goals, and issue 15's for escrow mode,
+// against the rows that exist.
 func targets(rows []Row) []Target {
 	var out []Target
 	for _, r := range rows {
+		if r.DB == "postgres" && r.Impl == implEscrow && r.Scenario == "business-hot" && r.Clients >= 8 {
+			out = append(out, escrowTargets(r)...)
+		}
 		if r.DB != "postgres" || r.Impl != implTxlimit {
 			continue
 		}
@@ -479,7 +552,7 @@ func targets(rows []Row) []Target {
 				}
 			}
 			out = append(out, t)
-		case r.Business && r.StepVsRedis > 0:
+		case r.Scenario == "business" && r.StepVsRedis > 0:
 			// Lower is better: the limit step's p50 over Redis's.
 			out = append(out, Target{
 				Name: fmt.Sprintf("postgres business transaction, %d clients: p50 of the limit step, txlimit <= 1.2x Redis EVAL", r.Clients),
@@ -488,6 +561,28 @@ func targets(rows []Row) []Target {
 		}
 	}
 	return out
+}
+
+// escrowTargets are issue 15's goals for one hot key in escrow mode inside
+// the business transaction (BEGIN; INSERT …; LimitTx; COMMIT), at 8 clients
+// and more: as fast as escrow on distinct keys, 2.5 times the floor on that
+// one row (at 32 clients and more), and 0.6 times Redis beside the same
+// transaction on the same key.
+func escrowTargets(r Row) []Target {
+	out := []Target{{
+		Name: fmt.Sprintf("postgres business transaction on one hot key, %d clients: escrow >= 0.9x escrow on distinct keys", r.Clients),
+		Want: 0.9, Got: r.VsDistinct, Met: r.VsDistinct >= 0.9,
+	}}
+	if r.Clients >= 32 {
+		out = append(out, Target{
+			Name: fmt.Sprintf("postgres business transaction on one hot key, %d clients: escrow >= 2.5x the floor on that one row", r.Clients),
+			Want: 2.5, Got: r.VsHotFloor, Met: r.VsHotFloor >= 2.5,
+		})
+	}
+	return append(out, Target{
+		Name: fmt.Sprintf("postgres business transaction on one hot key, %d clients: escrow >= 0.6x Redis beside it", r.Clients),
+		Want: 0.6, Got: r.VsRedis, Met: r.VsRedis >= 0.6,
+	})
 }
 
 // loadAvg is the machine's load average, for the record: other work on the
