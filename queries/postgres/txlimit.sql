@@ -15,14 +15,17 @@ FOR UPDATE;
 -- without waiting, going up from shard start and then on from shard 0: the
 -- index delivers the rows in that order, so the scan stops at the first free
 -- one instead of reading and sorting every shard, and the second half runs
--- only when the first found nothing.
-WITH from_start AS MATERIALIZED (
+-- only when the first found nothing. PostgreSQL never inlines a WITH query
+-- that locks rows (FOR UPDATE counts as a side effect), so each half is a CTE
+-- scanned on demand without AS MATERIALIZED, which YugabyteDB before 2025.1
+-- (PostgreSQL 11) rejects; the plan is the same as with it.
+WITH from_start AS (
     SELECT f.shard, f.value, f.ts FROM txlimit AS f
     WHERE f.name = sqlc.arg(name) AND f.key = sqlc.arg(key) AND f.shard >= sqlc.arg(start)::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), below_start AS MATERIALIZED (
+), below_start AS (
     SELECT b.shard, b.value, b.ts FROM txlimit AS b
     WHERE b.name = sqlc.arg(name) AND b.key = sqlc.arg(key) AND b.shard < sqlc.arg(start)::integer
     ORDER BY b.shard
@@ -47,20 +50,22 @@ FROM (
 -- row per shard, each with the locked row (NULL when every row is held or
 -- missing), or a single row of NULLs with the clock when the key has none.
 -- The locked row is returned as locked: the read of every row sees the
--- statement's snapshot, which a concurrent commit may have overtaken.
-WITH from_start AS MATERIALIZED (
+-- statement's snapshot, which a concurrent commit may have overtaken. No AS
+-- MATERIALIZED, as in TryLockShard; l, which locks nothing itself, is
+-- inlined, over the two locking CTEs that stay scans of their own.
+WITH from_start AS (
     SELECT f.shard, f.value, f.ts FROM txlimit AS f
     WHERE f.name = sqlc.arg(name) AND f.key = sqlc.arg(key) AND f.shard >= sqlc.arg(start)::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), below_start AS MATERIALIZED (
+), below_start AS (
     SELECT b.shard, b.value, b.ts FROM txlimit AS b
     WHERE b.name = sqlc.arg(name) AND b.key = sqlc.arg(key) AND b.shard < sqlc.arg(start)::integer
     ORDER BY b.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), l AS MATERIALIZED (
+), l AS (
     SELECT shard, value, ts FROM from_start
     UNION ALL
     SELECT shard, value, ts FROM below_start

@@ -1070,13 +1070,13 @@ func (q *Queries) TakeRow(ctx context.Context, db DBTX, arg TakeRowParams) (Take
 }
 
 const TryLockShard = `-- name: TryLockShard :one
-WITH from_start AS MATERIALIZED (
+WITH from_start AS (
     SELECT f.shard, f.value, f.ts FROM txlimit AS f
     WHERE f.name = $2 AND f.key = $3 AND f.shard >= $4::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), below_start AS MATERIALIZED (
+), below_start AS (
     SELECT b.shard, b.value, b.ts FROM txlimit AS b
     WHERE b.name = $2 AND b.key = $3 AND b.shard < $4::integer
     ORDER BY b.shard
@@ -1116,7 +1116,10 @@ type TryLockShardRow struct {
 // without waiting, going up from shard start and then on from shard 0: the
 // index delivers the rows in that order, so the scan stops at the first free
 // one instead of reading and sorting every shard, and the second half runs
-// only when the first found nothing.
+// only when the first found nothing. PostgreSQL never inlines a WITH query
+// that locks rows (FOR UPDATE counts as a side effect), so each half is a CTE
+// scanned on demand without AS MATERIALIZED, which YugabyteDB before 2025.1
+// (PostgreSQL 11) rejects; the plan is the same as with it.
 func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardParams) (TryLockShardRow, error) {
 	row := db.QueryRowContext(ctx, TryLockShard,
 		arg.Now,
@@ -1136,19 +1139,19 @@ func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardPar
 }
 
 const TryLockShardAndRead = `-- name: TryLockShardAndRead :many
-WITH from_start AS MATERIALIZED (
+WITH from_start AS (
     SELECT f.shard, f.value, f.ts FROM txlimit AS f
     WHERE f.name = $2 AND f.key = $3 AND f.shard >= $4::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), below_start AS MATERIALIZED (
+), below_start AS (
     SELECT b.shard, b.value, b.ts FROM txlimit AS b
     WHERE b.name = $2 AND b.key = $3 AND b.shard < $4::integer
     ORDER BY b.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), l AS MATERIALIZED (
+), l AS (
     SELECT shard, value, ts FROM from_start
     UNION ALL
     SELECT shard, value, ts FROM below_start
@@ -1183,7 +1186,9 @@ type TryLockShardAndReadRow struct {
 // row per shard, each with the locked row (NULL when every row is held or
 // missing), or a single row of NULLs with the clock when the key has none.
 // The locked row is returned as locked: the read of every row sees the
-// statement's snapshot, which a concurrent commit may have overtaken.
+// statement's snapshot, which a concurrent commit may have overtaken. No AS
+// MATERIALIZED, as in TryLockShard; l, which locks nothing itself, is
+// inlined, over the two locking CTEs that stay scans of their own.
 func (q *Queries) TryLockShardAndRead(ctx context.Context, db DBTX, arg TryLockShardAndReadParams) ([]TryLockShardAndReadRow, error) {
 	rows, err := db.QueryContext(ctx, TryLockShardAndRead,
 		arg.Now,
