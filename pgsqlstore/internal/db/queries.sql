@@ -423,6 +423,37 @@ JOIN (
 ORDER BY t.name, t.key, t.shard
 FOR UPDATE OF t SKIP LOCKED;
 
+-- name: InsertKeyShards :many
+-- InsertShards, returning the shards it created: InsertKeys for one key.
+-- It, LockIdleKey and DeleteKeyShards serve the stores' SingleKeyStatements
+-- option (Citus with txlimit distributed by key, docs/scale-out.md), under
+-- which LimitAll and Prune run, key after key, statements that each touch
+-- the rows of one (name, key), in place of InsertKeys, LockKeys, LockIdle and
+-- DeleteShards, which take arrays of keys. LimitAll then runs InsertKeyShards
+-- for every key and LockShards for every key, both in the canonical order,
+-- and so takes its locks in the order InsertKeys and LockKeys take them.
+INSERT INTO txlimit (name, key, shard, value, ts)
+SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts)
+FROM generate_series(0, sqlc.arg(shards)::integer - 1) AS s
+ORDER BY s
+ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
+RETURNING shard;
+
+-- name: LockIdleKey :many
+-- LockIdle for one key.
+SELECT t.shard, t.value, t.ts,
+       (SELECT count(*) FROM txlimit AS c WHERE c.name = sqlc.arg(name) AND c.key = sqlc.arg(key)) AS total,
+       CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+FROM txlimit AS t
+WHERE t.name = sqlc.arg(name) AND t.key = sqlc.arg(key)
+ORDER BY t.shard
+FOR UPDATE OF t SKIP LOCKED;
+
+-- name: DeleteKeyShards :execrows
+-- DeleteShards for the listed rows of one key, which the transaction holds.
+DELETE FROM txlimit
+WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY (sqlc.arg(shards)::text::integer[]);
+
 -- name: ProbeTable :exec
 -- Reads no row, but fails when the table or one of its columns is missing:
 -- the check behind Limiter.Ping.

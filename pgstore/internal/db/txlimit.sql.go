@@ -32,6 +32,26 @@ func (q *Queries) DeleteKey(ctx context.Context, db DBTX, arg DeleteKeyParams) e
 	return err
 }
 
+const DeleteKeyShards = `-- name: DeleteKeyShards :execrows
+DELETE FROM txlimit
+WHERE name = $1 AND key = $2 AND shard = ANY ($3::integer[])
+`
+
+type DeleteKeyShardsParams struct {
+	Name   string
+	Key    string
+	Shards []int32
+}
+
+// DeleteShards for the listed rows of one key, which the transaction holds.
+func (q *Queries) DeleteKeyShards(ctx context.Context, db DBTX, arg DeleteKeyShardsParams) (int64, error) {
+	result, err := db.Exec(ctx, DeleteKeyShards, arg.Name, arg.Key, arg.Shards)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const DeleteShards = `-- name: DeleteShards :execrows
 DELETE FROM txlimit AS t
 USING (
@@ -55,6 +75,57 @@ func (q *Queries) DeleteShards(ctx context.Context, db DBTX, arg DeleteShardsPar
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const InsertKeyShards = `-- name: InsertKeyShards :many
+INSERT INTO txlimit (name, key, shard, value, ts)
+SELECT $1, $2, s, $3, $4
+FROM generate_series(0, $5::integer - 1) AS s
+ORDER BY s
+ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
+RETURNING shard
+`
+
+type InsertKeyShardsParams struct {
+	Name   string
+	Key    string
+	Value  float64
+	Ts     time.Time
+	Shards int32
+}
+
+// InsertShards, returning the shards it created: InsertKeys for one key.
+// It, LockIdleKey and DeleteKeyShards serve the stores' SingleKeyStatements
+// option (Citus with txlimit distributed by key, docs/scale-out.md), under
+// which LimitAll and Prune run, key after key, statements that each touch
+// the rows of one (name, key), in place of InsertKeys, LockKeys, LockIdle and
+// DeleteShards, which take arrays of keys. LimitAll then runs InsertKeyShards
+// for every key and LockShards for every key, both in the canonical order,
+// and so takes its locks in the order InsertKeys and LockKeys take them.
+func (q *Queries) InsertKeyShards(ctx context.Context, db DBTX, arg InsertKeyShardsParams) ([]int32, error) {
+	rows, err := db.Query(ctx, InsertKeyShards,
+		arg.Name,
+		arg.Key,
+		arg.Value,
+		arg.Ts,
+		arg.Shards,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int32
+	for rows.Next() {
+		var shard int32
+		if err := rows.Scan(&shard); err != nil {
+			return nil, err
+		}
+		items = append(items, shard)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const InsertKeys = `-- name: InsertKeys :many
@@ -197,6 +268,57 @@ func (q *Queries) LockIdle(ctx context.Context, db DBTX, arg LockIdleParams) ([]
 		if err := rows.Scan(
 			&i.Name,
 			&i.Key,
+			&i.Shard,
+			&i.Value,
+			&i.Ts,
+			&i.Total,
+			&i.Clock,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const LockIdleKey = `-- name: LockIdleKey :many
+SELECT t.shard, t.value, t.ts,
+       (SELECT count(*) FROM txlimit AS c WHERE c.name = $1 AND c.key = $2) AS total,
+       CAST(COALESCE($3::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+FROM txlimit AS t
+WHERE t.name = $1 AND t.key = $2
+ORDER BY t.shard
+FOR UPDATE OF t SKIP LOCKED
+`
+
+type LockIdleKeyParams struct {
+	Name string
+	Key  string
+	Now  *time.Time
+}
+
+type LockIdleKeyRow struct {
+	Shard int32
+	Value float64
+	Ts    time.Time
+	Total int64
+	Clock time.Time
+}
+
+// LockIdle for one key.
+func (q *Queries) LockIdleKey(ctx context.Context, db DBTX, arg LockIdleKeyParams) ([]LockIdleKeyRow, error) {
+	rows, err := db.Query(ctx, LockIdleKey, arg.Name, arg.Key, arg.Now)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LockIdleKeyRow
+	for rows.Next() {
+		var i LockIdleKeyRow
+		if err := rows.Scan(
 			&i.Shard,
 			&i.Value,
 			&i.Ts,
