@@ -276,8 +276,11 @@ SELECT name, key, shard, value, ts FROM txlimit LIMIT 0;
 -- left to the Go path, which refuses waits a Decision cannot hold. OFFSET 0
 -- keeps each step a
 -- subquery of its own, evaluated once, where PostgreSQL would otherwise pull
--- it up and repeat its expressions at every use.
-WITH c AS MATERIALIZED (
+-- it up and repeat its expressions at every use. c is evaluated once without
+-- AS MATERIALIZED (which YugabyteDB before 2025.1 rejects): PostgreSQL
+-- inlines no WITH query that is referenced more than once or calls a
+-- volatile function (clock_timestamp), and c does both.
+WITH c AS (
     SELECT k.clock,
            CAST(extract(epoch FROM k.clock) * 1000000 AS bigint) AS now_us,
            sqlc.arg(kind)::integer AS kind,

@@ -1007,7 +1007,7 @@ func (q *Queries) ScanKeys(ctx context.Context, db DBTX, arg ScanKeysParams) ([]
 }
 
 const TakeRow = `-- name: TakeRow :one
-WITH c AS MATERIALIZED (
+WITH c AS (
     SELECT k.clock,
            CAST(extract(epoch FROM k.clock) * 1000000 AS bigint) AS now_us,
            $6::integer AS kind,
@@ -1175,7 +1175,10 @@ type TakeRowRow struct {
 // left to the Go path, which refuses waits a Decision cannot hold. OFFSET 0
 // keeps each step a
 // subquery of its own, evaluated once, where PostgreSQL would otherwise pull
-// it up and repeat its expressions at every use.
+// it up and repeat its expressions at every use. c is evaluated once without
+// AS MATERIALIZED (which YugabyteDB before 2025.1 rejects): PostgreSQL
+// inlines no WITH query that is referenced more than once or calls a
+// volatile function (clock_timestamp), and c does both.
 func (q *Queries) TakeRow(ctx context.Context, db DBTX, arg TakeRowParams) (TakeRowRow, error) {
 	row := db.QueryRowContext(ctx, TakeRow,
 		arg.Name,
