@@ -49,8 +49,9 @@ func (e failoverErr) String() string {
 func TestFailoverSwitchover(t *testing.T) {
 	if os.Getenv("TXLIMIT_FAILOVER") != "1" {
 		// Opt-in while one run in 20 lost acknowledged commits across the
-		// switchover for a reason not yet found (the test then reports
-		// which); see docs/scale-out.md. It must not make CI flaky.
+		// switchover, a cause not proven (likeliest: the monitor turned
+		// synchronous replication off, wait_primary; the test then prints
+		// its events); see docs/scale-out.md. It must not make CI flaky.
 		t.Skip("set TXLIMIT_FAILOVER=1 to bring up a pg_auto_failover formation (about 90 s)")
 	}
 	if testing.Short() {
@@ -69,6 +70,12 @@ func TestFailoverSwitchover(t *testing.T) {
 			t.Logf("failover.sh down: %v\n%s", err, out)
 		}
 		if t.Failed() {
+			// The monitor's state changes say whether the primary ran
+			// without its synchronous standby (wait_primary) at some point:
+			// commits acknowledged then live on the primary alone.
+			if out, err := exec.Command("scripts/failover.sh", "events", dir).CombinedOutput(); err == nil {
+				t.Logf("--- monitor events\n%s", out)
+			}
 			for _, f := range []string{"monitor.log", "node1.log", "node2.log", "switchover.log"} {
 				b, _ := os.ReadFile(dir + "/" + f)
 				if len(b) > 4000 {
@@ -292,10 +299,14 @@ func TestFailoverSwitchover(t *testing.T) {
 		tableSum += r[1]
 	}
 	var ackedSum, unknownCommitted, unknownCommittedSum int64
+	var lost []int64
 	for id, n := range acked {
-		require.Contains(t, inTable, id, "acknowledged commit %d lost", id)
+		if _, ok := inTable[id]; !ok {
+			lost = append(lost, id)
+		}
 		ackedSum += int64(n)
 	}
+	require.Empty(t, lost, "acknowledged commits lost: %d of %d (the monitor's events follow)", len(lost), len(acked))
 	for id, n := range unknown {
 		if _, ok := inTable[id]; ok {
 			unknownCommitted++

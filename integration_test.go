@@ -603,9 +603,9 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 
 // --- PostgreSQL ---
 
-func pgHarness(t *testing.T, pool *pgxpool.Pool) harness[pgx.Tx] {
+func pgHarness(t *testing.T, pool *pgxpool.Pool, opts ...pgstore.Option) harness[pgx.Tx] {
 	return harness[pgx.Tx]{
-		store: pgstore.New(pool),
+		store: pgstore.New(pool, opts...),
 		begin: func(t *testing.T) pgx.Tx {
 			tx, err := pool.Begin(context.Background())
 			require.NoError(t, err)

@@ -79,9 +79,9 @@ func openSQLPostgres(t *testing.T, d sqlDriver, schema string, conns int) *sql.D
 	return db
 }
 
-func pgsqlHarness(t *testing.T, db *sql.DB, conns int) harness[*sql.Tx] {
+func pgsqlHarness(t *testing.T, db *sql.DB, conns int, opts ...pgsqlstore.Option) harness[*sql.Tx] {
 	return harness[*sql.Tx]{
-		store: pgsqlstore.New(db),
+		store: pgsqlstore.New(db, opts...),
 		begin: func(t *testing.T) *sql.Tx {
 			tx, err := db.Begin()
 			require.NoError(t, err)
@@ -111,15 +111,27 @@ func pgsqlHarness(t *testing.T, db *sql.DB, conns int) harness[*sql.Tx] {
 }
 
 // TestPostgresDatabaseSQL runs the suite on pgsqlstore with each
-// database/sql driver (and pgx exec mode), one after the other. It is not
-// parallel with the other top-level tests, so that it and TestPostgres do
-// not together come near the server's max_connections.
+// database/sql driver (and pgx exec mode), then with
+// pgsqlstore.SingleKeyStatements (Citus distributed by key) on each driver,
+// one after the other. It is not parallel with the other top-level tests, so
+// that it and TestPostgres do not together come near the server's
+// max_connections.
 func TestPostgresDatabaseSQL(t *testing.T) {
 	var _ = stdlib.GetDefaultDriver() // registers "pgx"
 	for _, d := range sqlPostgresDrivers() {
 		t.Run(d.label, func(t *testing.T) {
 			runSuite(t, func(t *testing.T, conns int32) harness[*sql.Tx] {
 				return pgsqlHarness(t, openSQLPostgres(t, d, testdb.Schema(t), int(conns)), int(conns))
+			})
+		})
+	}
+	for _, d := range sqlPostgresDrivers() {
+		if d.label == "pgx_exec" || d.label == "libpq_binary_parameters" {
+			continue // the option changes statements, not how a driver sends them
+		}
+		t.Run("single_key_statements/"+d.label, func(t *testing.T) {
+			runSuite(t, func(t *testing.T, conns int32) harness[*sql.Tx] {
+				return pgsqlHarness(t, openSQLPostgres(t, d, testdb.Schema(t), int(conns)), int(conns), pgsqlstore.SingleKeyStatements())
 			})
 		})
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/pgstore"
 )
 
 // runSuite is the contract of a store: every topic, each on a fresh
@@ -35,14 +36,22 @@ func runSuite[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) 
 
 // TestPostgres runs the suite on PostgreSQL in every pgx exec mode (the
 // simple protocol and exec mode are what PgBouncer in transaction mode
-// needs), one mode after the other so that the connections stay well under
-// the server's max_connections.
+// needs), then with pgstore.SingleKeyStatements (Citus distributed by key)
+// in the default mode and in the simple protocol, one after the other so
+// that the connections stay well under the server's max_connections.
 func TestPostgres(t *testing.T) {
 	t.Parallel()
 	for _, mode := range testdb.ExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			runSuite(t, func(t *testing.T, conns int32) harness[pgx.Tx] {
 				return pgHarness(t, testdb.Pool(t, testdb.Schema(t), mode, conns))
+			})
+		})
+	}
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+		t.Run("single_key_statements/"+mode.String(), func(t *testing.T) {
+			runSuite(t, func(t *testing.T, conns int32) harness[pgx.Tx] {
+				return pgHarness(t, testdb.Pool(t, testdb.Schema(t), mode, conns), pgstore.SingleKeyStatements())
 			})
 		})
 	}

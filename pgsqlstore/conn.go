@@ -18,8 +18,12 @@ import (
 // savepoint and the try-lock, the write and the release, InsertKeys and
 // LockKeys, the writes of several keys) cost one round trip each here; the
 // two statements that drop the savepoint, having no parameters, go as one
-// simple-protocol query.
-type conn struct{ q *db.Queries }
+// simple-protocol query. With singleKey (SingleKeyStatements) every
+// statement touches the rows of one key.
+type conn struct {
+	q         *db.Queries
+	singleKey bool
+}
 
 var _ pgproto.Conn[*sql.Tx] = conn{}
 
@@ -153,6 +157,9 @@ func (c conn) DeleteKey(ctx context.Context, tx *sql.Tx, name, key string) error
 }
 
 func (c conn) InsertAndLockKeys(ctx context.Context, tx *sql.Tx, keys []pgproto.KeyInsert, now *time.Time) ([]pgproto.RowRef, []pgproto.KeyRow, error) {
+	if c.singleKey {
+		return c.insertAndLockEachKey(ctx, tx, keys, now)
+	}
 	var names, ks, counts, vals, tss array
 	for _, k := range keys {
 		names.text(k.Name)
@@ -195,6 +202,9 @@ func (c conn) ScanKeys(ctx context.Context, tx *sql.Tx, after driver.KeyRef, max
 }
 
 func (c conn) LockIdle(ctx context.Context, tx *sql.Tx, keys []driver.KeyRef, now *time.Time) ([]pgproto.IdleRow, error) {
+	if c.singleKey {
+		return c.lockIdleEachKey(ctx, tx, keys, now)
+	}
 	var names, ks array
 	for _, k := range keys {
 		names.text(k.Name)
@@ -212,6 +222,9 @@ func (c conn) LockIdle(ctx context.Context, tx *sql.Tx, keys []driver.KeyRef, no
 }
 
 func (c conn) DeleteShards(ctx context.Context, tx *sql.Tx, rows []pgproto.RowRef) (int64, error) {
+	if c.singleKey {
+		return c.deleteEachKey(ctx, tx, rows)
+	}
 	var names, keys, shards array
 	for _, r := range rows {
 		names.text(r.Name)

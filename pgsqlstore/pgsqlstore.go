@@ -78,8 +78,30 @@ var _ driver.Store[*sql.Tx] = (*Store)(nil)
 // New returns a store on db, a PostgreSQL database opened with any
 // database/sql driver. db may be nil when only the …Tx forms of the limiter
 // are used; the other forms then return txlimit.ErrNoPool.
-func New(db *sql.DB) *Store {
-	return &Store{db: db, c: conn{q: dbQueries}}
+func New(db *sql.DB, opts ...Option) *Store {
+	s := &Store{db: db, c: conn{q: dbQueries}}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// SingleKeyStatements makes every statement that locks or writes rows touch
+// the rows of one (name, key), for a txlimit table distributed by key (Citus:
+// create_distributed_table('txlimit', 'key'); docs/scale-out.md), where a
+// statement over the rows of several keys spans several shards. LimitAll
+// and Prune then run one statement per key, in the order they lock rows in
+// anyway, where by default they run one statement over arrays of keys; the
+// other operations are single-key statements either way. On database/sql
+// each statement is a round trip, so LimitAll costs two per key (and one
+// per write) instead of two: leave the option off on a table that is not
+// distributed by key. Prune's scan for the next keys reads across keys
+// without locking anything, in either mode.
+func SingleKeyStatements() Option {
+	return func(s *Store) { s.c.singleKey = true }
 }
 
 var dbQueries = db.New()

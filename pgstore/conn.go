@@ -16,8 +16,12 @@ import (
 // conn runs the statements of the PostgreSQL protocol (package pgproto) on
 // a pgx.Tx, bound by the sqlc-generated code of internal/db. Where a method
 // of pgproto.Conn is several statements, they go to the server in one
-// pgx.Batch: one round trip.
-type conn struct{ q *db.Queries }
+// pgx.Batch: one round trip. With singleKey (SingleKeyStatements) every
+// statement touches the rows of one key.
+type conn struct {
+	q         *db.Queries
+	singleKey bool
+}
 
 var _ pgproto.Conn[pgx.Tx] = conn{}
 
@@ -168,7 +172,13 @@ func (c conn) Write(ctx context.Context, tx pgx.Tx, writes []pgproto.KeyWrite, d
 			return err
 		}
 	}
-	if len(doomed) > 0 {
+	switch {
+	case len(doomed) == 0:
+	case c.singleKey:
+		if err := c.queueDeletes(ctx, b, doomed); err != nil {
+			return err
+		}
+	default:
 		if _, err := c.q.DeleteShards(ctx, queuer{b}, deleteParams(doomed)); queued(err) != nil {
 			return queued(err)
 		}
@@ -187,6 +197,9 @@ func (c conn) DeleteKey(ctx context.Context, tx pgx.Tx, name, key string) error 
 
 // InsertAndLockKeys sends InsertKeys and LockKeys in one round trip.
 func (c conn) InsertAndLockKeys(ctx context.Context, tx pgx.Tx, keys []pgproto.KeyInsert, now *time.Time) ([]pgproto.RowRef, []pgproto.KeyRow, error) {
+	if c.singleKey {
+		return c.insertAndLockEachKey(ctx, tx, keys, now)
+	}
 	n := len(keys)
 	ins := db.InsertKeysParams{
 		Names: make([]string, n), Keys: make([]string, n), ShardCounts: make([]int32, n),
@@ -247,6 +260,9 @@ func (c conn) ScanKeys(ctx context.Context, tx pgx.Tx, after driver.KeyRef, max 
 }
 
 func (c conn) LockIdle(ctx context.Context, tx pgx.Tx, keys []driver.KeyRef, now *time.Time) ([]pgproto.IdleRow, error) {
+	if c.singleKey {
+		return c.lockIdleEachKey(ctx, tx, keys, now)
+	}
 	p := db.LockIdleParams{Now: now, Names: make([]string, len(keys)), Keys: make([]string, len(keys))}
 	for i, k := range keys {
 		p.Names[i], p.Keys[i] = k.Name, k.Key
@@ -263,6 +279,9 @@ func (c conn) LockIdle(ctx context.Context, tx pgx.Tx, keys []driver.KeyRef, now
 }
 
 func (c conn) DeleteShards(ctx context.Context, tx pgx.Tx, rows []pgproto.RowRef) (int64, error) {
+	if c.singleKey {
+		return c.deleteEachKey(ctx, tx, rows)
+	}
 	return c.q.DeleteShards(ctx, tx, deleteParams(rows))
 }
 

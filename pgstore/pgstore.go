@@ -75,9 +75,31 @@ var _ driver.Store[pgx.Tx] = (*Store)(nil)
 
 // New returns a store on pool. pool may be nil when only the …Tx forms of
 // the limiter are used; the other forms then return txlimit.ErrNoPool.
-func New(pool *pgxpool.Pool) *Store {
+func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	q := db.New()
-	return &Store{pool: pool, queries: q, c: conn{q: q}}
+	s := &Store{pool: pool, queries: q, c: conn{q: q}}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// SingleKeyStatements makes every statement that locks or writes rows touch
+// the rows of one (name, key), for a txlimit table distributed by key (Citus:
+// create_distributed_table('txlimit', 'key'); docs/scale-out.md), where a
+// statement over the rows of several keys spans several shards. LimitAll
+// and Prune then send one statement per key, in the order they lock rows in
+// anyway, where by default they send one statement over arrays of keys; the
+// other operations are single-key statements either way. pgx batches the
+// statements, so LimitAll still costs two round trips, but the server runs
+// more statements: leave the option off on a table that is not distributed
+// by key. Prune's scan for the next keys reads across keys without locking
+// anything, in either mode.
+func SingleKeyStatements() Option {
+	return func(s *Store) { s.c.singleKey = true }
 }
 
 // InTx implements driver.Store.

@@ -8,6 +8,7 @@
 #   scripts/failover.sh dsn DIR                      the multi-host DSN of database test
 #   scripts/failover.sh state DIR                    pg_autoctl show state
 #   scripts/failover.sh switchover DIR               pg_autoctl perform switchover
+#   scripts/failover.sh events DIR                   the monitor's event log (state changes)
 #   scripts/failover.sh down DIR                     stop everything started by up
 #
 # pg_autoctl and PostgreSQL refuse to run as root: when run as root, this
@@ -124,7 +125,18 @@ dsn() {
 
 state() { as "$1" pg_autoctl show state --pgdata "$1/monitor"; }
 
+events() {
+  as "$1" psql "$(monitor_uri "$1")" -Atc \
+    "SELECT eventtime::time(3) || ' ' || nodename || ' ' || reportedstate || ' -> ' || goalstate || ': ' || description
+     FROM pgautofailover.event ORDER BY eventid"
+}
+
+# A switchover is only lossless from a synchronous primary: wait until the
+# primary is "primary" (not "wait_primary", where pg_auto_failover has turned
+# synchronous replication off because it judged the standby unhealthy, which a
+# loaded machine can make it do) and the standby "secondary".
 switchover() {
+  wait_for "$1" 60 "a primary with a synchronous standby before the switchover"
   as "$1" pg_autoctl perform switchover --pgdata "$1/node1" --wait 120 >"$1/switchover.log" 2>&1 ||
     { tail -n 30 "$1/switchover.log"; exit 1; }
   wait_for "$1" 60 "the switchover to settle"
@@ -157,6 +169,6 @@ cmd="${1:-}"; shift || true
 case "$cmd" in
   install) install ;;
   up) [ $# = 4 ] || { echo "usage: $0 up DIR MONITOR_PORT PORT1 PORT2"; exit 2; }; up "$@" ;;
-  dsn|state|switchover|down) [ $# = 1 ] || { echo "usage: $0 $cmd DIR"; exit 2; }; "$cmd" "$1" ;;
-  *) sed -n '2,17p' "$0"; exit 2 ;;
+  dsn|state|events|switchover|down) [ $# = 1 ] || { echo "usage: $0 $cmd DIR"; exit 2; }; "$cmd" "$1" ;;
+  *) sed -n '2,18p' "$0"; exit 2 ;;
 esac

@@ -224,14 +224,17 @@ FOR UPDATE;
 -- without waiting, going up from shard start and then on from shard 0: the
 -- index delivers the rows in that order, so the scan stops at the first free
 -- one instead of reading and sorting every shard, and the second half runs
--- only when the first found nothing.
-WITH from_start AS MATERIALIZED (
+-- only when the first found nothing. PostgreSQL never inlines a WITH query
+-- that locks rows (FOR UPDATE counts as a side effect), so each half is a CTE
+-- scanned on demand without AS MATERIALIZED, which YugabyteDB before 2025.1
+-- (PostgreSQL 11) rejects; the plan is the same as with it.
+WITH from_start AS (
     SELECT f.shard, f.value, f.ts FROM txlimit AS f
     WHERE f.name = sqlc.arg(name) AND f.key = sqlc.arg(key) AND f.shard >= sqlc.arg(start)::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), below_start AS MATERIALIZED (
+), below_start AS (
     SELECT b.shard, b.value, b.ts FROM txlimit AS b
     WHERE b.name = sqlc.arg(name) AND b.key = sqlc.arg(key) AND b.shard < sqlc.arg(start)::integer
     ORDER BY b.shard
@@ -256,20 +259,22 @@ FROM (
 -- row per shard, each with the locked row (NULL when every row is held or
 -- missing), or a single row of NULLs with the clock when the key has none.
 -- The locked row is returned as locked: the read of every row sees the
--- statement's snapshot, which a concurrent commit may have overtaken.
-WITH from_start AS MATERIALIZED (
+-- statement's snapshot, which a concurrent commit may have overtaken. No AS
+-- MATERIALIZED, as in TryLockShard; l, which locks nothing itself, is
+-- inlined, over the two locking CTEs that stay scans of their own.
+WITH from_start AS (
     SELECT f.shard, f.value, f.ts FROM txlimit AS f
     WHERE f.name = sqlc.arg(name) AND f.key = sqlc.arg(key) AND f.shard >= sqlc.arg(start)::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), below_start AS MATERIALIZED (
+), below_start AS (
     SELECT b.shard, b.value, b.ts FROM txlimit AS b
     WHERE b.name = sqlc.arg(name) AND b.key = sqlc.arg(key) AND b.shard < sqlc.arg(start)::integer
     ORDER BY b.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), l AS MATERIALIZED (
+), l AS (
     SELECT shard, value, ts FROM from_start
     UNION ALL
     SELECT shard, value, ts FROM below_start
@@ -418,6 +423,37 @@ JOIN (
 ORDER BY t.name, t.key, t.shard
 FOR UPDATE OF t SKIP LOCKED;
 
+-- name: InsertKeyShards :many
+-- InsertShards, returning the shards it created: InsertKeys for one key.
+-- It, LockIdleKey and DeleteKeyShards serve the stores' SingleKeyStatements
+-- option (Citus with txlimit distributed by key, docs/scale-out.md), under
+-- which LimitAll and Prune run, key after key, statements that each touch
+-- the rows of one (name, key), in place of InsertKeys, LockKeys, LockIdle and
+-- DeleteShards, which take arrays of keys. LimitAll then runs InsertKeyShards
+-- for every key and LockShards for every key, both in the canonical order,
+-- and so takes its locks in the order InsertKeys and LockKeys take them.
+INSERT INTO txlimit (name, key, shard, value, ts)
+SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts)
+FROM generate_series(0, sqlc.arg(shards)::integer - 1) AS s
+ORDER BY s
+ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
+RETURNING shard;
+
+-- name: LockIdleKey :many
+-- LockIdle for one key.
+SELECT t.shard, t.value, t.ts,
+       (SELECT count(*) FROM txlimit AS c WHERE c.name = sqlc.arg(name) AND c.key = sqlc.arg(key)) AS total,
+       CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+FROM txlimit AS t
+WHERE t.name = sqlc.arg(name) AND t.key = sqlc.arg(key)
+ORDER BY t.shard
+FOR UPDATE OF t SKIP LOCKED;
+
+-- name: DeleteKeyShards :execrows
+-- DeleteShards for the listed rows of one key, which the transaction holds.
+DELETE FROM txlimit
+WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY (sqlc.arg(shards)::text::integer[]);
+
 -- name: ProbeTable :exec
 -- Reads no row, but fails when the table or one of its columns is missing:
 -- the check behind Limiter.Ping.
@@ -449,8 +485,11 @@ SELECT name, key, shard, value, ts FROM txlimit LIMIT 0;
 -- left to the Go path, which refuses waits a Decision cannot hold. OFFSET 0
 -- keeps each step a
 -- subquery of its own, evaluated once, where PostgreSQL would otherwise pull
--- it up and repeat its expressions at every use.
-WITH c AS MATERIALIZED (
+-- it up and repeat its expressions at every use. c is evaluated once without
+-- AS MATERIALIZED (which YugabyteDB before 2025.1 rejects): PostgreSQL
+-- inlines no WITH query that is referenced more than once or calls a
+-- volatile function (clock_timestamp), and c does both.
+WITH c AS (
     SELECT k.clock,
            CAST(extract(epoch FROM k.clock) * 1000000 AS bigint) AS now_us,
            sqlc.arg(kind)::integer AS kind,

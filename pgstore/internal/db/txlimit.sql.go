@@ -32,6 +32,26 @@ func (q *Queries) DeleteKey(ctx context.Context, db DBTX, arg DeleteKeyParams) e
 	return err
 }
 
+const DeleteKeyShards = `-- name: DeleteKeyShards :execrows
+DELETE FROM txlimit
+WHERE name = $1 AND key = $2 AND shard = ANY ($3::integer[])
+`
+
+type DeleteKeyShardsParams struct {
+	Name   string
+	Key    string
+	Shards []int32
+}
+
+// DeleteShards for the listed rows of one key, which the transaction holds.
+func (q *Queries) DeleteKeyShards(ctx context.Context, db DBTX, arg DeleteKeyShardsParams) (int64, error) {
+	result, err := db.Exec(ctx, DeleteKeyShards, arg.Name, arg.Key, arg.Shards)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const DeleteShards = `-- name: DeleteShards :execrows
 DELETE FROM txlimit AS t
 USING (
@@ -55,6 +75,57 @@ func (q *Queries) DeleteShards(ctx context.Context, db DBTX, arg DeleteShardsPar
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const InsertKeyShards = `-- name: InsertKeyShards :many
+INSERT INTO txlimit (name, key, shard, value, ts)
+SELECT $1, $2, s, $3, $4
+FROM generate_series(0, $5::integer - 1) AS s
+ORDER BY s
+ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
+RETURNING shard
+`
+
+type InsertKeyShardsParams struct {
+	Name   string
+	Key    string
+	Value  float64
+	Ts     time.Time
+	Shards int32
+}
+
+// InsertShards, returning the shards it created: InsertKeys for one key.
+// It, LockIdleKey and DeleteKeyShards serve the stores' SingleKeyStatements
+// option (Citus with txlimit distributed by key, docs/scale-out.md), under
+// which LimitAll and Prune run, key after key, statements that each touch
+// the rows of one (name, key), in place of InsertKeys, LockKeys, LockIdle and
+// DeleteShards, which take arrays of keys. LimitAll then runs InsertKeyShards
+// for every key and LockShards for every key, both in the canonical order,
+// and so takes its locks in the order InsertKeys and LockKeys take them.
+func (q *Queries) InsertKeyShards(ctx context.Context, db DBTX, arg InsertKeyShardsParams) ([]int32, error) {
+	rows, err := db.Query(ctx, InsertKeyShards,
+		arg.Name,
+		arg.Key,
+		arg.Value,
+		arg.Ts,
+		arg.Shards,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int32
+	for rows.Next() {
+		var shard int32
+		if err := rows.Scan(&shard); err != nil {
+			return nil, err
+		}
+		items = append(items, shard)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const InsertKeys = `-- name: InsertKeys :many
@@ -197,6 +268,57 @@ func (q *Queries) LockIdle(ctx context.Context, db DBTX, arg LockIdleParams) ([]
 		if err := rows.Scan(
 			&i.Name,
 			&i.Key,
+			&i.Shard,
+			&i.Value,
+			&i.Ts,
+			&i.Total,
+			&i.Clock,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const LockIdleKey = `-- name: LockIdleKey :many
+SELECT t.shard, t.value, t.ts,
+       (SELECT count(*) FROM txlimit AS c WHERE c.name = $1 AND c.key = $2) AS total,
+       CAST(COALESCE($3::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+FROM txlimit AS t
+WHERE t.name = $1 AND t.key = $2
+ORDER BY t.shard
+FOR UPDATE OF t SKIP LOCKED
+`
+
+type LockIdleKeyParams struct {
+	Name string
+	Key  string
+	Now  *time.Time
+}
+
+type LockIdleKeyRow struct {
+	Shard int32
+	Value float64
+	Ts    time.Time
+	Total int64
+	Clock time.Time
+}
+
+// LockIdle for one key.
+func (q *Queries) LockIdleKey(ctx context.Context, db DBTX, arg LockIdleKeyParams) ([]LockIdleKeyRow, error) {
+	rows, err := db.Query(ctx, LockIdleKey, arg.Name, arg.Key, arg.Now)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LockIdleKeyRow
+	for rows.Next() {
+		var i LockIdleKeyRow
+		if err := rows.Scan(
 			&i.Shard,
 			&i.Value,
 			&i.Ts,
@@ -498,7 +620,7 @@ func (q *Queries) TakeBucket(ctx context.Context, db DBTX, arg TakeBucketParams)
 }
 
 const TakeRow = `-- name: TakeRow :one
-WITH c AS MATERIALIZED (
+WITH c AS (
     SELECT k.clock,
            CAST(extract(epoch FROM k.clock) * 1000000 AS bigint) AS now_us,
            $6::integer AS kind,
@@ -666,7 +788,10 @@ type TakeRowRow struct {
 // left to the Go path, which refuses waits a Decision cannot hold. OFFSET 0
 // keeps each step a
 // subquery of its own, evaluated once, where PostgreSQL would otherwise pull
-// it up and repeat its expressions at every use.
+// it up and repeat its expressions at every use. c is evaluated once without
+// AS MATERIALIZED (which YugabyteDB before 2025.1 rejects): PostgreSQL
+// inlines no WITH query that is referenced more than once or calls a
+// volatile function (clock_timestamp), and c does both.
 func (q *Queries) TakeRow(ctx context.Context, db DBTX, arg TakeRowParams) (TakeRowRow, error) {
 	row := db.QueryRow(ctx, TakeRow,
 		arg.Name,
@@ -755,13 +880,13 @@ func (q *Queries) TakeWindow(ctx context.Context, db DBTX, arg TakeWindowParams)
 }
 
 const TryLockShard = `-- name: TryLockShard :one
-WITH from_start AS MATERIALIZED (
+WITH from_start AS (
     SELECT f.shard, f.value, f.ts FROM txlimit AS f
     WHERE f.name = $2 AND f.key = $3 AND f.shard >= $4::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), below_start AS MATERIALIZED (
+), below_start AS (
     SELECT b.shard, b.value, b.ts FROM txlimit AS b
     WHERE b.name = $2 AND b.key = $3 AND b.shard < $4::integer
     ORDER BY b.shard
@@ -801,7 +926,10 @@ type TryLockShardRow struct {
 // without waiting, going up from shard start and then on from shard 0: the
 // index delivers the rows in that order, so the scan stops at the first free
 // one instead of reading and sorting every shard, and the second half runs
-// only when the first found nothing.
+// only when the first found nothing. PostgreSQL never inlines a WITH query
+// that locks rows (FOR UPDATE counts as a side effect), so each half is a CTE
+// scanned on demand without AS MATERIALIZED, which YugabyteDB before 2025.1
+// (PostgreSQL 11) rejects; the plan is the same as with it.
 func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardParams) (TryLockShardRow, error) {
 	row := db.QueryRow(ctx, TryLockShard,
 		arg.Now,
@@ -821,19 +949,19 @@ func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardPar
 }
 
 const TryLockShardAndRead = `-- name: TryLockShardAndRead :many
-WITH from_start AS MATERIALIZED (
+WITH from_start AS (
     SELECT f.shard, f.value, f.ts FROM txlimit AS f
     WHERE f.name = $2 AND f.key = $3 AND f.shard >= $4::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), below_start AS MATERIALIZED (
+), below_start AS (
     SELECT b.shard, b.value, b.ts FROM txlimit AS b
     WHERE b.name = $2 AND b.key = $3 AND b.shard < $4::integer
     ORDER BY b.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), l AS MATERIALIZED (
+), l AS (
     SELECT shard, value, ts FROM from_start
     UNION ALL
     SELECT shard, value, ts FROM below_start
@@ -868,7 +996,9 @@ type TryLockShardAndReadRow struct {
 // row per shard, each with the locked row (NULL when every row is held or
 // missing), or a single row of NULLs with the clock when the key has none.
 // The locked row is returned as locked: the read of every row sees the
-// statement's snapshot, which a concurrent commit may have overtaken.
+// statement's snapshot, which a concurrent commit may have overtaken. No AS
+// MATERIALIZED, as in TryLockShard; l, which locks nothing itself, is
+// inlined, over the two locking CTEs that stay scans of their own.
 func (q *Queries) TryLockShardAndRead(ctx context.Context, db DBTX, arg TryLockShardAndReadParams) ([]TryLockShardAndReadRow, error) {
 	rows, err := db.Query(ctx, TryLockShardAndRead,
 		arg.Now,
