@@ -35,6 +35,8 @@ start)
 stop)
   pid="$(head -n 1 "$data/postmaster.pid" 2>/dev/null || true)"
   [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+  # Under valgrind the shutdown takes seconds; wait so that a start can follow.
+  for _ in $(seq 1 120); do [ -e "$data/postmaster.pid" ] || break; sleep 1; done
   ;;
 *)
   echo "usage: scripts/callgrind.sh start|stop"; exit 2
