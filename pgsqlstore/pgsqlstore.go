@@ -93,7 +93,7 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) err
 	}
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: readOnly})
 	if err != nil {
-		return s.mapErr(ctx, nil, err)
+		return &beginError{err} // Retryable: nothing ran
 	}
 	done := false
 	defer func() {
