@@ -16,7 +16,7 @@ const RunTxAttempts = 5
 // runs the whole transaction again, from BEGIN, when it fails with an error
 // after which that is safe (Retryable: a serialization failure under
 // REPEATABLE READ or SERIALIZABLE, a deadlock, a lock or statement timeout,
-// a connection lost before COMMIT). It is pgstore.RunTx for *sql.Tx: at
+// a connection lost before COMMIT, a failure to connect). It is pgstore.RunTx for *sql.Tx: at
 // most RunTxAttempts runs, a backoff that doubles from 10ms between them
 // (each drawn from its upper half), and any other error (fn's own, bad
 // input, a cancelled context) returned at once, after the rollback.
@@ -38,7 +38,7 @@ func RunTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx
 func runTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
 	tx, err := db.BeginTx(ctx, opts)
 	if err != nil {
-		return err
+		return &beginError{err}
 	}
 	if err := fn(tx); err != nil {
 		_ = tx.Rollback()

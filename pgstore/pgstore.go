@@ -130,9 +130,9 @@ func mapErr(err error) error {
 		return err
 	}
 	switch pgErr.Code {
-	case undefinedTable, undefinedColumn:
+	case pgproto.UndefinedTable, pgproto.UndefinedColumn:
 		return fmt.Errorf("%w: %w", driver.ErrNotMigrated, err)
-	case duplicatePreparedStatement, invalidSQLStatementName:
+	case pgproto.DuplicatePreparedStatement, pgproto.InvalidSQLStatementName:
 		return fmt.Errorf("txlimit/pgstore: a prepared statement was lost between transactions, "+
 			"as happens behind PgBouncer in transaction mode with pgx's default exec mode; set "+
 			"DefaultQueryExecMode to pgx.QueryExecModeExec or QueryExecModeSimpleProtocol on the pool's config: %w", err)

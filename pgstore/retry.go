@@ -3,11 +3,10 @@ package pgstore
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txlimit/txlimit/internal/pgproto"
 )
 
 // Retryable reports whether err, returned inside a transaction (by LimitTx or
@@ -32,6 +31,8 @@ import (
 // spent. Context cancellation and deadlines are not retryable: the caller
 // gave up. Bad input (txlimit.ErrInvalid) is not retryable.
 //
+// The classification is pgsqlstore.Retryable's too (package pgproto).
+//
 // An error from COMMIT itself on a lost connection is different: the commit
 // may or may not have happened, and neither pgx nor txlimit can tell. Retry
 // such a transaction only when the business write is idempotent.
@@ -39,24 +40,9 @@ func Retryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	var pgErr *pgconn.PgError
-	isPg := errors.As(err, &pgErr)
-	var connectErr *pgconn.ConnectError
-	if errors.As(err, &connectErr) {
-		return !isPg || (!strings.HasPrefix(pgErr.Code, "28") && pgErr.Code != invalidCatalogName)
-	}
-	if isPg {
-		switch pgErr.Code {
-		case serializationFailure, deadlockDetected, lockNotAvailable, queryCanceled,
-			adminShutdown, crashShutdown, cannotConnectNow, tooManyConnections:
-			return true
-		}
-		return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08"
-	}
-	if pgconn.SafeToRetry(err) {
+	if _, isPg := pgproto.SQLState(err); !isPg && pgconn.SafeToRetry(err) {
 		return true
 	}
-	var netErr net.Error
-	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed)
+	var connectErr *pgconn.ConnectError
+	return pgproto.Retryable(err, errors.As(err, &connectErr))
 }

@@ -1,6 +1,13 @@
 package pgproto
 
-import "errors"
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"io"
+	"net"
+	"strings"
+)
 
 // The SQLSTATEs the stores name, as PostgreSQL's errcodes table (Appendix A)
 // names them. They are spelled out here rather than imported from
@@ -19,6 +26,7 @@ const (
 	CrashShutdown              = "57P02"
 	CannotConnectNow           = "57P03"
 	TooManyConnections         = "53300"
+	InvalidCatalogName         = "3D000"
 )
 
 // SQLState returns the SQLSTATE of the first error in err's chain that
@@ -30,6 +38,33 @@ func SQLState(err error) (string, bool) {
 		return e.SQLState(), true
 	}
 	return "", false
+}
+
+// Retryable is the classification behind pgstore.Retryable and
+// pgsqlstore.Retryable: whether a transaction that failed with err may be run
+// again from BEGIN. connectFailed says that the store knows err to be a
+// failure to make the connection the transaction was to run on (pgx's
+// *pgconn.ConnectError, or an error pgsqlstore saw come from BeginTx): then
+// nothing ran, and any cause is retryable but the server refusing the login
+// itself (class 28, authentication or role) and a database that does not
+// exist (3D000), which no retry cures. Otherwise err is retryable when its
+// SQLSTATE is (RetryableState) or, without one, when it is a network error,
+// an end of file or driver.ErrBadConn: the connection broke. Context
+// cancellation and deadlines are never retryable: the caller gave up.
+func Retryable(err error, connectFailed bool) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	code, ok := SQLState(err)
+	switch {
+	case connectFailed:
+		return !ok || (!strings.HasPrefix(code, "28") && code != InvalidCatalogName)
+	case ok:
+		return RetryableState(code)
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, driver.ErrBadConn)
 }
 
 // RetryableState reports whether a transaction that failed with SQLSTATE

@@ -11,12 +11,12 @@ import (
 )
 
 // The root package's tests that take lib/pq when it is linked in.
-const rootTests = "^(TestPostgresDatabaseSQL|TestDatabaseSQLThroughPgBouncer)$"
+const rootTests = "^(TestPostgresDatabaseSQL|TestDatabaseSQLThroughPgBouncer|TestDatabaseSQLRetryableConnectErrors)$"
 
 // TestLibPQ runs the root package's database/sql tests with lib/pq linked
 // in and checks that they ran with it: the conformance suite, and the
 // PgBouncer transaction-mode case (which skips without pgbouncer, except
-// under CI=true).
+// under CI=true), and pgsqlstore.Retryable on lib/pq's failures to connect.
 func TestLibPQ(t *testing.T) {
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
@@ -66,6 +66,12 @@ func TestLibPQ(t *testing.T) {
 			if !strings.Contains(string(out), want) {
 				t.Errorf("no %q in the output:\n%s", want, out)
 			}
+		}
+	}
+	for _, c := range []string{"WrongRole", "Refused", "NoSuchDatabase", "NoSuchRole"} {
+		want := "--- PASS: TestDatabaseSQLRetryableConnectErrors/postgres/" + c
+		if !strings.Contains(string(out), want) {
+			t.Errorf("no %q in the output:\n%s", want, out)
 		}
 	}
 	if !regexp.MustCompile(`--- (PASS|SKIP): TestDatabaseSQLThroughPgBouncer`).Match(out) {

@@ -1,7 +1,8 @@
 // Package sqldrivers tests txlimit with database/sql drivers that the
 // library's module must not require (even a test-only requirement there
 // would be in every user's module graph): lib/pq, with which TestLibPQ runs
-// the root's conformance suite for pgsqlstore, and go-sql-driver/mysql, with
+// the root's conformance suite for pgsqlstore (and TestLibPQRoundTrips counts
+// its round trips on the wire), and go-sql-driver/mysql, with
 // which TestPgsqlstoreOnMariaDB checks that pgsqlstore names a MySQL or
 // MariaDB database as the wrong one.
 //
