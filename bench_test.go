@@ -14,7 +14,6 @@ package txlimit_test
 import (
 	"context"
 	"database/sql"
-	"encoding/binary"
 	"fmt"
 	"math"
 	"net"
@@ -252,21 +251,44 @@ func BenchmarkLimitTxSerial(b *testing.B) {
 			return res.OK, err
 		}
 	}
-	subjects := []struct {
-		name string
-		op   func() (bool, error)
-	}{
-		{"empty-tx", func() (bool, error) { return true, pgx.BeginFunc(ctx, pool, func(pgx.Tx) error { return nil }) }},
-		{"floor", func() (bool, error) { return pgFloor(ctx, pool, key) }},
-		{"locked", limit("locked")},
-		{"txlimit", limit("txlimit")},
-	}
+	p50 := runSerial(b, []serialSubject{
+		{name: "empty-tx", op: func() (bool, error) { return true, pgx.BeginFunc(ctx, pool, func(pgx.Tx) error { return nil }) }},
+		{name: "floor", op: func() (bool, error) { return pgFloor(ctx, pool, key) }},
+		{name: "locked", op: limit("locked")},
+		{name: "txlimit", op: limit("txlimit")},
+	})
+	b.ReportMetric(p50["txlimit"]/p50["locked"], "txlimit/locked")
+	b.ReportMetric(p50["txlimit"]/p50["floor"], "txlimit/floor")
+	b.ReportMetric((p50["txlimit"]-p50["empty-tx"])/(p50["floor"]-p50["empty-tx"]), "step-txlimit/step-floor")
+}
+
+// serialSubject is one subject of a serial benchmark: op runs one call in a
+// transaction of its own and says whether it was admitted; trips, when set,
+// counts the round trips of op's connection.
+type serialSubject struct {
+	name  string
+	op    func() (bool, error)
+	trips *tripCounter
+}
+
+// runSerial runs every subject once per iteration, in turn, so that the
+// load of a shared machine falls on all of them alike; it reports each
+// subject's median (µs) and, where counted, its round trips per call, and
+// returns the medians by name. A denial or an error fails the benchmark.
+func runSerial(b *testing.B, subjects []serialSubject) map[string]float64 {
 	times := make([][]time.Duration, len(subjects))
+	wire := make([]int, len(subjects))
 	for b.Loop() {
 		for i, s := range subjects {
+			if s.trips != nil {
+				s.trips.take()
+			}
 			start := time.Now()
 			ok, err := s.op()
 			times[i] = append(times[i], time.Since(start))
+			if s.trips != nil {
+				wire[i] += s.trips.take().Wire
+			}
 			if err != nil || !ok {
 				b.Fatalf("%s: ok %v, err %v", s.name, ok, err)
 			}
@@ -277,10 +299,11 @@ func BenchmarkLimitTxSerial(b *testing.B) {
 		slices.Sort(times[i])
 		p50[s.name] = float64(times[i][len(times[i])/2].Microseconds())
 		b.ReportMetric(p50[s.name], s.name+"-p50-µs")
+		if s.trips != nil {
+			b.ReportMetric(float64(wire[i])/float64(len(times[i])), s.name+"-trips")
+		}
 	}
-	b.ReportMetric(p50["txlimit"]/p50["locked"], "txlimit/locked")
-	b.ReportMetric(p50["txlimit"]/p50["floor"], "txlimit/floor")
-	b.ReportMetric((p50["txlimit"]-p50["empty-tx"])/(p50["floor"]-p50["empty-tx"]), "step-txlimit/step-floor")
+	return p50
 }
 
 // BenchmarkSQLiteLimitTx compares LimitTx with the hand-written floor on a
@@ -364,13 +387,9 @@ type trips struct {
 }
 
 type tripCounter struct {
-	mu  sync.Mutex
-	got trips
-	// The server's message stream as it is read: the header of the current
-	// message and how much of its body is still to come.
-	header [5]byte
-	inHdr  int
-	body   int
+	mu   sync.Mutex
+	got  trips
+	wire testdb.ReadyCounter
 }
 
 func (c *tripCounter) add(f func(t *trips)) {
@@ -384,6 +403,7 @@ func (c *tripCounter) take() trips {
 	defer c.mu.Unlock()
 	t := c.got
 	c.got = trips{}
+	t.Wire = c.wire.Take()
 	return t
 }
 
@@ -412,42 +432,6 @@ func (c *tripCounter) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.
 
 func (c *tripCounter) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
 
-// read follows the server's messages (a type byte, then a big-endian length
-// that counts itself) and counts ReadyForQuery ('Z').
-func (c *tripCounter) read(p []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for len(p) > 0 {
-		if c.body > 0 {
-			n := min(c.body, len(p))
-			c.body -= n
-			p = p[n:]
-			continue
-		}
-		n := copy(c.header[c.inHdr:], p)
-		c.inHdr += n
-		p = p[n:]
-		if c.inHdr == len(c.header) {
-			if c.header[0] == 'Z' {
-				c.got.Wire++
-			}
-			c.body = int(binary.BigEndian.Uint32(c.header[1:])) - 4
-			c.inHdr = 0
-		}
-	}
-}
-
-type countingConn struct {
-	net.Conn
-	c *tripCounter
-}
-
-func (cc countingConn) Read(p []byte) (int, error) {
-	n, err := cc.Conn.Read(p)
-	cc.c.read(p[:n])
-	return n, err
-}
-
 // TestRoundTrips pins how many round trips LimitTx costs inside the caller's
 // transaction (BEGIN and COMMIT are the caller's and not counted), once the
 // rows exist and the connection has its statements cached.
@@ -470,7 +454,7 @@ func TestRoundTrips(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		return countingConn{Conn: conn, c: counter}, nil
+		return counter.wire.Conn(conn), nil
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	require.NoError(t, err)

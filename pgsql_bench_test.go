@@ -5,9 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net"
-	"slices"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -47,7 +45,7 @@ func BenchmarkPgsqlstoreSerial(b *testing.B) {
 			if err != nil {
 				return nil, err
 			}
-			return countingConn{Conn: conn, c: counter}, nil
+			return counter.wire.Conn(conn), nil
 		}
 		return cfg
 	}
@@ -87,11 +85,7 @@ func BenchmarkPgsqlstoreSerial(b *testing.B) {
 			return res.OK, err
 		}
 	}
-	subjects := []struct {
-		name  string
-		op    func() (bool, error)
-		trips *tripCounter
-	}{
+	subjects := []serialSubject{
 		{"pgstore", viaPgx("unsharded"), pgxTrips},
 		{"pgsqlstore", viaSQL("unsharded"), sqlTrips},
 		{"pgstore-shards16", viaPgx("shards16"), pgxTrips},
@@ -105,27 +99,7 @@ func BenchmarkPgsqlstoreSerial(b *testing.B) {
 			require.True(b, ok)
 		}
 	}
-	times := make([][]time.Duration, len(subjects))
-	wire := make([]int, len(subjects))
-	for b.Loop() {
-		for i, s := range subjects {
-			s.trips.take()
-			start := time.Now()
-			ok, err := s.op()
-			times[i] = append(times[i], time.Since(start))
-			wire[i] += s.trips.take().Wire
-			if err != nil || !ok {
-				b.Fatalf("%s: ok %v, err %v", s.name, ok, err)
-			}
-		}
-	}
-	p50 := make(map[string]float64, len(subjects))
-	for i, s := range subjects {
-		slices.Sort(times[i])
-		p50[s.name] = float64(times[i][len(times[i])/2].Microseconds())
-		b.ReportMetric(p50[s.name], s.name+"-p50-µs")
-		b.ReportMetric(float64(wire[i])/float64(len(times[i])), s.name+"-trips")
-	}
+	p50 := runSerial(b, subjects)
 	b.ReportMetric(p50["pgstore"]/p50["pgsqlstore"], "sql/pgx")
 	b.ReportMetric(p50["pgstore-shards16"]/p50["pgsqlstore-shards16"], "sql/pgx-shards16")
 }

@@ -3,10 +3,8 @@ package sqldrivers
 import (
 	"context"
 	"database/sql"
-	"encoding/binary"
 	"net"
 	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -44,7 +42,7 @@ func TestLibPQRoundTrips(t *testing.T) {
 				q.Set("binary_parameters", "yes")
 			}
 			u.RawQuery = q.Encode()
-			counter := &readyCounter{}
+			counter := &testdb.ReadyCounter{}
 			connector, err := pq.NewConnector(u.String())
 			require.NoError(t, err)
 			connector.Dialer(countingDialer{counter})
@@ -60,16 +58,16 @@ func TestLibPQRoundTrips(t *testing.T) {
 				trips int
 			}{{"unsharded", c.unsharded}, {"shards16", c.shards16}} {
 				for i := range 4 {
-					counter.take()
+					counter.Take()
 					tx, err := db.BeginTx(ctx, nil)
 					require.NoError(t, err)
-					begin := counter.take()
+					begin := counter.Take()
 					res, err := l.LimitTx(ctx, tx, limit.name, "k")
 					require.NoError(t, err)
 					require.True(t, res.OK)
-					call := counter.take()
+					call := counter.Take()
 					require.NoError(t, tx.Commit())
-					commit := counter.take()
+					commit := counter.Take()
 					if i == 0 {
 						continue // the first call of a key creates its rows
 					}
@@ -81,51 +79,9 @@ func TestLibPQRoundTrips(t *testing.T) {
 	}
 }
 
-// readyCounter follows the server's messages (a type byte, then a
-// big-endian length that counts itself) and counts ReadyForQuery ('Z'):
-// one per round trip.
-type readyCounter struct {
-	mu     sync.Mutex
-	header [5]byte
-	inHdr  int
-	body   int
-	ready  int
-}
-
-func (c *readyCounter) read(p []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for len(p) > 0 {
-		if c.body > 0 {
-			n := min(c.body, len(p))
-			c.body -= n
-			p = p[n:]
-			continue
-		}
-		n := copy(c.header[c.inHdr:], p)
-		c.inHdr += n
-		p = p[n:]
-		if c.inHdr == len(c.header) {
-			if c.header[0] == 'Z' {
-				c.ready++
-			}
-			c.body = int(binary.BigEndian.Uint32(c.header[1:])) - 4
-			c.inHdr = 0
-		}
-	}
-}
-
-func (c *readyCounter) take() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := c.ready
-	c.ready = 0
-	return n
-}
-
 // countingDialer is a pq.Dialer whose connections feed what they read to a
-// readyCounter (the test's DSN has sslmode=disable, so it is plain).
-type countingDialer struct{ c *readyCounter }
+// testdb.ReadyCounter (the test's DSN has sslmode=disable, so it is plain).
+type countingDialer struct{ c *testdb.ReadyCounter }
 
 func (d countingDialer) Dial(network, addr string) (net.Conn, error) {
 	return d.DialTimeout(network, addr, 0)
@@ -136,16 +92,5 @@ func (d countingDialer) DialTimeout(network, addr string, timeout time.Duration)
 	if err != nil {
 		return nil, err
 	}
-	return countingConn{Conn: conn, c: d.c}, nil
-}
-
-type countingConn struct {
-	net.Conn
-	c *readyCounter
-}
-
-func (cc countingConn) Read(p []byte) (int, error) {
-	n, err := cc.Conn.Read(p)
-	cc.c.read(p[:n])
-	return n, err
+	return d.c.Conn(conn), nil
 }
