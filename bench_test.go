@@ -452,6 +452,7 @@ func (cc countingConn) Read(p []byte) (int, error) {
 // transaction (BEGIN and COMMIT are the caller's and not counted), once the
 // rows exist and the connection has its statements cached.
 func TestRoundTrips(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	counter := &tripCounter{}

@@ -77,6 +77,7 @@ func escrowTx(t *testing.T, pool *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], name
 }
 
 func TestEscrowRejectedWhereItCannotWork(t *testing.T) {
+	t.Parallel()
 	cfg := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Escrow: true}
 
 	_, err := txlimit.New(sqlitestore.New(openSQLite(t)), map[string]txlimit.Config{"e": cfg}, nil)
@@ -106,6 +107,7 @@ func TestEscrowRejectedWhereItCannotWork(t *testing.T) {
 }
 
 func TestEscrowLimitAllIsRejected(t *testing.T) {
+	t.Parallel()
 	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 2)
 	esc, locked := uniqueName(t, "esc"), uniqueName(t, "locked")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
@@ -582,6 +584,7 @@ func TestEscrowNotMigrated(t *testing.T) {
 // connections than callers: a caller holds one for its whole transaction,
 // and its debit needs another (docs/escrow.md).
 func TestEscrowThroughPgBouncer(t *testing.T) {
+	t.Parallel()
 	db, direct := testdb.Database(t, "txlimit_escrow_pgbouncer")
 	admin, err := pgxpool.New(context.Background(), direct)
 	require.NoError(t, err)

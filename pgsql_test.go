@@ -111,13 +111,13 @@ func pgsqlHarness(t *testing.T, db *sql.DB, conns int) harness[*sql.Tx] {
 }
 
 // TestPostgresDatabaseSQL runs the suite on pgsqlstore with each
-// database/sql driver (and pgx exec mode), one after the other. It is not
-// parallel with the other top-level tests, so that it and TestPostgres do
-// not together come near the server's max_connections.
+// database/sql driver (and pgx exec mode), in parallel like TestPostgres.
 func TestPostgresDatabaseSQL(t *testing.T) {
+	t.Parallel()
 	var _ = stdlib.GetDefaultDriver() // registers "pgx"
 	for _, d := range sqlPostgresDrivers() {
 		t.Run(d.label, func(t *testing.T) {
+			t.Parallel()
 			runSuite(t, func(t *testing.T, conns int32) harness[*sql.Tx] {
 				return pgsqlHarness(t, openSQLPostgres(t, d, testdb.Schema(t), int(conns)), int(conns))
 			})
@@ -133,6 +133,7 @@ func TestPostgresDatabaseSQL(t *testing.T) {
 // transaction's server connection) when it is linked in. The sharded case
 // runs the savepoints of the SKIP LOCKED fast path through the pooler.
 func TestDatabaseSQLThroughPgBouncer(t *testing.T) {
+	t.Parallel()
 	dbName, direct := testdb.Database(t, "txlimit_pgbouncer")
 	admin, err := pgxpool.New(context.Background(), direct)
 	require.NoError(t, err)

@@ -34,13 +34,14 @@ func runSuite[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) 
 }
 
 // TestPostgres runs the suite on PostgreSQL in every pgx exec mode (the
-// simple protocol and exec mode are what PgBouncer in transaction mode
-// needs), one mode after the other so that the connections stay well under
-// the server's max_connections.
+// simple protocol and exec modes are what PgBouncer in transaction mode
+// needs). The modes' topics are parallel tests like any other: -parallel
+// (see TestMain) bounds how many run at once, and with it the connections.
 func TestPostgres(t *testing.T) {
 	t.Parallel()
 	for _, mode := range testdb.ExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
 			runSuite(t, func(t *testing.T, conns int32) harness[pgx.Tx] {
 				return pgHarness(t, testdb.Pool(t, testdb.Schema(t), mode, conns))
 			})
