@@ -436,6 +436,7 @@ func (c *tripCounter) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepa
 // transaction (BEGIN and COMMIT are the caller's and not counted), once the
 // rows exist and the connection has its statements cached.
 func TestRoundTrips(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	counter := &tripCounter{}

@@ -337,6 +337,7 @@ func fwStart(kind txlimit.Kind) time.Time {
 // names migrations.Up, Ping reports it at startup, and FailOpen does not turn
 // it into a grant: the limiter is misconfigured, not the database down.
 func TestNotMigrated(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	check := func(t *testing.T, l interface {
 		Ping(context.Context) error
@@ -393,6 +394,7 @@ func TestNotMigrated(t *testing.T) {
 // the statement is gone. DEALLOCATE ALL does to the connection what the
 // pooler does: the error then names the exec modes that work.
 func TestPostgresLostPreparedStatement(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 1)
 	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{

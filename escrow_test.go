@@ -77,6 +77,7 @@ func escrowTx(t *testing.T, pool *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], name
 }
 
 func TestEscrowRejectedWhereItCannotWork(t *testing.T) {
+	t.Parallel()
 	cfg := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Escrow: true}
 
 	_, err := txlimit.New(sqlitestore.New(openSQLite(t)), map[string]txlimit.Config{"e": cfg}, nil)
@@ -106,6 +107,7 @@ func TestEscrowRejectedWhereItCannotWork(t *testing.T) {
 }
 
 func TestEscrowLimitAllIsRejected(t *testing.T) {
+	t.Parallel()
 	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 2)
 	esc, locked := uniqueName(t, "esc"), uniqueName(t, "locked")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
@@ -274,9 +276,11 @@ func TestEscrowRollbackReturnsTokens(t *testing.T) {
 	require.Zero(t, claims)
 }
 
-// TestEscrowConcurrentExact: 32 callers, each in its own transaction on its
-// own connection, on one key with a frozen clock, under every isolation
-// level and exec mode: exactly Capacity calls are granted and committed.
+// TestEscrowConcurrentExact: 32 callers, each in its own transaction (16
+// open at once, on a pool of 16 connections: the suite's own concurrency, so
+// that the parallel tests stay well under max_connections), on one key with
+// a frozen clock, under every isolation level and exec mode: exactly
+// Capacity calls are granted and committed.
 // Some callers roll back after a grant: their tokens return, and in the end
 // the granted-and-committed calls are exactly Capacity.
 func TestEscrowConcurrentExact(t *testing.T) {
@@ -284,7 +288,7 @@ func TestEscrowConcurrentExact(t *testing.T) {
 	levels := []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable}
 	for _, mode := range testdb.ExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
-			env := newEscrowEnv(t, mode, 32)
+			env := newEscrowEnv(t, mode, 16)
 			for _, iso := range levels {
 				t.Run(string(iso), func(t *testing.T) {
 					runEscrowConcurrent(t, env, iso)
@@ -582,6 +586,7 @@ func TestEscrowNotMigrated(t *testing.T) {
 // connections than callers: a caller holds one for its whole transaction,
 // and its debit needs another (docs/escrow.md).
 func TestEscrowThroughPgBouncer(t *testing.T) {
+	t.Parallel()
 	db, direct := testdb.Database(t, "txlimit_escrow_pgbouncer")
 	admin, err := pgxpool.New(context.Background(), direct)
 	require.NoError(t, err)

@@ -90,6 +90,7 @@ func (e faultEnv) waitUntilBlocked(t *testing.T, pid uint32) {
 }
 
 func TestFaultBackendKilledMidTransaction(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := newFaultEnv(t, 4)
 	e.spend(t, 1)
@@ -119,6 +120,7 @@ func TestFaultBackendKilledMidTransaction(t *testing.T) {
 }
 
 func TestFaultLockAndStatementTimeouts(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := newFaultEnv(t, 4)
 	e.spend(t, 1)
@@ -152,6 +154,7 @@ func TestFaultLockAndStatementTimeouts(t *testing.T) {
 }
 
 func TestFaultContextCancelledWhileWaitingForLock(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := newFaultEnv(t, 4)
 	e.spend(t, 1)
@@ -184,6 +187,7 @@ func TestFaultContextCancelledWhileWaitingForLock(t *testing.T) {
 }
 
 func TestFaultPoolExhausted(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := newFaultEnv(t, 2)
 	var held []pgx.Tx
@@ -209,6 +213,7 @@ func TestFaultPoolExhausted(t *testing.T) {
 // connection of its pool is gone. The first call may fail with a retryable
 // error; none is lost or invented.
 func TestFaultAllConnectionsDropped(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := newFaultEnv(t, 3)
 	e.spend(t, 3)

@@ -630,6 +630,7 @@ func pgHarness(t *testing.T, pool *pgxpool.Pool, opts ...pgstore.Option) harness
 }
 
 func TestPostgresLockIsHeldUntilCommit(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4)
 	name := uniqueName(t, "held")
@@ -669,6 +670,7 @@ func TestPostgresLockIsHeldUntilCommit(t *testing.T) {
 // Under REPEATABLE READ and SERIALIZABLE a concurrent update of the same
 // limit is a serialization failure, retryable; retrying admits exactly.
 func TestPostgresStrictIsolation(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 20)
 	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
@@ -720,6 +722,7 @@ func TestPostgresStrictIsolation(t *testing.T) {
 }
 
 func TestPostgresPoolErrors(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	name := uniqueName(t, "pool")
@@ -757,7 +760,13 @@ const sqliteDSN = "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txloc
 
 func openSQLite(t *testing.T) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "txlimit.db")+sqliteDSN)
+	return openSQLiteDSN(t, sqliteDSN)
+}
+
+// openSQLiteDSN is openSQLite with another DSN suffix.
+func openSQLiteDSN(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "txlimit.db")+dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(16)

@@ -301,6 +301,7 @@ func names(rs []txlimit.Result) []string {
 
 // LimitAll, the form with its own transaction, needs the pool.
 func TestMultiOwnTransaction(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4)
 	a, b := uniqueName(t, "a"), uniqueName(t, "b")

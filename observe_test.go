@@ -45,6 +45,7 @@ func (r *recorder) take() []txlimit.Event {
 }
 
 func TestObserverSeesEveryDecision(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := openSQLite(t)
 	rec := &recorder{}
@@ -96,6 +97,7 @@ func TestObserverSeesEveryDecision(t *testing.T) {
 }
 
 func TestFailOpen(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	name := uniqueName(t, "failopen")
@@ -158,6 +160,7 @@ func TestFailOpen(t *testing.T) {
 // LockWait covers the time a call waited for a row another transaction held:
 // at least from when PostgreSQL showed it waiting until the holder committed.
 func TestObserverLockWait(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := newFaultEnv(t, 4)
 	rec := &recorder{}

@@ -28,6 +28,7 @@ import (
 // pooler they fail with 42P05 "prepared statement … already exists" — 140
 // of 160 calls in one run here. docs/scale-out.md has the details.)
 func TestLimitThroughPgBouncer(t *testing.T) {
+	t.Parallel()
 	db, direct := testdb.Database(t, "txlimit_pgbouncer")
 	admin, err := pgxpool.New(context.Background(), direct)
 	require.NoError(t, err)

@@ -113,13 +113,13 @@ func pgsqlHarness(t *testing.T, db *sql.DB, conns int, opts ...pgsqlstore.Option
 // TestPostgresDatabaseSQL runs the suite on pgsqlstore with each
 // database/sql driver (and pgx exec mode), then with
 // pgsqlstore.SingleKeyStatements (Citus distributed by key) on each driver,
-// one after the other. It is not parallel with the other top-level tests, so
-// that it and TestPostgres do not together come near the server's
-// max_connections.
+// in parallel like TestPostgres.
 func TestPostgresDatabaseSQL(t *testing.T) {
+	t.Parallel()
 	var _ = stdlib.GetDefaultDriver() // registers "pgx"
 	for _, d := range sqlPostgresDrivers() {
 		t.Run(d.label, func(t *testing.T) {
+			t.Parallel()
 			runSuite(t, func(t *testing.T, conns int32) harness[*sql.Tx] {
 				return pgsqlHarness(t, openSQLPostgres(t, d, testdb.Schema(t), int(conns)), int(conns))
 			})
@@ -130,6 +130,7 @@ func TestPostgresDatabaseSQL(t *testing.T) {
 			continue // the option changes statements, not how a driver sends them
 		}
 		t.Run("single_key_statements/"+d.label, func(t *testing.T) {
+			t.Parallel()
 			runSuite(t, func(t *testing.T, conns int32) harness[*sql.Tx] {
 				return pgsqlHarness(t, openSQLPostgres(t, d, testdb.Schema(t), int(conns)), int(conns), pgsqlstore.SingleKeyStatements())
 			})
@@ -145,6 +146,7 @@ func TestPostgresDatabaseSQL(t *testing.T) {
 // transaction's server connection) when it is linked in. The sharded case
 // runs the savepoints of the SKIP LOCKED fast path through the pooler.
 func TestDatabaseSQLThroughPgBouncer(t *testing.T) {
+	t.Parallel()
 	dbName, direct := testdb.Database(t, "txlimit_pgbouncer")
 	admin, err := pgxpool.New(context.Background(), direct)
 	require.NoError(t, err)

@@ -341,6 +341,7 @@ func lockTimeoutPool(t *testing.T, schema string) *pgxpool.Pool {
 // Prune passes over the rows other transactions hold instead of waiting for
 // them, and deletes none of a key whose rows it does not all hold.
 func TestPrunePostgresNeverWaits(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 8)
@@ -395,6 +396,7 @@ func TestPrunePostgresNeverWaits(t *testing.T) {
 // Prune running in a loop beside live traffic on the same hot keys neither
 // blocks it nor changes what it admits.
 func TestPruneBesideTraffic(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 12)

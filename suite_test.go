@@ -35,14 +35,16 @@ func runSuite[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) 
 }
 
 // TestPostgres runs the suite on PostgreSQL in every pgx exec mode (the
-// simple protocol and exec mode are what PgBouncer in transaction mode
+// simple protocol and exec modes are what PgBouncer in transaction mode
 // needs), then with pgstore.SingleKeyStatements (Citus distributed by key)
-// in the default mode and in the simple protocol, one after the other so
-// that the connections stay well under the server's max_connections.
+// in the default mode and in the simple protocol. The modes' topics are
+// parallel tests like any other: -parallel (see TestMain) bounds how many
+// run at once, and with it the connections.
 func TestPostgres(t *testing.T) {
 	t.Parallel()
 	for _, mode := range testdb.ExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
 			runSuite(t, func(t *testing.T, conns int32) harness[pgx.Tx] {
 				return pgHarness(t, testdb.Pool(t, testdb.Schema(t), mode, conns))
 			})
@@ -50,6 +52,7 @@ func TestPostgres(t *testing.T) {
 	}
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
 		t.Run("single_key_statements/"+mode.String(), func(t *testing.T) {
+			t.Parallel()
 			runSuite(t, func(t *testing.T, conns int32) harness[pgx.Tx] {
 				return pgHarness(t, testdb.Pool(t, testdb.Schema(t), mode, conns), pgstore.SingleKeyStatements())
 			})

@@ -23,6 +23,7 @@ import (
 // transaction of another driver does not compile: the compiler names both
 // types. Checked by compiling such programs against this checkout.
 func TestWrongTransactionTypeDoesNotCompile(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("compiles programs")
 	}
@@ -50,6 +51,7 @@ func TestWrongTransactionTypeDoesNotCompile(t *testing.T) {
 // A store given a database of another kind says so, naming the store to
 // use, at Ping and at the first call in a transaction.
 func TestWrongDatabaseIsNamed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	limits := map[string]txlimit.Config{"n": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}
 

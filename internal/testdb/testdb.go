@@ -121,7 +121,12 @@ func ping(url string) error {
 func Schema(tb testing.TB) string {
 	tb.Helper()
 	schema := EmptySchema(tb)
-	pool := Pool(tb, schema, pgx.QueryExecModeCacheStatement, 2)
+	// A pool of its own, closed as soon as the schema is migrated: a pool
+	// left open until tb ends would hold its idle connections, two per
+	// schema, beside the test's own pools. (goose needs two: its table
+	// lock is renewed on one while the migrations run on the other.)
+	pool := newPool(tb, schema, pgx.QueryExecModeCacheStatement, 2)
+	defer pool.Close()
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	if err := migrations.Up(context.Background(), db, migrations.Postgres); err != nil {
@@ -161,6 +166,13 @@ func EmptySchema(tb testing.TB) string {
 // and at most maxConns connections, closed when tb ends.
 func Pool(tb testing.TB, schema string, mode pgx.QueryExecMode, maxConns int32) *pgxpool.Pool {
 	tb.Helper()
+	pool := newPool(tb, schema, mode, maxConns)
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+func newPool(tb testing.TB, schema string, mode pgx.QueryExecMode, maxConns int32) *pgxpool.Pool {
+	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(URL(tb))
 	if err != nil {
 		tb.Fatalf("parse url: %v", err)
@@ -172,7 +184,6 @@ func Pool(tb testing.TB, schema string, mode pgx.QueryExecMode, maxConns int32) 
 	if err != nil {
 		tb.Fatalf("pool: %v", err)
 	}
-	tb.Cleanup(pool.Close)
 	return pool
 }
 
