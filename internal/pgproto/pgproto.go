@@ -50,9 +50,11 @@ type Conn[TTx any] interface {
 	// DropShard rolls back to the savepoint and releases it.
 	DropShard(ctx context.Context, tx TTx) error
 
-	// TakeRow runs TakeRow: one admitted call on shard 0 in one statement.
-	// ok is false when it returned no row (granted nothing): the row is
-	// then locked, or the key has rows beyond shard 0.
+	// TakeRow runs one admitted call on shard 0 in one statement:
+	// TakeBucket or TakeWindow by the limit's kind, TakeRow for a
+	// reservation. ok is false when it returned no row (granted nothing):
+	// the row, when it exists, may then be locked, which the locked path
+	// that follows takes anyway.
 	TakeRow(ctx context.Context, tx TTx, p driver.TakeParams) (next algo.State, clock time.Time, ok bool, err error)
 	// ReadShards runs ReadShards.
 	ReadShards(ctx context.Context, tx TTx, name, key string, now *time.Time) (driver.ReadResult, error)
