@@ -594,10 +594,10 @@ type TakeBucketRow struct {
 //
 // A missing row is full (Capacity at ts 0, algo.Full): refilled it stays
 // Capacity, so taking count leaves Capacity - count, stamped now (or at 0,
-// the row's own time, for a clock before 1970). The
-// INSERT proposes that row only when the key has no rows beyond shard 0 (a
-// sharded config's, to be resharded by the Go path), so the ON CONFLICT
-// branch need not look again. On a conflict the row is locked (waiting for
+// the row's own time, for a clock before 1970). The INSERT proposes that
+// row only when the key has no rows beyond shard 0 (a sharded config's, to
+// be resharded by the Go path): with no row proposed there is no conflict,
+// so the ON CONFLICT branch need not look again. On a conflict the row is locked (waiting for
 // its holder) and its latest version refilled and decided as algo.Take
 // does: elapsed e in microseconds, e <= 0 adds nothing (v + 0 is v), the
 // value capped at Capacity, what is left floored at 0 (greatest(0, x) keeps
