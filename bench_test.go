@@ -432,21 +432,14 @@ func (c *tripCounter) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.
 
 func (c *tripCounter) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
 
-// TestRoundTrips pins how many round trips LimitTx costs inside the caller's
-// transaction (BEGIN and COMMIT are the caller's and not counted), once the
-// rows exist and the connection has its statements cached.
-func TestRoundTrips(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	schema := testdb.Schema(t)
-	counter := &tripCounter{}
-	cfg, err := pgx.ParseConfig(testdb.URL(t))
-	require.NoError(t, err)
+// countedConfig is a connection config on schema whose round trips counter
+// sees on the wire (counter.take().Wire). The count parses the server's
+// messages, so they must not be encrypted.
+func countedConfig(tb testing.TB, schema string, counter *tripCounter) *pgx.ConnConfig {
+	tb.Helper()
+	cfg, err := pgx.ParseConfig(testdb.URL(tb))
+	require.NoError(tb, err)
 	cfg.RuntimeParams["search_path"] = schema
-	cfg.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
-	cfg.Tracer = counter
-	// The wire count parses the server's messages, so they must not be
-	// encrypted.
 	cfg.TLSConfig = nil
 	cfg.Fallbacks = nil
 	dial := cfg.DialFunc
@@ -457,6 +450,20 @@ func TestRoundTrips(t *testing.T) {
 		}
 		return counter.wire.Conn(conn), nil
 	}
+	return cfg
+}
+
+// TestRoundTrips pins how many round trips LimitTx costs inside the caller's
+// transaction (BEGIN and COMMIT are the caller's and not counted), once the
+// rows exist and the connection has its statements cached.
+func TestRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	counter := &tripCounter{}
+	cfg := countedConfig(t, schema, counter)
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
+	cfg.Tracer = counter
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -31,22 +30,11 @@ func BenchmarkPgsqlstoreSerial(b *testing.B) {
 	schema := testdb.Schema(b)
 	cfgs := map[string]txlimit.Config{"unsharded": benchConfig(1), "shards16": benchConfig(16)}
 
-	// counted opens a connection config whose round trips the counter sees.
+	// counted is a connection config whose round trips the counter sees,
+	// without waiting for its commits to reach the disk.
 	counted := func(counter *tripCounter) *pgx.ConnConfig {
-		cfg, err := pgx.ParseConfig(testdb.URL(b))
-		require.NoError(b, err)
-		cfg.RuntimeParams["search_path"] = schema
+		cfg := countedConfig(b, schema, counter)
 		cfg.RuntimeParams["synchronous_commit"] = "off"
-		cfg.TLSConfig = nil
-		cfg.Fallbacks = nil
-		dial := cfg.DialFunc
-		cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return counter.wire.Conn(conn), nil
-		}
 		return cfg
 	}
 

@@ -52,7 +52,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 			rows := stored(ctx, t, tx, c)
 			if !wantD.OK || algocase.LongReservation(c, want) {
 				require.False(t, ok, "%s: algo denies, the statement grants %+v", name, got)
-				requireSame(t, c.State, rows, name+": a denial writes nothing")
+				algocase.RequireStored(t, c.State, rows, name+": a denial writes nothing")
 				return errRollback
 			}
 			require.True(t, ok, "%s: algo grants %+v %+v", name, want, wantD)
@@ -60,7 +60,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 			require.Equal(t, wantD, driver.Granted(c.Limit.Config, got, c.Now), name)
 			require.True(t, clock.Equal(now), name)
 			require.Len(t, rows, 1, name)
-			algocase.RequireBits(t, want, algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, name+": stored")
+			algocase.RequireBits(t, want, rows[0], name+": stored")
 			return errRollback
 		})
 		require.ErrorIs(t, err, errRollback)
@@ -76,7 +76,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 				requireUnchanged(t, c, rows, name+": a denial writes nothing")
 			} else {
 				require.Len(t, rows, 1, name)
-				algocase.RequireBits(t, want, algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, name+": stored by Take")
+				algocase.RequireBits(t, want, rows[0], name+": stored by Take")
 			}
 			return errRollback
 		})
@@ -98,39 +98,32 @@ func seed(ctx context.Context, t *testing.T, tx pgx.Tx, c algocase.Case) {
 	}
 }
 
-func stored(ctx context.Context, t *testing.T, tx pgx.Tx, c algocase.Case) []driver.Row {
+func stored(ctx context.Context, t *testing.T, tx pgx.Tx, c algocase.Case) []algo.State {
 	t.Helper()
-	rows, err := tx.Query(ctx, `SELECT shard, value, ts FROM txlimit WHERE name = $1 AND key = $2`, c.Limit.Name, c.Limit.Key)
+	rows, err := tx.Query(ctx, `SELECT value, ts FROM txlimit WHERE name = $1 AND key = $2`, c.Limit.Name, c.Limit.Key)
 	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (driver.Row, error) {
-		var row driver.Row
-		return row, r.Scan(&row.Shard, &row.Value, &row.TS)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (algo.State, error) {
+		var s algo.State
+		var ts time.Time
+		err := r.Scan(&s.Value, &ts)
+		s.TS = ts.UnixMicro()
+		return s, err
 	})
 	require.NoError(t, err)
 	return out
 }
 
-// requireUnchanged is requireSame for the store's whole Take, whose locked
-// path creates a missing row before it locks it (INSERT … ON CONFLICT DO
-// NOTHING): a denial may leave that row, full (algo.Full), which is the same
-// state as no row.
-func requireUnchanged(t *testing.T, c algocase.Case, rows []driver.Row, msg string) {
+// requireUnchanged is algocase.RequireStored for the store's whole Take,
+// whose locked path creates a missing row before it locks it (INSERT … ON
+// CONFLICT DO NOTHING): a denial may leave that row, full (algo.Full), which
+// is the same state as no row.
+func requireUnchanged(t *testing.T, c algocase.Case, rows []algo.State, msg string) {
 	t.Helper()
 	if c.State == nil && len(rows) == 1 {
-		algocase.RequireBits(t, c.Limit.Full(), algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, msg+": the row the locked path created")
+		algocase.RequireBits(t, c.Limit.Full(), rows[0], msg+": the row the locked path created")
 		return
 	}
-	requireSame(t, c.State, rows, msg)
-}
-
-func requireSame(t *testing.T, prior *algo.State, rows []driver.Row, msg string) {
-	t.Helper()
-	if prior == nil {
-		require.Empty(t, rows, msg)
-		return
-	}
-	require.Len(t, rows, 1, msg)
-	algocase.RequireBits(t, *prior, algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, msg)
+	algocase.RequireStored(t, c.State, rows, msg)
 }
 
 // A key whose rows were written under Shards 4 and is now taken with Shards
@@ -158,7 +151,7 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 		require.Equal(t, wantD, res.Decision)
 		rows := stored(ctx, t, tx, algocase.Case{Limit: l})
 		require.Len(t, rows, 1, "the extra shards are deleted")
-		algocase.RequireBits(t, want[0], algo.State{Value: rows[0].Value, TS: rows[0].TS.UnixMicro()}, "pooled")
+		algocase.RequireBits(t, want[0], rows[0], "pooled")
 		return nil
 	}))
 }

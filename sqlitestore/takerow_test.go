@@ -51,7 +51,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 			rows := stored(ctx, t, tx, c)
 			if !wantD.OK || algocase.LongReservation(c, want) {
 				require.False(t, done, "%s: algo denies, the statement grants %+v", name, res)
-				requireSame(t, c.State, rows, name+": a denial writes nothing")
+				algocase.RequireStored(t, c.State, rows, name+": a denial writes nothing")
 				return
 			}
 			require.True(t, done, "%s: algo grants %+v %+v", name, want, wantD)
@@ -68,7 +68,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 			require.Equal(t, wantD, res.Decision, name)
 			rows := stored(ctx, t, tx, c)
 			if !wantD.OK {
-				requireSame(t, c.State, rows, name+": a denial writes nothing")
+				algocase.RequireStored(t, c.State, rows, name+": a denial writes nothing")
 				return
 			}
 			require.Len(t, rows, 1, name)
@@ -102,16 +102,6 @@ func stored(ctx context.Context, t *testing.T, tx *sql.Tx, c algocase.Case) []al
 	}
 	require.NoError(t, rows.Err())
 	return out
-}
-
-func requireSame(t *testing.T, prior *algo.State, rows []algo.State, msg string) {
-	t.Helper()
-	if prior == nil {
-		require.Empty(t, rows, msg)
-		return
-	}
-	require.Len(t, rows, 1, msg)
-	algocase.RequireBits(t, *prior, rows[0], msg)
 }
 
 // A key whose rows were written under Shards 4 and is now taken with Shards

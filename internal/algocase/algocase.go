@@ -182,6 +182,18 @@ func LongReservation(c Case, want algo.State) bool {
 	return bound >= 2e15
 }
 
+// RequireStored fails t unless rows, the states a store holds for a case's
+// key, are prior: none for a nil prior, else one, bit for bit.
+func RequireStored(t testing.TB, prior *algo.State, rows []algo.State, msg string) {
+	t.Helper()
+	if prior == nil {
+		require.Empty(t, rows, msg)
+		return
+	}
+	require.Len(t, rows, 1, msg)
+	RequireBits(t, *prior, rows[0], msg)
+}
+
 // RequireBits fails t unless got is want bit for bit: the same float64 bits
 // of Value and the same TS.
 func RequireBits(t testing.TB, want, got algo.State, msg string) {
