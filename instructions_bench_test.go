@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/testdb"
@@ -53,17 +54,19 @@ func BenchmarkServerInstructions(b *testing.B) {
 		"locked":  {Kind: txlimit.TokenBucket, Rate: 1, Period: 290 * 365 * 24 * time.Hour, Capacity: benchCapacity},
 		"sharded": benchConfig(4),
 	}
-	limit := func(l *txlimit.Limiter[pgx.Tx], name string) func(context.Context, pgx.Tx) error {
+	// limit is one LimitTx of name in a transaction of its own.
+	limit := func(pool *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], name string) func() (bool, error) {
 		var opts []txlimit.Option
 		if name == "reserve" {
 			opts = append(opts, txlimit.Reserve())
 		}
-		return func(ctx context.Context, tx pgx.Tx) error {
-			res, err := l.LimitTx(ctx, tx, name, "k", opts...)
-			if err == nil && !res.OK {
-				err = fmt.Errorf("%s: denied", name)
-			}
-			return err
+		return func() (ok bool, err error) {
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				res, err := l.LimitTx(ctx, tx, name, "k", opts...)
+				ok = res.OK
+				return err
+			})
+			return ok, err
 		}
 	}
 	subjects := []string{"empty-tx", "floor", "bucket", "window", "reserve", "locked", "sharded"}
@@ -81,24 +84,18 @@ func BenchmarkServerInstructions(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		var op func(context.Context, pgx.Tx) error
+		var op func() (bool, error)
 		switch s {
 		case "empty-tx":
-			op = func(context.Context, pgx.Tx) error { return nil }
+			op = func() (bool, error) { return true, pgx.BeginFunc(ctx, pool, func(pgx.Tx) error { return nil }) }
 		case "floor":
-			op = nil
+			op = func() (bool, error) { return pgFloor(ctx, pool, "k") }
 		default:
-			op = limit(l, s)
+			op = limit(pool, l, s)
 		}
 		for range n {
-			if op == nil {
-				if ok, err := pgFloor(ctx, pool, "k"); err != nil || !ok {
-					b.Fatalf("floor: ok %v, err %v", ok, err)
-				}
-				continue
-			}
-			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return op(ctx, tx) }); err != nil {
-				b.Fatal(err)
+			if ok, err := op(); err != nil || !ok {
+				b.Fatalf("%s: ok %v, err %v", s, ok, err)
 			}
 		}
 		pool.Close()
