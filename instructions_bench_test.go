@@ -31,7 +31,10 @@ import (
 // Subjects: empty-tx (BEGIN; COMMIT), floor (the hand-written SELECT … FOR
 // UPDATE, then UPDATE), and LimitTx on a token bucket, a fixed window, a
 // reservation, the locked Go path (a Period above 2^53 µs keeps a limit off
-// the one-statement path) and a limit over 4 shards.
+// the one-statement path), a limit over 4 shards, and an escrow limit
+// (escrow: the call's own work, on the caller's backend and on the store's,
+// whose one connection debits; escrow-settled: the same with Settle after
+// the run, so that the cost of settling each call is in the count).
 func BenchmarkServerInstructions(b *testing.B) {
 	dir := os.Getenv("TXLIMIT_CALLGRIND")
 	if dir == "" {
@@ -53,6 +56,7 @@ func BenchmarkServerInstructions(b *testing.B) {
 		"reserve": benchConfig(1),
 		"locked":  {Kind: txlimit.TokenBucket, Rate: 1, Period: 290 * 365 * 24 * time.Hour, Capacity: benchCapacity},
 		"sharded": benchConfig(4),
+		"escrow":  {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Capacity: benchCapacity, Escrow: true},
 	}
 	// limit is one LimitTx of name in a transaction of its own.
 	limit := func(pool *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], name string) func() (bool, error) {
@@ -69,18 +73,37 @@ func BenchmarkServerInstructions(b *testing.B) {
 			return ok, err
 		}
 	}
-	subjects := []string{"empty-tx", "floor", "bucket", "window", "reserve", "locked", "sharded"}
-	// cost runs n transactions of subject s on a new connection and returns
-	// what its backend executed in all, once the backend has exited and
-	// callgrind has written its file.
-	cost := func(s string, n int) int64 {
-		pool := testdb.Pool(b, schema, pgx.QueryExecModeCacheStatement, 1)
-		defer pool.Close()
+	subjects := []string{"empty-tx", "floor", "bucket", "window", "reserve", "locked", "sharded", "escrow", "escrow-settled"}
+	if only := os.Getenv("TXLIMIT_CALLGRIND_SUBJECTS"); only != "" {
+		// A comma-separated list, to count some subjects only (each takes
+		// about ten seconds under callgrind).
+		subjects = strings.Split(only, ",")
+	}
+	backend := func(pool *pgxpool.Pool) int32 {
 		var pid int32
 		if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 			b.Fatal(err)
 		}
-		l, err := txlimit.New(pgstore.New(pool), configs, nil)
+		return pid
+	}
+	// cost runs n transactions of subject s on a new connection and returns
+	// what its backends executed in all (the caller's, and for escrow the
+	// store's), once they have exited and callgrind has written their files.
+	cost := func(s string, n int) int64 {
+		pool := testdb.Pool(b, schema, pgx.QueryExecModeCacheStatement, 1)
+		pools := []*pgxpool.Pool{pool}
+		store := pgstore.New(pool)
+		if strings.HasPrefix(s, "escrow") {
+			storePool := testdb.Pool(b, schema, pgx.QueryExecModeCacheStatement, 1)
+			pools = append(pools, storePool)
+			store = pgstore.New(storePool)
+		}
+		var pids []int32
+		for _, p := range pools {
+			defer p.Close()
+			pids = append(pids, backend(p))
+		}
+		l, err := txlimit.New(store, configs, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -90,6 +113,8 @@ func BenchmarkServerInstructions(b *testing.B) {
 			op = func() (bool, error) { return true, pgx.BeginFunc(ctx, pool, func(pgx.Tx) error { return nil }) }
 		case "floor":
 			op = func() (bool, error) { return pgFloor(ctx, pool, "k") }
+		case "escrow-settled":
+			op = limit(pool, l, "escrow")
 		default:
 			op = limit(pool, l, s)
 		}
@@ -98,8 +123,19 @@ func BenchmarkServerInstructions(b *testing.B) {
 				b.Fatalf("%s: ok %v, err %v", s, ok, err)
 			}
 		}
-		pool.Close()
-		return callgrindTotal(b, filepath.Join(dir, fmt.Sprintf("cg.%d", pid)))
+		if s == "escrow-settled" {
+			if res, err := l.Settle(ctx, nil); err != nil || res.Pending != 0 {
+				b.Fatalf("%s: Settle left %d pending calls, err %v", s, res.Pending, err)
+			}
+		}
+		for _, p := range pools {
+			p.Close()
+		}
+		var total int64
+		for _, pid := range pids {
+			total += callgrindTotal(b, filepath.Join(dir, fmt.Sprintf("cg.%d", pid)))
+		}
+		return total
 	}
 	const n = 100
 	per := map[string]float64{}
@@ -111,8 +147,11 @@ func BenchmarkServerInstructions(b *testing.B) {
 	for _, s := range subjects {
 		b.ReportMetric(per[s]/1000, s+"-kinstr/tx")
 	}
-	b.ReportMetric(per["bucket"]/per["floor"], "bucket/floor")
-	b.ReportMetric(per["locked"]/per["floor"], "locked/floor")
+	for _, s := range []string{"bucket", "locked", "escrow-settled"} {
+		if per[s] > 0 && per["floor"] > 0 {
+			b.ReportMetric(per[s]/per["floor"], s+"/floor")
+		}
+	}
 }
 
 // callgrindTotal waits up to a minute for callgrind's file of a backend that

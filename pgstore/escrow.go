@@ -24,14 +24,9 @@ import (
 var _ driver.Escrower[pgx.Tx] = (*Store)(nil)
 
 const (
-	// keySettleBatch is the most ended calls of its own key that one
-	// escrow call looks at after its debit (step one of settlement).
+	// keySettleBatch is the most ended calls of its own key that a call
+	// looks at when it would be denied (step one of settlement).
 	keySettleBatch = 16
-	// keySettleAt is how many ended calls a key must have before an
-	// escrow call settles them (step two) when none of them may need a
-	// refund: spent calls only take room, so they are settled in
-	// batches, while a possible refund is settled at once.
-	keySettleAt = 8
 	// settleBatch is the most calls one statement of Settle examines.
 	settleBatch = 500
 )
@@ -86,109 +81,139 @@ func (s *Store) escrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) 
 		return driver.TakeResult{}, err
 	}
 	lt := pgproto.LockTimer{On: p.TimeLocks}
-	start := lt.Start()
-	deb, fates, err := s.debit(ctx, p, claim)
-	lt.Stop(start)
+	res, err := s.escrowDebit(ctx, p, claim, &lt)
 	if err != nil {
 		// Whether the debit committed is unknown: the claim stays, so
 		// that if tx commits anyway the tokens count as spent (never
 		// over-admit). The caller should roll back on an error.
 		return driver.TakeResult{}, err
 	}
-	if !deb.Ok && needsRefund(fates) {
-		// The key may owe tokens to calls that rolled back: settle them
-		// now and try once more, so that a rolled-back call's tokens are
-		// there for the next call of its key.
-		if n, _ := s.settleClaims(ctx, claimsOf(fates)); n.Refunded > 0 {
-			start := lt.Start()
-			deb, fates, err = s.debit(ctx, p, claim)
-			lt.Stop(start)
-			if err != nil {
-				return driver.TakeResult{}, err
-			}
-		}
-	}
-	if (needsRefund(fates) || len(fates) >= keySettleAt) && s.settlingKey(p.Name, p.Key) {
-		// Best effort: an error here (a cancelled ctx, a lost connection)
-		// leaves the calls for a later call or for Settle, and the take
-		// itself has succeeded.
-		_, _ = s.settleClaims(ctx, claimsOf(fates))
-		s.keySettled(p.Name, p.Key)
-	}
-	old := algo.State{Value: deb.Value, TS: deb.Ts.UnixMicro()}
-	next, d := algo.Take(p.Shard(1), old, deb.Clock.UnixMicro(), p.Count, p.Reserve)
-	if d.OK != deb.Ok {
-		return driver.TakeResult{}, fmt.Errorf("txlimit/pgstore: internal error: the escrow debit decided OK=%v where algo decides OK=%v "+
-			"(row %v at %v, count %v, now %v); roll back and report this", deb.Ok, d.OK, deb.Value, deb.Ts, p.Count, deb.Clock)
-	}
-	if !d.OK {
+	res.LockWait = lt.Total
+	if !res.Decision.OK {
 		// Nothing was taken: the claim goes, so that the call leaves no
 		// row behind.
 		if err := s.queries.EscrowUnclaim(ctx, tx, claim.ID); err != nil {
 			return driver.TakeResult{}, err
 		}
 	}
-	return driver.TakeResult{Decision: d, At: deb.Clock, States: []algo.State{next}, LockWait: lt.Total}, nil
+	return res, nil
 }
 
-// debit runs EscrowDebit in a transaction of its own, creating the key's
-// row first when it has none, and then step one of the key's settlement,
-// in the same round trip.
-func (s *Store) debit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow) (db.EscrowDebitRow, []db.EscrowKeyFatesRow, error) {
-	params := db.EscrowDebitParams{
-		Name: p.Name, Key: p.Key, Now: p.Now,
-		PeriodUs: p.Config.Period, Capacity: p.Config.Capacity, FixedWindow: p.Config.Kind == algo.FixedWindow,
-		Rate: p.Config.Rate, Count: p.Count, Reserve: p.Reserve, MaxReserved: p.Config.MaxReserved,
-		Claim: claim.ID, Xid: claim.Xid,
-	}
-	for range 2 {
-		row, fates, err := s.sendDebit(ctx, params)
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return row, fates, err
+// escrowDebit takes p's tokens for claim on the store's pool. A call that
+// is not a reservation runs the lean statement of its kind, which grants in
+// one round trip. When it grants nothing, the row as last committed and the
+// key's ended calls are read in one more round trip, and algo decides: a
+// denial stands unless ended calls of the key may owe it tokens, which are
+// then settled first, so that a rolled-back call's tokens are there for the
+// next call of its key that needs them. EscrowDebit, which serves any call,
+// then decides again (a reservation goes to it at once).
+func (s *Store) escrowDebit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow, lt *pgproto.LockTimer) (driver.TakeResult, error) {
+	retried := false
+	if !p.Reserve {
+		start := lt.Start()
+		next, clock, ok, err := s.leanDebit(ctx, p, claim)
+		lt.Stop(start)
+		if err != nil {
+			return driver.TakeResult{}, err
 		}
-		full := p.Full()
-		if err := s.queries.EscrowInsertRow(ctx, s.pool, db.EscrowInsertRowParams{
-			Name: p.Name, Key: p.Key, Value: full.Value, Ts: time.UnixMicro(full.TS),
-		}); err != nil {
-			return db.EscrowDebitRow{}, nil, err
+		if ok {
+			return driver.TakeResult{Decision: driver.Granted(p.Config, next, clock.UnixMicro()), At: clock, States: []algo.State{next}}, nil
+		}
+		row, fates, err := s.readKey(ctx, p)
+		if err != nil {
+			return driver.TakeResult{}, err
+		}
+		old := p.Full()
+		if row.Value != nil && row.Ts != nil {
+			old = algo.State{Value: *row.Value, TS: row.Ts.UnixMicro()}
+		}
+		next, d := algo.Take(p.Shard(1), old, row.Clock.UnixMicro(), p.Count, false)
+		if !d.OK {
+			if refunded, err := s.refund(ctx, fates); err != nil || !refunded {
+				return driver.TakeResult{Decision: d, At: row.Clock, States: []algo.State{next}}, err
+			}
+			retried = true
+		}
+		// algo grants on the row as it is now (a refund or a concurrent
+		// credit came in since), or refunds did: EscrowDebit decides.
+	}
+	for {
+		start := lt.Start()
+		deb, err := s.debit(ctx, p, claim)
+		lt.Stop(start)
+		if err != nil {
+			return driver.TakeResult{}, err
+		}
+		old := algo.State{Value: deb.Value, TS: deb.Ts.UnixMicro()}
+		next, d := algo.Take(p.Shard(1), old, deb.Clock.UnixMicro(), p.Count, p.Reserve)
+		if d.OK != deb.Ok {
+			return driver.TakeResult{}, fmt.Errorf("txlimit/pgstore: internal error: the escrow debit decided OK=%v where algo decides OK=%v "+
+				"(row %v at %v, count %v, now %v); roll back and report this", deb.Ok, d.OK, deb.Value, deb.Ts, p.Count, deb.Clock)
+		}
+		res := driver.TakeResult{Decision: d, At: deb.Clock, States: []algo.State{next}}
+		if d.OK || retried {
+			return res, nil
+		}
+		retried = true
+		fates, err := s.queries.EscrowKeyFates(ctx, s.pool, db.EscrowKeyFatesParams{Name: p.Name, Key: p.Key, MaxEntries: keySettleBatch})
+		if err != nil {
+			return driver.TakeResult{}, err
+		}
+		if refunded, err := s.refund(ctx, fates); err != nil || !refunded {
+			return res, err
 		}
 	}
-	return db.EscrowDebitRow{}, nil, errors.New("txlimit/pgstore: the escrow limit's row vanished twice while being debited (reset or pruned meanwhile); try again")
 }
 
-// sendDebit sends the debit's transaction and the key's step one of
-// settlement (after the debit has committed) in one batch. The debit's
-// result is pgx.ErrNoRows when the key has no row.
-func (s *Store) sendDebit(ctx context.Context, params db.EscrowDebitParams) (db.EscrowDebitRow, []db.EscrowKeyFatesRow, error) {
+// leanDebit runs EscrowDebitBucket or EscrowDebitWindow in a transaction of
+// its own, sent in one round trip. ok is false when it granted nothing.
+func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow) (algo.State, time.Time, bool, error) {
+	cfg := p.Config
+	var value float64
+	var ts, clock time.Time
+	err := s.inEscrowTx(ctx, func(q queuer) error {
+		if cfg.Kind == algo.FixedWindow {
+			_, err := s.queries.EscrowDebitWindow(ctx, q, db.EscrowDebitWindowParams{
+				Name: p.Name, Key: p.Key, FullTs: time.UnixMicro(p.Full().TS), Now: p.Now,
+				Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
+				Claim: claim.ID, Xid: claim.Xid,
+			})
+			return err
+		}
+		_, err := s.queries.EscrowDebitBucket(ctx, q, db.EscrowDebitBucketParams{
+			Name: p.Name, Key: p.Key, Now: p.Now,
+			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
+			Claim: claim.ID, Xid: claim.Xid,
+		})
+		return err
+	}, func(res pgx.BatchResults) error {
+		return res.QueryRow().Scan(&value, &ts, &clock)
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return algo.State{}, time.Time{}, false, nil
+	case err != nil:
+		return algo.State{}, time.Time{}, false, err
+	}
+	return algo.State{Value: value, TS: ts.UnixMicro()}, clock, true, nil
+}
+
+// readKey reads the key's row as last committed, with the clock, and step
+// one of the key's settlement, in one round trip.
+func (s *Store) readKey(ctx context.Context, p driver.TakeParams) (db.EscrowReadRow, []db.EscrowKeyFatesRow, error) {
 	b := &pgx.Batch{}
-	b.Queue(beginEscrow)
-	b.Queue(asyncCommit)
-	if _, err := s.queries.EscrowDebit(ctx, queuer{b}, params); queued(err) != nil {
-		return db.EscrowDebitRow{}, nil, queued(err)
+	if _, err := s.queries.EscrowRead(ctx, queuer{b}, db.EscrowReadParams{Name: p.Name, Key: p.Key, Now: p.Now}); queued(err) != nil {
+		return db.EscrowReadRow{}, nil, queued(err)
 	}
-	b.Queue(commitEscrow)
 	if _, err := s.queries.EscrowKeyFates(ctx, queuer{b}, db.EscrowKeyFatesParams{
-		Name: params.Name, Key: params.Key, MaxEntries: keySettleBatch,
+		Name: p.Name, Key: p.Key, MaxEntries: keySettleBatch,
 	}); queued(err) != nil {
-		return db.EscrowDebitRow{}, nil, queued(err)
+		return db.EscrowReadRow{}, nil, queued(err)
 	}
 	res := s.pool.SendBatch(ctx, b)
-	var row db.EscrowDebitRow
+	var row db.EscrowReadRow
 	var fates []db.EscrowKeyFatesRow
-	_, err := res.Exec()
-	if err == nil {
-		_, err = res.Exec()
-	}
-	var debitErr error
-	if err == nil {
-		debitErr = res.QueryRow().Scan(&row.Value, &row.Ts, &row.Clock, &row.Ok)
-		if !errors.Is(debitErr, pgx.ErrNoRows) {
-			err = debitErr
-		}
-	}
-	if err == nil {
-		_, err = res.Exec()
-	}
+	err := res.QueryRow().Scan(&row.Value, &row.Ts, &row.Clock)
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = res.Query(); err == nil {
@@ -202,43 +227,92 @@ func (s *Store) sendDebit(ctx context.Context, params db.EscrowDebitParams) (db.
 	if cerr := res.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return db.EscrowDebitRow{}, nil, err
-	}
-	return row, fates, debitErr
+	return row, fates, err
 }
 
-// settlingKey reports whether the caller may settle the ended calls of
-// (name, key) after its debit: not while another call of the same key on
-// this store is doing so. On a hot key every call finds the same ended
-// calls; settling them once is enough, and the calls that skip it spare
-// the database a statement that would find the rows settled or locked
-// (SKIP LOCKED). A call that would be denied does not ask: it settles its
-// key's possible refunds whatever the others do. keySettled ends the turn.
-func (s *Store) settlingKey(name, key string) bool {
-	_, busy := s.keySettling.LoadOrStore(escrowKey{name, key}, struct{}{})
-	return !busy
-}
-
-func (s *Store) keySettled(name, key string) { s.keySettling.Delete(escrowKey{name, key}) }
-
-type escrowKey struct{ name, key string }
-
-func needsRefund(fates []db.EscrowKeyFatesRow) bool {
+// refund settles the ended calls of fates when one of them may owe its
+// tokens back, and reports whether tokens came back.
+func (s *Store) refund(ctx context.Context, fates []db.EscrowKeyFatesRow) (bool, error) {
+	maybe := false
 	for _, f := range fates {
-		if f.MaybeRefund {
-			return true
+		maybe = maybe || f.MaybeRefund
+	}
+	if !maybe {
+		return false, nil
+	}
+	claims := make([]int64, len(fates))
+	for i, f := range fates {
+		claims[i] = f.Claim
+	}
+	n, err := s.settleClaims(ctx, claims)
+	return n.Refunded > 0, err
+}
+
+// debit runs EscrowDebit in a transaction of its own, creating the key's
+// row first when it has none.
+func (s *Store) debit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow) (db.EscrowDebitRow, error) {
+	params := db.EscrowDebitParams{
+		Name: p.Name, Key: p.Key, Now: p.Now,
+		PeriodUs: p.Config.Period, Capacity: p.Config.Capacity, FixedWindow: p.Config.Kind == algo.FixedWindow,
+		Rate: p.Config.Rate, Count: p.Count, Reserve: p.Reserve, MaxReserved: p.Config.MaxReserved,
+		Claim: claim.ID, Xid: claim.Xid,
+	}
+	for range 2 {
+		var row db.EscrowDebitRow
+		err := s.inEscrowTx(ctx, func(q queuer) error {
+			_, err := s.queries.EscrowDebit(ctx, q, params)
+			return err
+		}, func(res pgx.BatchResults) error {
+			return res.QueryRow().Scan(&row.Value, &row.Ts, &row.Clock, &row.Ok)
+		})
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return row, err
+		}
+		full := p.Full()
+		if err := s.queries.EscrowInsertRow(ctx, s.pool, db.EscrowInsertRowParams{
+			Name: p.Name, Key: p.Key, Value: full.Value, Ts: time.UnixMicro(full.TS),
+		}); err != nil {
+			return db.EscrowDebitRow{}, err
 		}
 	}
-	return false
+	return db.EscrowDebitRow{}, errors.New("txlimit/pgstore: the escrow limit's row vanished twice while being debited (reset or pruned meanwhile); try again")
 }
 
-func claimsOf(fates []db.EscrowKeyFatesRow) []int64 {
-	out := make([]int64, len(fates))
-	for i, f := range fates {
-		out[i] = f.Claim
+// inEscrowTx sends, in one round trip on the store's pool, the short
+// transaction of an escrow step: BEGIN, SET LOCAL synchronous_commit, the
+// statement that queue queues through a generated method, and COMMIT; read
+// reads that statement's result. An error of read (pgx.ErrNoRows included)
+// is returned once the batch has been read to the end.
+func (s *Store) inEscrowTx(ctx context.Context, queue func(queuer) error, read func(pgx.BatchResults) error) error {
+	b := &pgx.Batch{}
+	b.Queue(beginEscrow)
+	b.Queue(asyncCommit)
+	if err := queued(queue(queuer{b})); err != nil {
+		return err
 	}
-	return out
+	b.Queue(commitEscrow)
+	res := s.pool.SendBatch(ctx, b)
+	_, err := res.Exec()
+	if err == nil {
+		_, err = res.Exec()
+	}
+	var readErr error
+	if err == nil {
+		readErr = read(res)
+		if !errors.Is(readErr, pgx.ErrNoRows) {
+			err = readErr
+		}
+	}
+	if err == nil {
+		_, err = res.Exec()
+	}
+	if cerr := res.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return readErr
 }
 
 // settleClaims runs step two of settlement on claims, which step one found
@@ -248,42 +322,29 @@ func (s *Store) settleClaims(ctx context.Context, claims []int64) (driver.Settle
 	if len(claims) == 0 {
 		return out, nil
 	}
-	b := &pgx.Batch{}
-	b.Queue(beginEscrow)
-	b.Queue(asyncCommit)
-	if _, err := s.queries.EscrowSettle(ctx, queuer{b}, claims); queued(err) != nil {
-		return out, queued(err)
-	}
-	b.Queue(commitEscrow)
-	res := s.pool.SendBatch(ctx, b)
-	_, err := res.Exec()
-	if err == nil {
-		_, err = res.Exec()
-	}
-	if err == nil {
-		var rows pgx.Rows
-		if rows, err = res.Query(); err == nil {
-			var r db.EscrowSettleRow
-			_, err = pgx.ForEachRow(rows, []any{&r.Claim, &r.Spent, &r.Refund, &r.Count}, func() error {
-				switch {
-				case r.Spent:
-					out.Spent++
-				case r.Refund:
-					out.Refunded++
-					out.Tokens += r.Count
-				default:
-					out.Dropped++
-				}
-				return nil
-			})
+	err := s.inEscrowTx(ctx, func(q queuer) error {
+		_, err := s.queries.EscrowSettle(ctx, q, claims)
+		return err
+	}, func(res pgx.BatchResults) error {
+		rows, err := res.Query()
+		if err != nil {
+			return err
 		}
-	}
-	if err == nil {
-		_, err = res.Exec()
-	}
-	if cerr := res.Close(); err == nil {
-		err = cerr
-	}
+		var r db.EscrowSettleRow
+		_, err = pgx.ForEachRow(rows, []any{&r.Claim, &r.Spent, &r.Refund, &r.Count}, func() error {
+			switch {
+			case r.Spent:
+				out.Spent++
+			case r.Refund:
+				out.Refunded++
+				out.Tokens += r.Count
+			default:
+				out.Dropped++
+			}
+			return nil
+		})
+		return err
+	})
 	if err != nil {
 		return driver.SettleResult{}, err
 	}
@@ -295,9 +356,10 @@ func (s *Store) EscrowDelete(ctx context.Context, tx pgx.Tx, p driver.KeyParams)
 	return mapErr(s.queries.EscrowDeleteKey(ctx, tx, db.EscrowDeleteKeyParams{Name: p.Name, Key: p.Key}))
 }
 
-// Settle implements driver.Escrower: step one over every key, from the
-// oldest call on, then step two on what it found, in batches, then the
-// orphaned claims.
+// Settle implements driver.Escrower: first the calls whose claim is
+// visible (spent, in one statement per batch), then step one over every
+// key, from the oldest call on, and step two on what it found, in batches,
+// then the orphaned claims.
 func (s *Store) Settle(ctx context.Context, p driver.SettleParams) (driver.SettleResult, error) {
 	res, err := s.settle(ctx, p)
 	return res, mapErr(err)
@@ -308,8 +370,33 @@ func (s *Store) settle(ctx context.Context, p driver.SettleParams) (driver.Settl
 	if s.pool == nil {
 		return out, driver.ErrNoPool
 	}
+	seen := 0
+	for after := int64(0); seen < p.Max; {
+		n := min(settleBatch, p.Max-seen)
+		var spent []int64
+		err := s.inEscrowTx(ctx, func(q queuer) error {
+			_, err := s.queries.EscrowSettleSpent(ctx, q, db.EscrowSettleSpentParams{After: after, MaxEntries: int32(n)})
+			return err
+		}, func(res pgx.BatchResults) error {
+			rows, err := res.Query()
+			if err != nil {
+				return err
+			}
+			spent, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+			return err
+		})
+		if err != nil {
+			return out, err
+		}
+		out.Spent += len(spent)
+		seen += len(spent)
+		if len(spent) < n {
+			break
+		}
+		after = spent[len(spent)-1]
+	}
 	var after int64
-	for seen := 0; seen < p.Max; {
+	for seen < p.Max {
 		fates, err := s.queries.EscrowFates(ctx, s.pool, db.EscrowFatesParams{After: after, MaxEntries: int32(min(settleBatch, p.Max-seen))})
 		if err != nil {
 			return out, err

@@ -50,7 +50,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -66,9 +65,6 @@ type Store struct {
 	pool    *pgxpool.Pool
 	queries *db.Queries
 	c       conn
-	// keySettling holds the escrow keys (escrowKey) whose ended calls a
-	// call of this store is settling after its debit.
-	keySettling sync.Map
 }
 
 var _ driver.Store[pgx.Tx] = (*Store)(nil)

@@ -12,8 +12,90 @@ RETURNING id, CAST(CAST(pg_current_xact_id() AS text) AS bigint) AS xid;
 -- nothing (a denial), so that it leaves no row behind.
 DELETE FROM txlimit_escrow_claim WHERE id = sqlc.arg(id);
 
+-- name: EscrowDebitBucket :one
+-- The escrow take of a token bucket call that is not a reservation, lean
+-- (as TakeBucket is for the locked model: no subquery, small expressions
+-- repeated, the clock statement_timestamp(), stable within the statement):
+-- an upsert that creates the key's row full when it has none, or locks it,
+-- refills and decides as algo.Take does, and writes the new state when the
+-- call fits; the pending entry is recorded only for a row the upsert
+-- returned. It returns the new state and the clock when the call was
+-- granted, and no row otherwise: the store then reads the row and decides
+-- with algo (for RetryAfter), and runs EscrowDebit when algo would grant.
+-- An escrow limit has one shard, so unlike TakeBucket this does not look for
+-- rows beyond shard 0.
+WITH u AS (
+    INSERT INTO txlimit AS t (name, key, shard, value, ts)
+    SELECT sqlc.arg(name), sqlc.arg(key), 0,
+           greatest(0, sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8),
+           greatest(timestamptz 'epoch', COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
+    WHERE sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8 >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+    ON CONFLICT (name, key, shard) DO UPDATE
+    SET value = greatest(0,
+            least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
+                            * sqlc.arg(rate)::float8 / CAST(sqlc.arg(period)::bigint AS float8),
+                  sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
+        ts = greatest(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
+    WHERE t.value BETWEEN -1e300 AND 1e300
+      AND least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
+                          * sqlc.arg(rate)::float8 / CAST(sqlc.arg(period)::bigint AS float8),
+                sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8
+          >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+    RETURNING t.value, t.ts
+), pending AS (
+    INSERT INTO txlimit_escrow (claim, xid, name, key, shard, count)
+    SELECT sqlc.arg(claim), sqlc.arg(xid), sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(count)
+    FROM u
+)
+SELECT u.value, u.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock
+FROM u;
+
+-- name: EscrowDebitWindow :one
+-- EscrowDebitBucket for a fixed window, with TakeWindow's arithmetic: a
+-- missing row is full at full_ts (the window origin); either row is advanced
+-- by whole periods.
+WITH u AS (
+    INSERT INTO txlimit AS t (name, key, shard, value, ts)
+    SELECT sqlc.arg(name), sqlc.arg(key), 0,
+           greatest(0, sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8),
+           CASE WHEN f.e < sqlc.arg(period)::bigint THEN sqlc.arg(full_ts)::timestamptz
+                ELSE f.clock - (f.e % sqlc.arg(period)::bigint) * interval '1 microsecond'
+           END
+    FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
+          FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
+    WHERE sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8 >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+    ON CONFLICT (name, key, shard) DO UPDATE
+    SET value = greatest(0,
+            least(t.value + sqlc.arg(rate)::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / sqlc.arg(period)::bigint AS float8),
+                  sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
+        ts = CASE WHEN CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) < sqlc.arg(period)::bigint THEN t.ts
+                  ELSE COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp())
+                       - (CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) % sqlc.arg(period)::bigint) * interval '1 microsecond'
+             END
+    WHERE t.value BETWEEN -1e300 AND 1e300
+      AND least(t.value + sqlc.arg(rate)::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / sqlc.arg(period)::bigint AS float8),
+                sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8
+          >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+    RETURNING t.value, t.ts
+), pending AS (
+    INSERT INTO txlimit_escrow (claim, xid, name, key, shard, count)
+    SELECT sqlc.arg(claim), sqlc.arg(xid), sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(count)
+    FROM u
+)
+SELECT u.value, u.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock
+FROM u;
+
+-- name: EscrowRead :one
+-- The row of an escrow key as last committed (NULLs when the key has none)
+-- and the clock: what the store decides a denial from, with algo (for
+-- RetryAfter), when a lean debit granted nothing.
+SELECT t.value, t.ts, CAST(k.clock AS timestamptz) AS clock
+FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k
+LEFT JOIN txlimit AS t ON t.name = sqlc.arg(name) AND t.key = sqlc.arg(key) AND t.shard = 0;
+
 -- name: EscrowDebit :one
--- The escrow take, in its own short transaction on the store's pool: lock
+-- The escrow take of any call (reservations, and what the lean statements
+-- above left to it), in its own short transaction on the store's pool: lock
 -- the limit's one row, refill, decide and, when the call fits, write the new
 -- state and record the pending entry, all in one statement, so the hot row
 -- is held only while it runs. The arithmetic is algo.Take's, operation for
@@ -111,6 +193,27 @@ WHERE e.claim > sqlc.arg(after)
   AND pg_xact_status(CAST(CAST(e.xid AS text) AS xid8)) IS DISTINCT FROM 'in progress'
 ORDER BY e.claim
 LIMIT sqlc.arg(max_entries);
+
+-- name: EscrowSettleSpent :many
+-- Settles up to max_entries pending calls, from the claim after the cursor
+-- on, whose claim is visible: a claim is visible to another transaction only
+-- once the caller's transaction has committed with the call in it, so these
+-- tokens are spent whatever pg_xact_status would say, and the entry and its
+-- claim go, in one statement. Most calls end this way; the others (a claim
+-- not visible: the call is in flight, or its transaction rolled back) are
+-- left to the two steps below. Entries another settler holds are skipped.
+WITH s AS (
+    SELECT e.claim FROM txlimit_escrow AS e
+    JOIN txlimit_escrow_claim AS c ON c.id = e.claim
+    WHERE e.claim > sqlc.arg(after)
+    ORDER BY e.claim
+    LIMIT sqlc.arg(max_entries)
+    FOR UPDATE OF e SKIP LOCKED
+), gone_claims AS (
+    DELETE FROM txlimit_escrow_claim AS c USING s WHERE c.id = s.claim
+)
+DELETE FROM txlimit_escrow AS e USING s WHERE e.claim = s.claim
+RETURNING e.claim;
 
 -- name: EscrowSettle :many
 -- Step two of settlement: settles the listed entries, which step one found

@@ -130,7 +130,8 @@ type EscrowDebitRow struct {
 	Ok    bool
 }
 
-// The escrow take, in its own short transaction on the store's pool: lock
+// The escrow take of any call (reservations, and what the lean statements
+// above left to it), in its own short transaction on the store's pool: lock
 // the limit's one row, refill, decide and, when the call fits, write the new
 // state and record the pending entry, all in one statement, so the hot row
 // is held only while it runs. The arithmetic is algo.Take's, operation for
@@ -163,6 +164,153 @@ func (q *Queries) EscrowDebit(ctx context.Context, db DBTX, arg EscrowDebitParam
 		&i.Clock,
 		&i.Ok,
 	)
+	return i, err
+}
+
+const EscrowDebitBucket = `-- name: EscrowDebitBucket :one
+WITH u AS (
+    INSERT INTO txlimit AS t (name, key, shard, value, ts)
+    SELECT $2, $3, 0,
+           greatest(0, $4::float8 - $5::float8),
+           greatest(timestamptz 'epoch', COALESCE($1::timestamptz, statement_timestamp()))
+    WHERE $4::float8 - $5::float8 >= -1e-9::float8 * greatest(1, $4::float8)
+    ON CONFLICT (name, key, shard) DO UPDATE
+    SET value = greatest(0,
+            least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
+                            * $6::float8 / CAST($7::bigint AS float8),
+                  $4::float8) - $5::float8),
+        ts = greatest(t.ts, COALESCE($1::timestamptz, statement_timestamp()))
+    WHERE t.value BETWEEN -1e300 AND 1e300
+      AND least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
+                          * $6::float8 / CAST($7::bigint AS float8),
+                $4::float8) - $5::float8
+          >= -1e-9::float8 * greatest(1, $4::float8)
+    RETURNING t.value, t.ts
+), pending AS (
+    INSERT INTO txlimit_escrow (claim, xid, name, key, shard, count)
+    SELECT $8, $9, $2, $3, 0, $5
+    FROM u
+)
+SELECT u.value, u.ts, CAST(COALESCE($1::timestamptz, statement_timestamp()) AS timestamptz) AS clock
+FROM u
+`
+
+type EscrowDebitBucketParams struct {
+	Now      *time.Time
+	Name     string
+	Key      string
+	Capacity float64
+	Count    float64
+	Rate     float64
+	Period   int64
+	Claim    int64
+	Xid      int64
+}
+
+type EscrowDebitBucketRow struct {
+	Value float64
+	Ts    time.Time
+	Clock time.Time
+}
+
+// The escrow take of a token bucket call that is not a reservation, lean
+// (as TakeBucket is for the locked model: no subquery, small expressions
+// repeated, the clock statement_timestamp(), stable within the statement):
+// an upsert that creates the key's row full when it has none, or locks it,
+// refills and decides as algo.Take does, and writes the new state when the
+// call fits; the pending entry is recorded only for a row the upsert
+// returned. It returns the new state and the clock when the call was
+// granted, and no row otherwise: the store then reads the row and decides
+// with algo (for RetryAfter), and runs EscrowDebit when algo would grant.
+// An escrow limit has one shard, so unlike TakeBucket this does not look for
+// rows beyond shard 0.
+func (q *Queries) EscrowDebitBucket(ctx context.Context, db DBTX, arg EscrowDebitBucketParams) (EscrowDebitBucketRow, error) {
+	row := db.QueryRow(ctx, EscrowDebitBucket,
+		arg.Now,
+		arg.Name,
+		arg.Key,
+		arg.Capacity,
+		arg.Count,
+		arg.Rate,
+		arg.Period,
+		arg.Claim,
+		arg.Xid,
+	)
+	var i EscrowDebitBucketRow
+	err := row.Scan(&i.Value, &i.Ts, &i.Clock)
+	return i, err
+}
+
+const EscrowDebitWindow = `-- name: EscrowDebitWindow :one
+WITH u AS (
+    INSERT INTO txlimit AS t (name, key, shard, value, ts)
+    SELECT $2, $3, 0,
+           greatest(0, $4::float8 - $5::float8),
+           CASE WHEN f.e < $6::bigint THEN $7::timestamptz
+                ELSE f.clock - (f.e % $6::bigint) * interval '1 microsecond'
+           END
+    FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - $7::timestamptz) * 1000000 AS bigint) AS e
+          FROM (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS clock) AS k) AS f
+    WHERE $4::float8 - $5::float8 >= -1e-9::float8 * greatest(1, $4::float8)
+    ON CONFLICT (name, key, shard) DO UPDATE
+    SET value = greatest(0,
+            least(t.value + $8::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / $6::bigint AS float8),
+                  $4::float8) - $5::float8),
+        ts = CASE WHEN CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) < $6::bigint THEN t.ts
+                  ELSE COALESCE($1::timestamptz, statement_timestamp())
+                       - (CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) % $6::bigint) * interval '1 microsecond'
+             END
+    WHERE t.value BETWEEN -1e300 AND 1e300
+      AND least(t.value + $8::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / $6::bigint AS float8),
+                $4::float8) - $5::float8
+          >= -1e-9::float8 * greatest(1, $4::float8)
+    RETURNING t.value, t.ts
+), pending AS (
+    INSERT INTO txlimit_escrow (claim, xid, name, key, shard, count)
+    SELECT $9, $10, $2, $3, 0, $5
+    FROM u
+)
+SELECT u.value, u.ts, CAST(COALESCE($1::timestamptz, statement_timestamp()) AS timestamptz) AS clock
+FROM u
+`
+
+type EscrowDebitWindowParams struct {
+	Now      *time.Time
+	Name     string
+	Key      string
+	Capacity float64
+	Count    float64
+	Period   int64
+	FullTs   time.Time
+	Rate     float64
+	Claim    int64
+	Xid      int64
+}
+
+type EscrowDebitWindowRow struct {
+	Value float64
+	Ts    time.Time
+	Clock time.Time
+}
+
+// EscrowDebitBucket for a fixed window, with TakeWindow's arithmetic: a
+// missing row is full at full_ts (the window origin); either row is advanced
+// by whole periods.
+func (q *Queries) EscrowDebitWindow(ctx context.Context, db DBTX, arg EscrowDebitWindowParams) (EscrowDebitWindowRow, error) {
+	row := db.QueryRow(ctx, EscrowDebitWindow,
+		arg.Now,
+		arg.Name,
+		arg.Key,
+		arg.Capacity,
+		arg.Count,
+		arg.Period,
+		arg.FullTs,
+		arg.Rate,
+		arg.Claim,
+		arg.Xid,
+	)
+	var i EscrowDebitWindowRow
+	err := row.Scan(&i.Value, &i.Ts, &i.Clock)
 	return i, err
 }
 
@@ -322,6 +470,34 @@ func (q *Queries) EscrowKeyFates(ctx context.Context, db DBTX, arg EscrowKeyFate
 	return items, nil
 }
 
+const EscrowRead = `-- name: EscrowRead :one
+SELECT t.value, t.ts, CAST(k.clock AS timestamptz) AS clock
+FROM (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS clock) AS k
+LEFT JOIN txlimit AS t ON t.name = $2 AND t.key = $3 AND t.shard = 0
+`
+
+type EscrowReadParams struct {
+	Now  *time.Time
+	Name string
+	Key  string
+}
+
+type EscrowReadRow struct {
+	Value *float64
+	Ts    *time.Time
+	Clock time.Time
+}
+
+// The row of an escrow key as last committed (NULLs when the key has none)
+// and the clock: what the store decides a denial from, with algo (for
+// RetryAfter), when a lean debit granted nothing.
+func (q *Queries) EscrowRead(ctx context.Context, db DBTX, arg EscrowReadParams) (EscrowReadRow, error) {
+	row := db.QueryRow(ctx, EscrowRead, arg.Now, arg.Name, arg.Key)
+	var i EscrowReadRow
+	err := row.Scan(&i.Value, &i.Ts, &i.Clock)
+	return i, err
+}
+
 const EscrowSettle = `-- name: EscrowSettle :many
 WITH e AS MATERIALIZED (
     SELECT p.claim, p.name, p.key, p.shard, p.count
@@ -407,6 +583,53 @@ func (q *Queries) EscrowSettle(ctx context.Context, db DBTX, claims []int64) ([]
 			return nil, err
 		}
 		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const EscrowSettleSpent = `-- name: EscrowSettleSpent :many
+WITH s AS (
+    SELECT e.claim FROM txlimit_escrow AS e
+    JOIN txlimit_escrow_claim AS c ON c.id = e.claim
+    WHERE e.claim > $1
+    ORDER BY e.claim
+    LIMIT $2
+    FOR UPDATE OF e SKIP LOCKED
+), gone_claims AS (
+    DELETE FROM txlimit_escrow_claim AS c USING s WHERE c.id = s.claim
+)
+DELETE FROM txlimit_escrow AS e USING s WHERE e.claim = s.claim
+RETURNING e.claim
+`
+
+type EscrowSettleSpentParams struct {
+	After      int64
+	MaxEntries int32
+}
+
+// Settles up to max_entries pending calls, from the claim after the cursor
+// on, whose claim is visible: a claim is visible to another transaction only
+// once the caller's transaction has committed with the call in it, so these
+// tokens are spent whatever pg_xact_status would say, and the entry and its
+// claim go, in one statement. Most calls end this way; the others (a claim
+// not visible: the call is in flight, or its transaction rolled back) are
+// left to the two steps below. Entries another settler holds are skipped.
+func (q *Queries) EscrowSettleSpent(ctx context.Context, db DBTX, arg EscrowSettleSpentParams) ([]int64, error) {
+	rows, err := db.Query(ctx, EscrowSettleSpent, arg.After, arg.MaxEntries)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var claim int64
+		if err := rows.Scan(&claim); err != nil {
+			return nil, err
+		}
+		items = append(items, claim)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
