@@ -2,6 +2,7 @@ package txlimit_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -491,8 +492,17 @@ func TestEscrowDebitMatchesAlgo(t *testing.T) {
 			}
 			ts = time.UnixMicro(ts.UnixMicro() - off)
 		}
-		_, err := env.storeDB.Exec(ctx, "INSERT INTO txlimit (name, key, shard, value, ts) VALUES ($1, '', 0, $2, $3)", name, value, ts)
-		require.NoError(t, err)
+		ac := algo.Config{Kind: algo.Kind(kind), Rate: nc.Rate, Period: nc.Period.Microseconds(), Capacity: capacity, MaxReserved: nc.MaxReserved}
+		// One key in six has no row: the debit starts from a full one
+		// (the lean statements create it, EscrowDebit has it created).
+		missing := rng.IntN(6) == 0
+		if missing {
+			full := algo.Full(ac, nc.Start.UnixMicro())
+			value, ts = full.Value, time.UnixMicro(full.TS)
+		} else {
+			_, err := env.storeDB.Exec(ctx, "INSERT INTO txlimit (name, key, shard, value, ts) VALUES ($1, '', 0, $2, $3)", name, value, ts)
+			require.NoError(t, err)
+		}
 		count := []float64{0, 0.5, 1, 2, 3, 10}[rng.IntN(6)]
 		reserve := rng.IntN(3) == 0
 		if count > capacity && !reserve {
@@ -506,17 +516,22 @@ func TestEscrowDebitMatchesAlgo(t *testing.T) {
 			opts = append(opts, txlimit.Reserve())
 		}
 		res := escrowTx(t, env.callers, l, name, "", true, opts...)
-		ac := algo.Config{Kind: algo.Kind(kind), Rate: nc.Rate, Period: nc.Period.Microseconds(), Capacity: capacity, MaxReserved: nc.MaxReserved}
 		next, d := algo.Take(ac, algo.State{Value: value, TS: ts.UnixMicro()}, now.UnixMicro(), count, reserve)
 		require.Equal(t, d.OK, res.OK, "case %d", i)
 		require.Equal(t, time.Duration(d.RetryAfter)*time.Microsecond, res.RetryAfter, "case %d", i)
 		var gotValue float64
 		var gotTS time.Time
-		require.NoError(t, env.storeDB.QueryRow(ctx, "SELECT value, ts FROM txlimit WHERE name = $1", name).Scan(&gotValue, &gotTS))
-		if d.OK {
+		err := env.storeDB.QueryRow(ctx, "SELECT value, ts FROM txlimit WHERE name = $1", name).Scan(&gotValue, &gotTS)
+		switch {
+		case missing && !d.OK && errors.Is(err, pgx.ErrNoRows):
+			// A denial on a missing key may leave it missing: the same
+			// state.
+		case d.OK:
+			require.NoError(t, err, "case %d", i)
 			require.Equal(t, next.Value, gotValue, "case %d", i)
 			require.Equal(t, next.TS, gotTS.UnixMicro(), "case %d", i)
-		} else {
+		default:
+			require.NoError(t, err, "case %d", i)
 			require.Equal(t, value, gotValue, "case %d: a denial writes nothing", i)
 			require.Equal(t, ts.UnixMicro(), gotTS.UnixMicro(), "case %d", i)
 		}
