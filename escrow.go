@@ -92,13 +92,12 @@ type SettleResult struct {
 // Settle settles the calls that escrow limits (Config.Escrow) took in
 // transactions that have ended since: the tokens of a committed call stay
 // taken, those of a call that did not commit go back to its limit, and the
-// rows that recorded them are deleted. An escrow call also settles up to 16
-// ended calls of its own key (unless another call of the key is doing so on
-// the same store), so a busy key settles itself; Settle is
-// what settles the keys that are not called again, and bounds the size of
-// the escrow tables. Run it every few seconds, from one process or from
-// many (settlers skip each other's rows and never wait for a lock), for
-// example in a goroutine:
+// rows that recorded them are deleted. An escrow call settles nothing but,
+// when it would be denied, the ended calls of its own key that may owe it
+// tokens; Settle is what settles the rest, and so bounds the size of the
+// escrow tables (two rows per call until it is settled). Run it every few
+// seconds, from one process or from many (settlers skip each other's rows
+// and never wait for a lock), for example in a goroutine:
 //
 //	go func() {
 //		for range time.Tick(5 * time.Second) {
