@@ -76,8 +76,8 @@ func (r *Report) markdown() string {
 	}
 	if rows := escrowRows(r); len(rows) > 0 {
 		p("\nThe settling job during each escrow run (medians of the runs) and the escrow tables' rows at the end of a run, " +
-			"before any further Settle (the most of any run; every cell shares the tables, so growth would show). The calls " +
-			"settle most ended calls of their own key themselves; Settle does the rest.\n\n")
+			"before any further Settle (the most of any run; every cell shares the tables, so growth would show). Settle " +
+			"settles every call (a call settles only its key's possible refunds, when it would be denied).\n\n")
 		p("| scenario | clients | rows settled / s | ms per Settle | pending entries after | claims after | store pool acquire µs |\n")
 		p("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, row := range rows {

@@ -327,7 +327,7 @@ func writeEscrow(w io.Writer, rep *Report) {
 				r.EscrowEntries, r.EscrowClaims, r.StorePoolWaitUs)
 		}
 		tw.Flush()
-		fmt.Fprintln(w, "rows settled: entries spent, refunded or dropped and orphaned claims deleted by Settle; the calls settle most ended calls of their own key themselves.")
+		fmt.Fprintln(w, "rows settled: entries spent, refunded or dropped and orphaned claims deleted by Settle, which settles every call (a call settles only its key's possible refunds, when it would be denied).")
 	}
 }
 
