@@ -165,30 +165,41 @@ func (s *Store) escrowDebit(ctx context.Context, p driver.TakeParams, claim db.E
 	}
 }
 
-// leanDebit runs EscrowDebitBucket or EscrowDebitWindow in a transaction of
-// its own, sent in one round trip. ok is false when it granted nothing.
+// leanDebit runs EscrowDebitBucket or EscrowDebitWindow, as a transaction
+// of its own in one round trip: alone while the pool's transactions are READ
+// COMMITTED (the statement then makes its commit asynchronous itself), else
+// wrapped in BEGIN ISOLATION LEVEL READ COMMITTED … COMMIT (see escrowTx).
+// ok is false when it granted nothing.
 func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow) (algo.State, time.Time, bool, error) {
 	cfg := p.Config
 	var value float64
 	var ts, clock time.Time
-	err := s.inEscrowTx(ctx, func(q queuer) error {
+	send := func(q db.DBTX) error {
 		if cfg.Kind == algo.FixedWindow {
-			_, err := s.queries.EscrowDebitWindow(ctx, q, db.EscrowDebitWindowParams{
+			r, err := s.queries.EscrowDebitWindow(ctx, q, db.EscrowDebitWindowParams{
 				Name: p.Name, Key: p.Key, FullTs: time.UnixMicro(p.Full().TS), Now: p.Now,
 				Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 				Claim: claim.ID, Xid: claim.Xid,
 			})
+			value, ts, clock = r.Value, r.Ts, r.Clock
 			return err
 		}
-		_, err := s.queries.EscrowDebitBucket(ctx, q, db.EscrowDebitBucketParams{
+		r, err := s.queries.EscrowDebitBucket(ctx, q, db.EscrowDebitBucketParams{
 			Name: p.Name, Key: p.Key, Now: p.Now,
 			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 			Claim: claim.ID, Xid: claim.Xid,
 		})
+		value, ts, clock = r.Value, r.Ts, r.Clock
 		return err
-	}, func(res pgx.BatchResults) error {
-		return res.QueryRow().Scan(&value, &ts, &clock)
-	})
+	}
+	var err error
+	if s.escrowTx.Load() {
+		err = s.inEscrowTx(ctx, func(q queuer) error { return send(q) }, func(res pgx.BatchResults) error {
+			return res.QueryRow().Scan(&value, &ts, &clock)
+		})
+	} else {
+		err = send(s.pool)
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return algo.State{}, time.Time{}, false, nil
@@ -213,7 +224,12 @@ func (s *Store) readKey(ctx context.Context, p driver.TakeParams) (db.EscrowRead
 	res := s.pool.SendBatch(ctx, b)
 	var row db.EscrowReadRow
 	var fates []db.EscrowKeyFatesRow
-	err := res.QueryRow().Scan(&row.Value, &row.Ts, &row.Clock)
+	err := res.QueryRow().Scan(&row.Value, &row.Ts, &row.Clock, &row.Isolation)
+	if err == nil && row.Isolation != "read committed" {
+		// The lean debits grant only at READ COMMITTED: from now on they
+		// are sent inside a transaction that sets it.
+		s.escrowTx.Store(true)
+	}
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = res.Query(); err == nil {
@@ -268,9 +284,16 @@ func (s *Store) debit(ctx context.Context, p driver.TakeParams, claim db.EscrowC
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return row, err
 		}
+		// At READ COMMITTED too: at a stricter default, a row another
+		// call inserted meanwhile would fail this with 40001.
 		full := p.Full()
-		if err := s.queries.EscrowInsertRow(ctx, s.pool, db.EscrowInsertRowParams{
-			Name: p.Name, Key: p.Key, Value: full.Value, Ts: time.UnixMicro(full.TS),
+		if err := s.inEscrowTx(ctx, func(q queuer) error {
+			return s.queries.EscrowInsertRow(ctx, q, db.EscrowInsertRowParams{
+				Name: p.Name, Key: p.Key, Value: full.Value, Ts: time.UnixMicro(full.TS),
+			})
+		}, func(res pgx.BatchResults) error {
+			_, err := res.Exec()
+			return err
 		}); err != nil {
 			return db.EscrowDebitRow{}, err
 		}
@@ -281,7 +304,10 @@ func (s *Store) debit(ctx context.Context, p driver.TakeParams, claim db.EscrowC
 // inEscrowTx sends, in one round trip on the store's pool, the short
 // transaction of an escrow step: BEGIN, SET LOCAL synchronous_commit, the
 // statement that queue queues through a generated method, and COMMIT; read
-// reads that statement's result. An error of read (pgx.ErrNoRows included)
+// reads that statement's result. Every escrow statement that writes runs
+// this way (but the lean debits, which check the level themselves): at READ
+// COMMITTED whatever the pool's default, where a stricter level would fail
+// with 40001 on rows other calls changed. An error of read (pgx.ErrNoRows included)
 // is returned once the batch has been read to the end.
 func (s *Store) inEscrowTx(ctx context.Context, queue func(queuer) error, read func(pgx.BatchResults) error) error {
 	b := &pgx.Batch{}
@@ -419,11 +445,17 @@ func (s *Store) settle(ctx context.Context, p driver.SettleParams) (driver.Settl
 		seen += len(fates)
 		after = claims[len(claims)-1]
 	}
-	orphans, err := s.queries.EscrowDeleteOrphanClaims(ctx, s.pool, int32(min(settleBatch, max(p.Max, 1))))
+	err := s.inEscrowTx(ctx, func(q queuer) error {
+		_, err := s.queries.EscrowDeleteOrphanClaims(ctx, q, int32(min(settleBatch, max(p.Max, 1))))
+		return err
+	}, func(res pgx.BatchResults) error {
+		tag, err := res.Exec()
+		out.Orphans = int(tag.RowsAffected())
+		return err
+	})
 	if err != nil {
 		return out, err
 	}
-	out.Orphans = int(orphans)
 	count, err := s.queries.EscrowCount(ctx, s.pool)
 	if err != nil {
 		return out, err

@@ -50,6 +50,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -65,6 +66,10 @@ type Store struct {
 	pool    *pgxpool.Pool
 	queries *db.Queries
 	c       conn
+	// escrowTx is set once the pool's transactions turn out not to be READ
+	// COMMITTED (EscrowRead tells): the lean escrow debits are then sent
+	// inside a transaction that sets it, rather than alone.
+	escrowTx atomic.Bool
 }
 
 var _ driver.Store[pgx.Tx] = (*Store)(nil)

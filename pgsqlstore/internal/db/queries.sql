@@ -27,12 +27,23 @@ DELETE FROM txlimit_escrow_claim WHERE id = sqlc.arg(id);
 -- with algo (for RetryAfter), and runs EscrowDebit when algo would grant.
 -- An escrow limit has one shard, so unlike TakeBucket this does not look for
 -- rows beyond shard 0.
+--
+-- It is sent alone, as a transaction of its own (no BEGIN, no COMMIT: two
+-- fewer statements for the server), so it makes that transaction's commit
+-- asynchronous itself (set_config, local to the transaction, evaluated once
+-- before the row is touched; see EscrowDebit on why that is safe), and it
+-- grants only at READ COMMITTED, the pool's usual default: at a stricter
+-- default it proposes no row, so it neither inserts nor locks, and the store
+-- learns the level from EscrowRead and sends it inside BEGIN ISOLATION LEVEL
+-- READ COMMITTED from then on.
 WITH u AS (
     INSERT INTO txlimit AS t (name, key, shard, value, ts)
     SELECT sqlc.arg(name), sqlc.arg(key), 0,
            greatest(0, sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8),
            greatest(timestamptz 'epoch', COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
+    FROM (SELECT set_config('synchronous_commit', 'off', true) AS async) AS a
     WHERE sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8 >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+      AND current_setting('transaction_isolation') = 'read committed'
     ON CONFLICT (name, key, shard) DO UPDATE
     SET value = greatest(0,
             least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
@@ -65,8 +76,10 @@ WITH u AS (
                 ELSE f.clock - (f.e % sqlc.arg(period)::bigint) * interval '1 microsecond'
            END
     FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
-          FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
+          FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f,
+         (SELECT set_config('synchronous_commit', 'off', true) AS async) AS a
     WHERE sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8 >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+      AND current_setting('transaction_isolation') = 'read committed'
     ON CONFLICT (name, key, shard) DO UPDATE
     SET value = greatest(0,
             least(t.value + sqlc.arg(rate)::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / sqlc.arg(period)::bigint AS float8),
@@ -91,8 +104,10 @@ FROM u;
 -- name: EscrowRead :one
 -- The row of an escrow key as last committed (NULLs when the key has none)
 -- and the clock: what the store decides a denial from, with algo (for
--- RetryAfter), when a lean debit granted nothing.
-SELECT t.value, t.ts, CAST(k.clock AS timestamptz) AS clock
+-- RetryAfter), when a lean debit granted nothing; and the isolation level of
+-- the pool's transactions, which the lean debits need to be READ COMMITTED.
+SELECT t.value, t.ts, CAST(k.clock AS timestamptz) AS clock,
+       CAST(current_setting('transaction_isolation') AS text) AS isolation
 FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k
 LEFT JOIN txlimit AS t ON t.name = sqlc.arg(name) AND t.key = sqlc.arg(key) AND t.shard = 0;
 

@@ -243,7 +243,9 @@ WITH u AS (
     SELECT $2, $3, 0,
            greatest(0, $4::float8 - $5::float8),
            greatest(timestamptz 'epoch', COALESCE($1::timestamptz, statement_timestamp()))
+    FROM (SELECT set_config('synchronous_commit', 'off', true) AS async) AS a
     WHERE $4::float8 - $5::float8 >= -1e-9::float8 * greatest(1, $4::float8)
+      AND current_setting('transaction_isolation') = 'read committed'
     ON CONFLICT (name, key, shard) DO UPDATE
     SET value = greatest(0,
             least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
@@ -294,6 +296,15 @@ type EscrowDebitBucketRow struct {
 // with algo (for RetryAfter), and runs EscrowDebit when algo would grant.
 // An escrow limit has one shard, so unlike TakeBucket this does not look for
 // rows beyond shard 0.
+//
+// It is sent alone, as a transaction of its own (no BEGIN, no COMMIT: two
+// fewer statements for the server), so it makes that transaction's commit
+// asynchronous itself (set_config, local to the transaction, evaluated once
+// before the row is touched; see EscrowDebit on why that is safe), and it
+// grants only at READ COMMITTED, the pool's usual default: at a stricter
+// default it proposes no row, so it neither inserts nor locks, and the store
+// learns the level from EscrowRead and sends it inside BEGIN ISOLATION LEVEL
+// READ COMMITTED from then on.
 func (q *Queries) EscrowDebitBucket(ctx context.Context, db DBTX, arg EscrowDebitBucketParams) (EscrowDebitBucketRow, error) {
 	row := db.QueryRowContext(ctx, EscrowDebitBucket,
 		arg.Now,
@@ -320,8 +331,10 @@ WITH u AS (
                 ELSE f.clock - (f.e % $6::bigint) * interval '1 microsecond'
            END
     FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - $7::timestamptz) * 1000000 AS bigint) AS e
-          FROM (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS clock) AS k) AS f
+          FROM (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS clock) AS k) AS f,
+         (SELECT set_config('synchronous_commit', 'off', true) AS async) AS a
     WHERE $4::float8 - $5::float8 >= -1e-9::float8 * greatest(1, $4::float8)
+      AND current_setting('transaction_isolation') = 'read committed'
     ON CONFLICT (name, key, shard) DO UPDATE
     SET value = greatest(0,
             least(t.value + $8::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / $6::bigint AS float8),
@@ -547,7 +560,8 @@ func (q *Queries) EscrowKeyFates(ctx context.Context, db DBTX, arg EscrowKeyFate
 }
 
 const EscrowRead = `-- name: EscrowRead :one
-SELECT t.value, t.ts, CAST(k.clock AS timestamptz) AS clock
+SELECT t.value, t.ts, CAST(k.clock AS timestamptz) AS clock,
+       CAST(current_setting('transaction_isolation') AS text) AS isolation
 FROM (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS clock) AS k
 LEFT JOIN txlimit AS t ON t.name = $2 AND t.key = $3 AND t.shard = 0
 `
@@ -559,18 +573,25 @@ type EscrowReadParams struct {
 }
 
 type EscrowReadRow struct {
-	Value *float64
-	Ts    *time.Time
-	Clock time.Time
+	Value     *float64
+	Ts        *time.Time
+	Clock     time.Time
+	Isolation string
 }
 
 // The row of an escrow key as last committed (NULLs when the key has none)
 // and the clock: what the store decides a denial from, with algo (for
-// RetryAfter), when a lean debit granted nothing.
+// RetryAfter), when a lean debit granted nothing; and the isolation level of
+// the pool's transactions, which the lean debits need to be READ COMMITTED.
 func (q *Queries) EscrowRead(ctx context.Context, db DBTX, arg EscrowReadParams) (EscrowReadRow, error) {
 	row := db.QueryRowContext(ctx, EscrowRead, arg.Now, arg.Name, arg.Key)
 	var i EscrowReadRow
-	err := row.Scan(&i.Value, &i.Ts, &i.Clock)
+	err := row.Scan(
+		&i.Value,
+		&i.Ts,
+		&i.Clock,
+		&i.Isolation,
+	)
 	return i, err
 }
 
