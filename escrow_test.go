@@ -107,22 +107,124 @@ func TestEscrowRejectedWhereItCannotWork(t *testing.T) {
 	require.ErrorIs(t, err, txlimit.ErrInvalid)
 }
 
-func TestEscrowLimitAllIsRejected(t *testing.T) {
+// TestEscrowLimitAll: LimitAllTx mixes escrow and locked limits, all or
+// nothing. A grant takes from both; a locked limit that denies cancels the
+// escrow call (its token comes back at settlement); an escrow limit that
+// denies leaves the locked limit untouched, its Result read as Check would.
+// LimitAll, in a transaction of its own, takes the escrow limit locked.
+func TestEscrowLimitAll(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 2)
 	esc, locked := uniqueName(t, "esc"), uniqueName(t, "locked")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
-		esc:    {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Hour, Escrow: true},
-		locked: {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Hour},
-	}, nil)
-	_, err := l.LimitAll(context.Background(), txlimit.Req(locked, "k"), txlimit.Req(esc, "k"))
-	var inv *txlimit.InvalidError
-	require.ErrorAs(t, err, &inv)
-	require.Equal(t, esc, inv.Limit)
-	require.Contains(t, err.Error(), "LimitTx")
-	var n int
-	require.NoError(t, env.callers.QueryRow(context.Background(), "SELECT count(*) FROM txlimit").Scan(&n))
-	require.Zero(t, n, "nothing was written")
+		esc:    {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour, Escrow: true},
+		locked: {Kind: txlimit.TokenBucket, Rate: 3, Period: time.Hour},
+	}, func() time.Time { return t0 })
+	all := func(escCount, lockedCount float64) txlimit.MultiResult {
+		t.Helper()
+		tx, err := env.callers.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		res, err := l.LimitAllTx(ctx, tx, txlimit.Req(locked, "k", txlimit.Count(lockedCount)), txlimit.Req(esc, "k", txlimit.Count(escCount)))
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+		return res
+	}
+	values := func() (float64, float64) {
+		t.Helper()
+		_, err := l.Settle(ctx, nil)
+		require.NoError(t, err)
+		e, err := l.Value(ctx, esc, "k")
+		require.NoError(t, err)
+		k, err := l.Value(ctx, locked, "k")
+		require.NoError(t, err)
+		return e.Value, k.Value
+	}
+
+	res := all(1, 1)
+	require.True(t, res.OK)
+	e, k := values()
+	require.Equal(t, []float64{1, 2}, []float64{e, k}, "a grant takes from both")
+
+	res = all(1, 3) // the locked limit has 2
+	require.False(t, res.OK)
+	require.True(t, res.Results[1].OK, "the escrow limit alone granted")
+	require.False(t, res.Results[0].OK)
+	e, k = values()
+	require.Equal(t, []float64{1, 2}, []float64{e, k}, "the cancelled escrow call's token came back; the locked limit is untouched")
+
+	res = all(2, 1) // the escrow limit has 1
+	require.False(t, res.OK)
+	require.False(t, res.Results[1].OK)
+	require.True(t, res.Results[0].OK, "the locked limit alone would grant (read as Check does)")
+	require.Equal(t, 2.0, res.Results[0].Remaining, "and was not taken")
+	e, k = values()
+	require.Equal(t, []float64{1, 2}, []float64{e, k})
+
+	m, err := l.LimitAll(ctx, txlimit.Req(esc, "k"), txlimit.Req(locked, "k"))
+	require.NoError(t, err)
+	require.True(t, m.OK)
+	e, k = values()
+	require.Equal(t, []float64{0, 1}, []float64{e, k}, "LimitAll takes the escrow limit in its own transaction")
+	pending, claims := env.escrowRows(t)
+	require.Zero(t, pending)
+	require.Zero(t, claims)
+}
+
+// TestEscrowLimitAllConcurrentExact: 32 callers on one escrow key (Capacity
+// 100) and one locked key (Capacity 70) in LimitAllTx, frozen clock: the
+// locked limit binds, so exactly 70 calls commit, and once settled the
+// escrow limit has given back every token of the calls the locked limit
+// denied: 30 left.
+func TestEscrowLimitAllConcurrentExact(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 16)
+	esc, locked := uniqueName(t, "esc"), uniqueName(t, "locked")
+	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
+		esc:    {Kind: txlimit.TokenBucket, Rate: 100, Period: time.Hour, Escrow: true},
+		locked: {Kind: txlimit.TokenBucket, Rate: 70, Period: time.Hour},
+	}, func() time.Time { return t0 })
+	var committed atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 8 {
+				err := pgx.BeginFunc(ctx, env.callers, func(tx pgx.Tx) error {
+					res, err := l.LimitAllTx(ctx, tx, txlimit.Req(esc, ""), txlimit.Req(locked, ""))
+					if err == nil && res.OK {
+						committed.Add(1)
+					}
+					return err
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, 70, committed.Load())
+	_, err := l.Settle(ctx, nil)
+	require.NoError(t, err)
+	e, err := l.Value(ctx, esc, "")
+	require.NoError(t, err)
+	k, err := l.Value(ctx, locked, "")
+	require.NoError(t, err)
+	require.Equal(t, 30.0, e.Value, "every call the locked limit denied gave its escrow token back")
+	require.Equal(t, 0.0, k.Value)
+	pending, claims := env.escrowRows(t)
+	require.Zero(t, pending)
+	require.Zero(t, claims)
 }
 
 // TestEscrowBasics walks one key through the operations, with a frozen

@@ -80,6 +80,11 @@ func (l *Limiter[TTx]) LimitAll(ctx context.Context, reqs ...Request) (MultiResu
 	rs, err := l.newRequests(reqs)
 	var res MultiResult
 	if err == nil {
+		// Escrow limits are taken like the others here, as Limit takes
+		// them: their rows are held only for this short transaction.
+		for i := range rs {
+			rs[i].ownTx = true
+		}
 		err = l.store.InTx(ctx, false, func(tx TTx) (err error) {
 			res, err = l.limitAll(ctx, tx, rs, obs)
 			return err
@@ -137,6 +142,13 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, obs *observation, rs []req
 // so do not then take the same limits in another order in the same
 // transaction (through LimitTx, say).
 //
+// Escrow limits (Config.Escrow) are taken first, each in escrow as LimitTx
+// takes it, before any row is locked; when a limit then denies, the escrow
+// calls already granted are cancelled in tx (their tokens come back at
+// settlement: late, never early), and the limits not yet taken get the
+// Result Check would give them. LimitAll, in a transaction of its own, takes
+// escrow limits in the locked model, as Limit does.
+//
 // Each (name, key) may appear once: give one request the sum of the counts
 // instead of two requests. Bad input in any request is an *InvalidError
 // before anything is read or written.
@@ -162,10 +174,6 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 		if err == nil {
 			err = r.checkCount()
 		}
-		if err == nil && r.config.Escrow {
-			err = &InvalidError{Limit: q.Name, Field: "reqs", Problem: "names an Escrow limit, which LimitAll cannot take " +
-				"(its all-or-nothing rests on holding every row until the transaction ends); call LimitTx for it in the same transaction"}
-		}
 		if err != nil {
 			return nil, err
 		}
@@ -181,22 +189,78 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 }
 
 func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
-	p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(rs)), Now: l.now(), TimeLocks: obs != nil}
+	now := l.now()
+	var locked, escrow []int
 	for i, r := range rs {
-		p.Takes[i] = r.take(p.Now)
+		if r.config.Escrow && !r.ownTx {
+			escrow = append(escrow, i)
+		} else {
+			locked = append(locked, i)
+		}
 	}
-	all, err := l.store.TakeAll(ctx, tx, p)
-	if err != nil {
-		return MultiResult{}, err
-	}
-	obs.addLockWait(all.LockWait)
-	out := MultiResult{OK: all.OK, Results: make([]Result, len(rs)), At: all.At}
-	for i, r := range rs {
-		t := all.Results[i]
-		if out.Results[i], err = r.result(t.Decision, all.At, t.States); err != nil {
+	out := MultiResult{OK: true, Results: make([]Result, len(rs))}
+	done := make([]bool, len(rs))
+	// Escrow limits first, each in escrow (LimitTx's way), before any row
+	// is locked in tx: their debits, on other connections, never wait for
+	// tx. A grant that the call as a whole does not keep is cancelled
+	// below, and its tokens come back at settlement.
+	var granted []int64
+	for _, i := range escrow {
+		t, err := l.escrow.store.EscrowTake(ctx, tx, rs[i].take(now))
+		if err != nil {
 			return MultiResult{}, err
 		}
-		if t.Decision.OK == out.OK {
+		obs.addLockWait(t.LockWait)
+		if out.Results[i], err = rs[i].result(t.Decision, t.At, t.States); err != nil {
+			return MultiResult{}, err
+		}
+		done[i] = true
+		out.At = t.At
+		if !t.Decision.OK {
+			out.OK = false
+			break
+		}
+		granted = append(granted, t.Escrow)
+	}
+	if out.OK && len(locked) > 0 {
+		p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(locked)), Now: now, TimeLocks: obs != nil}
+		for j, i := range locked {
+			p.Takes[j] = rs[i].take(now)
+		}
+		all, err := l.store.TakeAll(ctx, tx, p)
+		if err != nil {
+			return MultiResult{}, err
+		}
+		obs.addLockWait(all.LockWait)
+		out.OK, out.At = all.OK, all.At
+		for j, i := range locked {
+			t := all.Results[j]
+			if out.Results[i], err = rs[i].result(t.Decision, all.At, t.States); err != nil {
+				return MultiResult{}, err
+			}
+			done[i] = true
+		}
+	}
+	if !out.OK {
+		for _, e := range granted {
+			if err := l.escrow.store.EscrowCancel(ctx, tx, e); err != nil {
+				return MultiResult{}, err
+			}
+		}
+		// The limits not taken once one denied: what each alone would
+		// decide now, read without locking or writing, as Check does.
+		for i, r := range rs {
+			if done[i] {
+				continue
+			}
+			var err error
+			if out.Results[i], err = l.check(ctx, tx, r); err != nil {
+				return MultiResult{}, err
+			}
+		}
+	}
+	for i := range rs {
+		if out.Results[i].OK == out.OK {
 			// The longest wait among the denials, or among the
 			// reservations of a grant.
 			out.RetryAfter = max(out.RetryAfter, out.Results[i].RetryAfter)

@@ -149,6 +149,9 @@ type TakeResult struct {
 	// LockWait is the time spent in the statements that lock the limit's
 	// rows, when TakeParams.TimeLocks was set.
 	LockWait time.Duration
+	// Escrow identifies a granted escrow call (Escrower.EscrowTake), for
+	// Escrower.EscrowCancel; 0 otherwise.
+	Escrow int64
 }
 
 // TakeAllParams is one TakeAll. The (Name, Key) pairs of Takes are

@@ -13,12 +13,19 @@ type Escrower[TTx any] interface {
 	EscrowReady() error
 
 	// EscrowTake takes p.Count tokens from p's limit (one shard) in escrow:
-	// a claim in tx, the debit in a short transaction of the store's own
-	// that commits at once, and settlement of up to a few ended calls of
-	// the same key. The tokens stay taken if and only if tx commits with
-	// the claim; otherwise settlement gives them back. TakeResult.States
-	// holds the row after the call.
+	// a claim in tx and the debit in a short transaction of the store's own
+	// that commits at once (a call that would be denied first settles the
+	// ended calls of its key that may owe it tokens). The tokens stay taken
+	// if and only if tx commits with the claim; otherwise settlement gives
+	// them back. TakeResult.States holds the row after the call, and
+	// TakeResult.Escrow identifies a granted call for EscrowCancel.
 	EscrowTake(ctx context.Context, tx TTx, p TakeParams) (TakeResult, error)
+
+	// EscrowCancel undoes the granted escrow call escrow (TakeResult.Escrow)
+	// in tx, as if tx had rolled back to a savepoint taken before it: its
+	// tokens go back to the limit at settlement. LimitAllTx cancels the
+	// escrow calls it took when another of its limits denies.
+	EscrowCancel(ctx context.Context, tx TTx, escrow int64) error
 
 	// EscrowPing checks, on the store's pool, that the escrow tables are
 	// there (ErrNotMigrated when not).

@@ -89,7 +89,9 @@ func (s *Store) escrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) 
 		return driver.TakeResult{}, err
 	}
 	res.LockWait = lt.Total
-	if !res.Decision.OK {
+	if res.Decision.OK {
+		res.Escrow = claim.ID
+	} else {
 		// Nothing was taken: the claim goes, so that the call leaves no
 		// row behind.
 		if err := s.queries.EscrowUnclaim(ctx, tx, claim.ID); err != nil {
@@ -375,6 +377,12 @@ func (s *Store) settleClaims(ctx context.Context, claims []int64) (driver.Settle
 		return driver.SettleResult{}, err
 	}
 	return out, nil
+}
+
+// EscrowCancel implements driver.Escrower: the claim goes, so the call's
+// entry is settled as a rollback's.
+func (s *Store) EscrowCancel(ctx context.Context, tx pgx.Tx, escrow int64) error {
+	return mapErr(s.queries.EscrowUnclaim(ctx, tx, escrow))
 }
 
 // EscrowDelete implements driver.Escrower.
