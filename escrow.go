@@ -92,12 +92,14 @@ type SettleResult struct {
 // Settle settles the calls that escrow limits (Config.Escrow) took in
 // transactions that have ended since: the tokens of a committed call stay
 // taken, those of a call that did not commit go back to its limit, and the
-// rows that recorded them are deleted. An escrow call settles nothing but,
-// when it would be denied, the ended calls of its own key that may owe it
-// tokens; Settle is what settles the rest, and so bounds the size of the
-// escrow tables (two rows per call until it is settled). Run it every few
-// seconds, from one process or from many (settlers skip each other's rows
-// and never wait for a lock), for example in a goroutine:
+// rows that recorded them are deleted. An escrow call settles nothing itself
+// but, when it would be denied, the ended calls of its own key that may owe
+// it tokens; pgstore settles the rest in the background about once a second
+// while escrow calls are made (pgstore.EscrowSettleEvery). Settle is what
+// settles the calls left when the calls stop, and bounds the escrow tables
+// (two rows per call until it is settled) when the background is off. Run
+// it every few seconds, from one process or from many (settlers skip each
+// other's rows and never wait for a lock), for example in a goroutine:
 //
 //	go func() {
 //		for range time.Tick(5 * time.Second) {

@@ -36,7 +36,7 @@ func BenchmarkEscrow(b *testing.B) {
 	storePool := testdb.Pool(b, schema, pgx.QueryExecModeCacheStatement, 6)
 	locked, escrow := benchConfig(1), benchConfig(1)
 	escrow.Escrow = true
-	l, err := txlimit.New(pgstore.New(storePool), map[string]txlimit.Config{"locked": locked, "escrow": escrow}, nil)
+	l, err := txlimit.New(pgstore.New(storePool, pgstore.EscrowSettleEvery(0)), map[string]txlimit.Config{"locked": locked, "escrow": escrow}, nil)
 	require.NoError(b, err)
 
 	tps := map[string]float64{}

@@ -127,7 +127,7 @@ func TestEscrowPostgresCrash(t *testing.T) {
 	callers, storePool := newPool(12), newPool(4)
 	const capacity = 1e6
 	name := "crash"
-	l := escrowLimiter(t, pgstore.New(storePool), map[string]txlimit.Config{
+	l := escrowLimiter(t, pgstore.New(storePool, pgstore.EscrowSettleEvery(0)), map[string]txlimit.Config{
 		name: {Kind: txlimit.FixedWindow, Rate: capacity, Period: time.Hour, Escrow: true},
 	}, func() time.Time { return t0 })
 

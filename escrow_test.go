@@ -37,7 +37,7 @@ func newEscrowEnv(t *testing.T, mode pgx.QueryExecMode, callers int32) escrowEnv
 	storePool := testdb.Pool(t, schema, mode, 6)
 	return escrowEnv{
 		callers: testdb.Pool(t, schema, mode, callers),
-		store:   pgstore.New(storePool),
+		store:   pgstore.New(storePool, pgstore.EscrowSettleEvery(0)),
 		storeDB: storePool,
 	}
 }
@@ -423,7 +423,7 @@ func TestEscrowStorePoolIsolation(t *testing.T) {
 			t.Cleanup(storePool.Close)
 			env := escrowEnv{
 				callers: testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 16),
-				store:   pgstore.New(storePool),
+				store:   pgstore.New(storePool, pgstore.EscrowSettleEvery(0)),
 				storeDB: storePool,
 			}
 			runEscrowConcurrent(t, env, pgx.ReadCommitted)
@@ -750,7 +750,7 @@ func TestEscrowThroughPgBouncer(t *testing.T) {
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
 		t.Run(mode.String(), func(t *testing.T) {
 			storePool := open(t, mode, 2)
-			env := escrowEnv{callers: open(t, mode, clients), store: pgstore.New(storePool), storeDB: storePool}
+			env := escrowEnv{callers: open(t, mode, clients), store: pgstore.New(storePool, pgstore.EscrowSettleEvery(0)), storeDB: storePool}
 			runEscrowConcurrentN(t, env, pgx.ReadCommitted, clients, 10, 30)
 		})
 	}
@@ -778,6 +778,42 @@ func TestEscrowLimitInOwnTransaction(t *testing.T) {
 	var pending int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM txlimit_escrow").Scan(&pending))
 	require.Zero(t, pending)
+}
+
+// TestEscrowSettlesInBackground: with background settlement on (every 200
+// ms here; a second by default), the escrow calls themselves settle every
+// key: a rolled-back call's token comes back to a key nobody calls again,
+// and the tables empty, with no Settle of the test's and no denial.
+func TestEscrowSettlesInBackground(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testdb.Schema(t)
+	storePool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 4)
+	callers := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
+	name := uniqueName(t, "background")
+	l := escrowLimiter(t, pgstore.New(storePool, pgstore.EscrowSettleEvery(200*time.Millisecond)), map[string]txlimit.Config{
+		name: {Kind: txlimit.TokenBucket, Rate: 1000, Period: time.Hour, Escrow: true},
+	}, func() time.Time { return t0 })
+	require.True(t, escrowTx(t, callers, l, name, "quiet", false).OK, "granted, then rolled back")
+	start := time.Now()
+	back := false
+	for i := 0; time.Since(start) < 30*time.Second; i++ {
+		// Calls on another key, committed: they start the settlements.
+		require.True(t, escrowTx(t, callers, l, name, "busy", true).OK)
+		snap, err := l.Value(ctx, name, "quiet")
+		require.NoError(t, err)
+		pending, claims := escrowEnv{storeDB: storePool}.escrowRows(t)
+		if snap.Value == 1000 && pending <= 1 && claims <= 1 {
+			back = true
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.True(t, back, "the rolled-back call's token came back and the tables emptied (but the last call) without Settle")
+	t.Logf("token back and tables settled %v after the rollback", time.Since(start).Round(time.Millisecond))
+	snap, err := l.Value(ctx, name, "busy")
+	require.NoError(t, err)
+	require.Less(t, snap.Value, 1000.0, "the busy key's committed calls stay spent")
 }
 
 // TestEscrowSettleIsBounded: keys called once never settle themselves;

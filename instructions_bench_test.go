@@ -102,7 +102,7 @@ func BenchmarkServerInstructions(b *testing.B) {
 			}
 			storePool := testdb.Pool(b, schema, pgx.QueryExecModeCacheStatement, 1)
 			pools = append(pools, storePool)
-			store = pgstore.New(storePool)
+			store = pgstore.New(storePool, pgstore.EscrowSettleEvery(0))
 		}
 		var pids []int32
 		for _, p := range pools {

@@ -81,13 +81,15 @@ type Config struct {
 	// one statement, never until the caller commits, so one hot key no
 	// longer queues its callers. The price: the tokens of a caller that
 	// rolls back come back late (at the next call of the key that would be
-	// denied without them, or the next Settle), never early; an escrow
-	// limit has one shard (Shards must be 0 or 1). LimitAllTx takes escrow
-	// limits first and cancels them when another limit denies. PostgreSQL
-	// (pgstore, with a pool) only; run Limiter.Settle every few seconds.
-	// Limit and LimitAll (the forms without Tx) take an escrow limit in
-	// their own short transaction, as the locked model does. See
-	// docs/escrow.md.
+	// denied without them, or at the next settlement: pgstore settles in
+	// the background about once a second while escrow calls are made, and
+	// Limiter.Settle settles on demand), never early. An escrow limit has
+	// one shard (Shards must be 0 or 1). LimitAllTx takes escrow limits
+	// first and cancels them when another limit denies. PostgreSQL
+	// (pgstore, with a pool) only; run Limiter.Settle every few seconds for
+	// the calls left when the calls stop. Limit and LimitAll (the forms
+	// without Tx) take an escrow limit in their own short transaction, as
+	// the locked model does. See docs/escrow.md.
 	// Defaults to false: the row is locked until the caller's transaction
 	// ends.
 	Escrow bool

@@ -29,6 +29,9 @@ const (
 	keySettleBatch = 16
 	// settleBatch is the most calls one statement of Settle examines.
 	settleBatch = 500
+	// backgroundSettleMax is the most calls a background settlement
+	// examines: txlimit.DefaultSettleMax.
+	backgroundSettleMax = 10000
 )
 
 // The debit and the settlement each run as one short transaction sent in a
@@ -70,6 +73,7 @@ func (s *Store) EscrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) 
 }
 
 func (s *Store) escrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+	s.settleInBackground()
 	if s.pool == nil {
 		return driver.TakeResult{}, errors.New("txlimit/pgstore: the store " + escrowPoolError)
 	}
@@ -99,6 +103,26 @@ func (s *Store) escrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) 
 		}
 	}
 	return res, nil
+}
+
+// settleInBackground starts a settlement in a goroutine of its own when the
+// last one started at least settleEvery ago and none is running
+// (EscrowSettleEvery).
+func (s *Store) settleInBackground() {
+	if s.settleEvery <= 0 || s.pool == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	if now-s.lastSettle.Load() < int64(s.settleEvery) || !s.settling.CompareAndSwap(false, true) {
+		return
+	}
+	s.lastSettle.Store(now)
+	go func() {
+		defer s.settling.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), max(10*s.settleEvery, 30*time.Second))
+		defer cancel()
+		_, _ = s.settle(ctx, driver.SettleParams{Max: backgroundSettleMax})
+	}()
 }
 
 // escrowDebit takes p's tokens for claim on the store's pool. A call that

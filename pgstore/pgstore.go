@@ -51,6 +51,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -70,6 +71,11 @@ type Store struct {
 	// COMMITTED (EscrowRead tells): the lean escrow debits are then sent
 	// inside a transaction that sets it, rather than alone.
 	escrowTx atomic.Bool
+	// settleEvery is how often, at most, escrow calls start a settlement
+	// in the background (EscrowSettleEvery); 0 never.
+	settleEvery time.Duration
+	settling    atomic.Bool  // a background settlement is running
+	lastSettle  atomic.Int64 // when the last one started, in Unix ns
 }
 
 var _ driver.Store[pgx.Tx] = (*Store)(nil)
@@ -78,7 +84,7 @@ var _ driver.Store[pgx.Tx] = (*Store)(nil)
 // the limiter are used; the other forms then return txlimit.ErrNoPool.
 func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	q := db.New()
-	s := &Store{pool: pool, queries: q, c: conn{q: q}}
+	s := &Store{pool: pool, queries: q, c: conn{q: q}, settleEvery: DefaultEscrowSettleEvery}
 	for _, o := range opts {
 		o(s)
 	}
@@ -87,6 +93,27 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 
 // Option configures a Store.
 type Option func(*Store)
+
+// DefaultEscrowSettleEvery is how often, at most, a store settles escrow
+// calls in the background by default (EscrowSettleEvery).
+const DefaultEscrowSettleEvery = time.Second
+
+// EscrowSettleEvery sets how often, at most, the store settles escrow calls
+// (txlimit.Config.Escrow) in the background: an escrow call made at least d
+// after the last background settlement started, while none is running,
+// starts one in a goroutine of its own, which settles what Limiter.Settle
+// with default options would (every key, up to DefaultSettleMax calls) on
+// the store's pool and ends; its errors are dropped (a later one, or
+// Limiter.Settle, settles what it left). So while escrow calls are made, a
+// rolled-back call's tokens come back within about d, and the escrow tables
+// hold about d's worth of calls, without a job of the application's. The
+// calls of the last d before the traffic stops wait for the next call or
+// for Limiter.Settle: run it every few seconds too if keys go quiet. The
+// default is DefaultEscrowSettleEvery; 0 (or less) turns background
+// settlement off.
+func EscrowSettleEvery(d time.Duration) Option {
+	return func(s *Store) { s.settleEvery = max(d, 0) }
+}
 
 // SingleKeyStatements makes every statement that locks or writes rows touch
 // the rows of one (name, key), for a txlimit table distributed by key (Citus:

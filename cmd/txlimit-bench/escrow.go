@@ -23,7 +23,9 @@ func escrowPoolSize(clients int) int { return min(clients, 14) + 2 }
 // pgLimit; the store debits in autocommit and settles on a pool of its own
 // (store), so that a debit never waits for a connection a client holds. A
 // settling job (Limiter.Settle every settleEvery) runs beside every run of
-// its clients, as a user runs it, and reports its cost.
+// its clients, as a user runs it, and reports its cost; the store's own
+// background settlement (pgstore.EscrowSettleEvery) is off, so that the job
+// does all of it and the report counts it all.
 type pgEscrow struct {
 	pgLimit
 	store       *pgPool
@@ -35,7 +37,7 @@ func newPgEscrow(clients, store *pgPool, settleEvery time.Duration) pgEscrow {
 		panic("txlimit-bench: the escrow subject is opened without its store's pool") // b.postgres opens it
 	}
 	return pgEscrow{
-		pgLimit:     pgLimit{p: clients, store: pgstore.New(store.pool), tune: func(c *txlimit.Config) { c.Escrow = true }},
+		pgLimit:     pgLimit{p: clients, store: pgstore.New(store.pool, pgstore.EscrowSettleEvery(0)), tune: func(c *txlimit.Config) { c.Escrow = true }},
 		store:       store,
 		settleEvery: settleEvery,
 	}
