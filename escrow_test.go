@@ -730,6 +730,7 @@ func TestEscrowNotMigrated(t *testing.T) {
 // and its debit needs another (docs/escrow.md).
 func TestEscrowThroughPgBouncer(t *testing.T) {
 	t.Parallel()
+	testdb.NeedPgBouncer(t)
 	db, direct := testdb.Database(t, "txlimit_escrow_pgbouncer")
 	admin, err := pgxpool.New(context.Background(), direct)
 	require.NoError(t, err)

@@ -770,6 +770,7 @@ func openSQLiteDSN(t *testing.T, dsn string) *sql.DB {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16) // not database/sql's 2: no reopening under concurrency
 	require.NoError(t, migrations.Up(context.Background(), db, migrations.SQLite))
 	return db
 }

@@ -29,6 +29,7 @@ import (
 // of 160 calls in one run here. docs/scale-out.md has the details.)
 func TestLimitThroughPgBouncer(t *testing.T) {
 	t.Parallel()
+	testdb.NeedPgBouncer(t)
 	db, direct := testdb.Database(t, "txlimit_pgbouncer")
 	admin, err := pgxpool.New(context.Background(), direct)
 	require.NoError(t, err)

@@ -75,6 +75,10 @@ func openSQLPostgres(t *testing.T, d sqlDriver, schema string, conns int) *sql.D
 	db, err := sql.Open(d.name, withParams(t, testdb.URL(t), params))
 	require.NoError(t, err)
 	db.SetMaxOpenConns(conns)
+	// Keep them all: database/sql keeps 2 idle connections by default and
+	// closes the others as they are released, so the concurrency topics
+	// would open a server process for almost every call.
+	db.SetMaxIdleConns(conns)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
 }
@@ -147,6 +151,7 @@ func TestPostgresDatabaseSQL(t *testing.T) {
 // runs the savepoints of the SKIP LOCKED fast path through the pooler.
 func TestDatabaseSQLThroughPgBouncer(t *testing.T) {
 	t.Parallel()
+	testdb.NeedPgBouncer(t)
 	dbName, direct := testdb.Database(t, "txlimit_pgbouncer")
 	admin, err := pgxpool.New(context.Background(), direct)
 	require.NoError(t, err)
@@ -170,6 +175,7 @@ func TestDatabaseSQLThroughPgBouncer(t *testing.T) {
 				require.NoError(t, err)
 				defer db.Close()
 				db.SetMaxOpenConns(clients)
+				db.SetMaxIdleConns(clients)
 				name := uniqueName(t, "pgbouncer")
 				l, err := txlimit.New(pgsqlstore.New(db), map[string]txlimit.Config{
 					name: {Kind: txlimit.TokenBucket, Rate: capacity, Period: time.Hour, Shards: c.shards},

@@ -24,12 +24,8 @@ func sqliteDB(t *testing.T) *sql.DB {
 }
 
 func postgresDB(t *testing.T) *sql.DB {
-	// A fresh schema with no migrations: testdb.Schema migrates, so build
-	// one by hand here.
-	schema := testdb.Schema(t)
-	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
-	_, err := pool.Exec(context.Background(), "DROP TABLE txlimit, txlimit_escrow, txlimit_escrow_claim; DROP TABLE "+migrations.VersionTable)
-	require.NoError(t, err)
+	// A fresh schema with no migrations.
+	pool := testdb.Pool(t, testdb.EmptySchema(t), pgx.QueryExecModeCacheStatement, 2)
 	db := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { _ = db.Close() })
 	return db

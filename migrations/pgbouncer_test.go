@@ -24,6 +24,7 @@ import (
 // lock must not: every call returns nil within its deadline, each migration
 // is recorded exactly once, and no lock is left behind.
 func TestUpConcurrentThroughPgBouncer(t *testing.T) {
+	testdb.NeedPgBouncer(t)
 	db, direct := testdb.Database(t, "txlimit_pgbouncer")
 	url := testdb.PgBouncer(t, db, "transaction", 4)
 

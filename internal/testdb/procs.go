@@ -178,6 +178,14 @@ func withDatabase(cfg *pgx.ConnConfig, db string) string {
 	return fmt.Sprintf("%s@%s/%s?sslmode=disable", u, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), db)
 }
 
+// NeedPgBouncer is Need for pgbouncer. Tests call it before Database:
+// creating and dropping a database costs seconds (the drop waits for a
+// checkpoint), spent for nothing when the test then skips.
+func NeedPgBouncer(tb testing.TB) string {
+	tb.Helper()
+	return Need(tb, "pgbouncer", "scripts/pgbouncer.sh", "/usr/sbin")
+}
+
 // PgBouncerPorts is the range of loopback ports PgBouncer takes a free one from.
 const (
 	PgBouncerPortLo = 6440
@@ -191,7 +199,7 @@ const (
 // PgBouncer need pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol.
 func PgBouncer(tb testing.TB, db, mode string, poolSize int) string {
 	tb.Helper()
-	bin := Need(tb, "pgbouncer", "scripts/pgbouncer.sh", "/usr/sbin")
+	bin := NeedPgBouncer(tb)
 	cfg, err := pgx.ParseConfig(URL(tb))
 	if err != nil {
 		tb.Fatalf("parse url: %v", err)

@@ -21,7 +21,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"os"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -118,9 +121,37 @@ func ping(url string) error {
 
 // Schema creates a new schema with txlimit's migrations applied, dropped when
 // tb ends, and returns its name.
+//
+// The tables are made by the migrations' Up statements run as one
+// simple-protocol query (one round trip, one transaction) on a connection of
+// a small pool kept for the test binary, not by goose: goose opens its own
+// connections, creates its version and lock tables, and takes and releases
+// its lock row, a dozen round trips and DDL of its own per schema, which the
+// root package's ~120 schemas per run paid in full (about a fifth of its
+// time). The schema has no goose version table. TestSchemaMatchesGoose holds
+// the result to what goose makes; a migration using a goose annotation other
+// than Up and Down is run through goose instead.
 func Schema(tb testing.TB) string {
 	tb.Helper()
 	schema := EmptySchema(tb)
+	ctx := context.Background()
+	ddl, err := upSQL()
+	if err != nil {
+		tb.Fatalf("migrations: %v", err)
+	}
+	if ddl == "" {
+		migrateWithGoose(tb, schema)
+		return schema
+	}
+	if _, err := admin(tb).Exec(ctx, "SET search_path TO "+schema+"; "+ddl); err != nil {
+		tb.Fatalf("migrations: %v", err)
+	}
+	return schema
+}
+
+// migrateWithGoose runs migrations.Up on schema.
+func migrateWithGoose(tb testing.TB, schema string) {
+	tb.Helper()
 	// A pool of its own, closed as soon as the schema is migrated: a pool
 	// left open until tb ends would hold its idle connections, two per
 	// schema, beside the test's own pools. (goose needs two: its table
@@ -132,33 +163,102 @@ func Schema(tb testing.TB) string {
 	if err := migrations.Up(context.Background(), db, migrations.Postgres); err != nil {
 		tb.Fatalf("migrations: %v", err)
 	}
-	return schema
+}
+
+var (
+	upOnce sync.Once
+	upText string
+	upErr  error
+)
+
+// upSQL returns the Up statements of every PostgreSQL migration, in order,
+// as one text, or "" when a file uses a goose annotation other than Up and
+// Down (StatementBegin, NO TRANSACTION, envsub): those are for goose.
+func upSQL() (string, error) {
+	upOnce.Do(func() { upText, upErr = readUpSQL(migrations.Postgres) })
+	return upText, upErr
+}
+
+func readUpSQL(dialect migrations.Dialect) (string, error) {
+	fsys, err := migrations.FS(dialect)
+	if err != nil {
+		return "", err
+	}
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil {
+		return "", err
+	}
+	sort.Strings(names) // goose's order: the zero-padded version numbers
+	var b strings.Builder
+	for _, name := range names {
+		text, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			return "", err
+		}
+		up := false
+		for _, line := range strings.SplitAfter(string(text), "\n") {
+			if a, ok := strings.CutPrefix(strings.TrimSpace(line), "-- +goose"); ok {
+				switch strings.TrimSpace(a) {
+				case "Up":
+					up = true
+				case "Down":
+					up = false
+				default:
+					return "", nil
+				}
+				continue
+			}
+			if up {
+				b.WriteString(line)
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String(), nil
+}
+
+var (
+	adminOnce sync.Once
+	adminPool *pgxpool.Pool
+	adminErr  error
+)
+
+// admin returns a pool of at most 3 connections for creating and dropping
+// schemas, kept open for the life of the test binary: a connection of its
+// own per schema would cost a server process's start each time.
+func admin(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	url := URL(tb)
+	adminOnce.Do(func() {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			adminErr = err
+			return
+		}
+		cfg.MaxConns = 3
+		cfg.MaxConnIdleTime = 5 * time.Second
+		cfg.HealthCheckPeriod = 5 * time.Second
+		adminPool, adminErr = pgxpool.NewWithConfig(context.Background(), cfg)
+	})
+	if adminErr != nil {
+		tb.Fatalf("admin pool: %v", adminErr)
+	}
+	return adminPool
 }
 
 // EmptySchema creates a new schema without txlimit's table, dropped when tb
 // ends, and returns its name.
 func EmptySchema(tb testing.TB) string {
 	tb.Helper()
-	url := URL(tb)
+	pool := admin(tb)
 	ctx := context.Background()
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	schema := "txlimit_test_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		tb.Fatalf("connect: %v", err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		tb.Fatalf("create schema: %v", err)
 	}
-	tb.Cleanup(func() {
-		conn, err := pgx.Connect(context.Background(), url)
-		if err == nil {
-			_, _ = conn.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
-			_ = conn.Close(context.Background())
-		}
-	})
+	tb.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
 	return schema
 }
 
