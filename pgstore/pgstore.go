@@ -102,13 +102,13 @@ const DefaultEscrowSettleEvery = time.Second
 // (txlimit.Config.Escrow) in the background: an escrow call made at least d
 // after the last background settlement started, while none is running,
 // starts one in a goroutine of its own, which settles what Limiter.Settle
-// with default options would (every key, up to DefaultSettleMax calls) on
-// the store's pool and ends; its errors are dropped (a later one, or
-// Limiter.Settle, settles what it left). So while escrow calls are made, a
-// rolled-back call's tokens come back within about d, and the escrow tables
-// hold about d's worth of calls, without a job of the application's. The
-// calls of the last d before the traffic stops wait for the next call or
-// for Limiter.Settle: run it every few seconds too if keys go quiet. The
+// with default options would (every key, up to txlimit.DefaultSettleMax
+// calls) on the store's pool and ends; its errors are dropped (a later one,
+// or Limiter.Settle, settles what it left). So while escrow calls are made,
+// a rolled-back call's tokens come back within about d, and the escrow
+// tables hold about d's worth of calls, without a job of the application's.
+// The calls of the last d before the traffic stops wait for the next call
+// or for Limiter.Settle: run it every few seconds too if keys go quiet. The
 // default is DefaultEscrowSettleEvery; 0 (or less) turns background
 // settlement off.
 func EscrowSettleEvery(d time.Duration) Option {
