@@ -403,7 +403,7 @@ func TestEscrowConcurrentExact(t *testing.T) {
 
 // TestEscrowStorePoolIsolation: a store whose pool's transactions default to
 // REPEATABLE READ or SERIALIZABLE (default_transaction_isolation) stays
-// exact under 32 concurrent callers: its lean debits, which run alone at the
+// exact under 16 concurrent callers: its lean debits, which run alone at the
 // pool's default, grant only at READ COMMITTED, and the store then sends
 // them inside BEGIN ISOLATION LEVEL READ COMMITTED (alone at a stricter
 // level, concurrent debits of one row would fail with 40001).
@@ -417,16 +417,18 @@ func TestEscrowStorePoolIsolation(t *testing.T) {
 			require.NoError(t, err)
 			cfg.ConnConfig.RuntimeParams["search_path"] = schema
 			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
-			cfg.MaxConns = 6
+			cfg.MaxConns = 4
 			storePool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 			require.NoError(t, err)
 			t.Cleanup(storePool.Close)
 			env := escrowEnv{
-				callers: testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 16),
+				callers: testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 8),
 				store:   pgstore.New(storePool, pgstore.EscrowSettleEvery(0)),
 				storeDB: storePool,
 			}
-			runEscrowConcurrent(t, env, pgx.ReadCommitted)
+			// 16 callers, 8 in flight: enough to make the debits of one
+			// row meet, fewer connections than the 32-caller tests.
+			runEscrowConcurrentN(t, env, pgx.ReadCommitted, 16, 8, 60)
 		})
 	}
 }
