@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/sqlitestore"
 )
@@ -42,7 +42,7 @@ func openDB(t *testing.T, params string) *sql.DB {
 // openBareDB opens a fresh database file without running the migrations.
 func openBareDB(t *testing.T, params string) *sql.DB {
 	t.Helper()
-	dsn := "file:" + filepath.Join(t.TempDir(), "txlimit.db")
+	dsn := "file:" + testdb.SQLitePath(t)
 	if params != "" {
 		dsn += "?" + params
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
 )
 
@@ -24,7 +24,7 @@ func openTestDB(t *testing.T) *sql.DB {
 
 func openTestDBMode(t *testing.T, mode string) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "txlimit.db")+
+	db, err := sql.Open("sqlite", "file:"+testdb.SQLitePath(t)+
 		"?_pragma=busy_timeout(5000)&_pragma=journal_mode("+mode+")&_txlock=immediate")
 	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })
