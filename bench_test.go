@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
@@ -312,7 +311,7 @@ func runSerial(b *testing.B, subjects []serialSubject) map[string]float64 {
 func BenchmarkSQLiteLimitTx(b *testing.B) {
 	const conns = 8
 	ctx := context.Background()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(b.TempDir(), "bench.db")+sqliteDSN)
+	db, err := sql.Open("sqlite", "file:"+testdb.SQLitePath(b)+sqliteDSN)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(conns)

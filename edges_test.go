@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -371,7 +370,7 @@ func TestNotMigrated(t *testing.T) {
 		require.NoError(t, l.Ping(ctx))
 	})
 	t.Run("sqlite", func(t *testing.T) {
-		db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "bare.db")+sqliteDSN)
+		db, err := sql.Open("sqlite", "file:"+testdb.SQLitePath(t)+sqliteDSN)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
 		l, err := txlimit.New(sqlitestore.New(db), limits, failOpen)

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -766,7 +765,7 @@ func openSQLite(t *testing.T) *sql.DB {
 // openSQLiteDSN is openSQLite with another DSN suffix.
 func openSQLiteDSN(t *testing.T, dsn string) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "txlimit.db")+dsn)
+	db, err := sql.Open("sqlite", "file:"+testdb.SQLitePath(t)+dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(16)

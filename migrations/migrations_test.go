@@ -3,7 +3,6 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
-	"path/filepath"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -17,7 +16,7 @@ import (
 )
 
 func sqliteDB(t *testing.T) *sql.DB {
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "m.db"))
+	db, err := sql.Open("sqlite", "file:"+testdb.SQLitePath(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
