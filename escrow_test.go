@@ -413,14 +413,8 @@ func TestEscrowStorePoolIsolation(t *testing.T) {
 		t.Run(level, func(t *testing.T) {
 			t.Parallel()
 			schema := testdb.Schema(t)
-			cfg, err := pgxpool.ParseConfig(testdb.URL(t))
-			require.NoError(t, err)
-			cfg.ConnConfig.RuntimeParams["search_path"] = schema
-			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
-			cfg.MaxConns = 4
-			storePool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			require.NoError(t, err)
-			t.Cleanup(storePool.Close)
+			storePool := testdb.PoolParams(t, schema, pgx.QueryExecModeCacheStatement, 4,
+				map[string]string{"default_transaction_isolation": level})
 			env := escrowEnv{
 				callers: testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 8),
 				store:   pgstore.New(storePool, pgstore.EscrowSettleEvery(0)),

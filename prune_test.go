@@ -348,15 +348,7 @@ func runPruneBasics[TTx any](t *testing.T, h harness[TTx]) {
 // 100ms of waiting for a lock, with SQLSTATE 55P03: a Prune on it that
 // waited for live traffic would fail.
 func lockTimeoutPool(t *testing.T, schema string) *pgxpool.Pool {
-	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "100ms"
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return testdb.PoolParams(t, schema, pgx.QueryExecModeCacheStatement, 2, map[string]string{"lock_timeout": "100ms"})
 }
 
 // Prune passes over the rows other transactions hold instead of waiting for

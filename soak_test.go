@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
@@ -211,16 +210,9 @@ func TestSoakPostgres(t *testing.T) {
 	// The workers' connections carry an application_name of their own, so
 	// that the killer picks its victims among them only.
 	workersApp := "txlimit-soak-" + schema
-	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	cfg.ConnConfig.RuntimeParams["application_name"] = workersApp
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := testdb.PoolParams(t, schema, pgx.QueryExecModeCacheStatement, 8, map[string]string{"application_name": workersApp})
 	admin := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
-	_, err = admin.Exec(ctx, `CREATE TABLE soak_events (id bigserial PRIMARY KEY, limit_name text NOT NULL)`)
+	_, err := admin.Exec(ctx, `CREATE TABLE soak_events (id bigserial PRIMARY KEY, limit_name text NOT NULL)`)
 	require.NoError(t, err)
 	h := pgHarness(t, pool)
 	// Workers must see a killed connection as an error, never block on it.

@@ -271,11 +271,25 @@ func Pool(tb testing.TB, schema string, mode pgx.QueryExecMode, maxConns int32) 
 	return pool
 }
 
-func newPool(tb testing.TB, schema string, mode pgx.QueryExecMode, maxConns int32) *pgxpool.Pool {
+// PoolParams is Pool with more server settings on every connection (for
+// example default_transaction_isolation, lock_timeout, application_name).
+func PoolParams(tb testing.TB, schema string, mode pgx.QueryExecMode, maxConns int32, params map[string]string) *pgxpool.Pool {
+	tb.Helper()
+	pool := newPool(tb, schema, mode, maxConns, params)
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+func newPool(tb testing.TB, schema string, mode pgx.QueryExecMode, maxConns int32, params ...map[string]string) *pgxpool.Pool {
 	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(URL(tb))
 	if err != nil {
 		tb.Fatalf("parse url: %v", err)
+	}
+	for _, ps := range params {
+		for k, v := range ps {
+			cfg.ConnConfig.RuntimeParams[k] = v
+		}
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.ConnConfig.DefaultQueryExecMode = mode
