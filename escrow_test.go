@@ -379,9 +379,10 @@ func TestEscrowRollbackReturnsTokens(t *testing.T) {
 	require.Zero(t, claims)
 }
 
-// TestEscrowConcurrentExact: 32 callers, each in its own transaction (16
-// open at once, on a pool of 16 connections: the suite's own concurrency, so
-// that the parallel tests stay well under max_connections), on one key with
+// TestEscrowConcurrentExact: 32 callers, each in its own transaction (8
+// open at once, on a pool of 8 connections, as the conformance suite's
+// concurrency: every server connection costs the run about 40 ms of CPU
+// on a small VM), on one key with
 // a frozen clock, under every isolation level and exec mode: exactly
 // Capacity calls are granted and committed.
 // Some callers roll back after a grant: their tokens return, and in the end
@@ -391,7 +392,7 @@ func TestEscrowConcurrentExact(t *testing.T) {
 	levels := []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable}
 	for _, mode := range testdb.ExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
-			env := newEscrowEnv(t, mode, 16)
+			env := newEscrowEnv(t, mode, 8)
 			for _, iso := range levels {
 				t.Run(string(iso), func(t *testing.T) {
 					runEscrowConcurrent(t, env, iso)
