@@ -180,7 +180,7 @@ func TestEscrowLimitAll(t *testing.T) {
 func TestEscrowLimitAllConcurrentExact(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 16)
+	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 8)
 	esc, locked := uniqueName(t, "esc"), uniqueName(t, "locked")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
 		esc:    {Kind: txlimit.TokenBucket, Rate: 100, Period: time.Hour, Escrow: true},
@@ -428,8 +428,11 @@ func TestEscrowStorePoolIsolation(t *testing.T) {
 	}
 }
 
+// runEscrowConcurrent: 32 callers, 5 calls each, on 100 tokens: demand
+// well above supply, so that the grants, the rollbacks' refunds and the
+// denials meet at the boundary.
 func runEscrowConcurrent(t *testing.T, env escrowEnv, iso pgx.TxIsoLevel) {
-	runEscrowConcurrentN(t, env, iso, 32, 8, 100)
+	runEscrowConcurrentN(t, env, iso, 32, 5, 100)
 }
 
 // runEscrowConcurrentN: clients callers make calls calls each on one key of
