@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"net"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -50,7 +49,7 @@ func sqliteLimiter(t *testing.T, state dbState, limits map[string]txlimit.Config
 // sqliteLimiterDB is sqliteLimiter that also returns the database.
 func sqliteLimiterDB(t *testing.T, state dbState, limits map[string]txlimit.Config, opts *txlimit.Options) (*txlimit.Limiter[*sql.Tx], *sql.DB) {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "txlimit.db")+
+	db, err := sql.Open("sqlite", "file:"+testdb.SQLitePath(t)+
 		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })

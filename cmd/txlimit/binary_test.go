@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/txlimit/txlimit/internal/testdb"
 )
 
 // TestBinary builds the command and checks that main exits with what run
@@ -20,7 +22,7 @@ func TestBinary(t *testing.T) {
 	build := exec.Command(goBin, "build", "-o", bin, ".")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	dsn := filepath.Join(t.TempDir(), "app.db")
+	dsn := testdb.SQLitePath(t)
 	for _, c := range []struct {
 		args []string
 		code int

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
 )
@@ -60,7 +61,7 @@ func fails(t *testing.T, code int, args ...string) string {
 
 func TestUsage(t *testing.T) {
 	t.Parallel()
-	dsn := filepath.Join(t.TempDir(), "app.db")
+	dsn := testdb.SQLitePath(t)
 	for _, help := range [][]string{{"-help"}, {"--help"}, {"-h"}, {"help"}, {"value", "-help"}} {
 		out := ok(t, help...)
 		require.Contains(t, out, "Commands:")
@@ -120,7 +121,7 @@ func TestUsage(t *testing.T) {
 
 func TestSQLite(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "app.db")
+	path := testdb.SQLitePath(t)
 	exercise(t, path, func(t *testing.T) *txlimit.Limiter[*sql.Tx] {
 		db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_txlock=immediate")
 		require.NoError(t, err)
@@ -331,7 +332,7 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 
 func TestDashKey(t *testing.T) {
 	t.Parallel()
-	dsn := filepath.Join(t.TempDir(), "app.db")
+	dsn := testdb.SQLitePath(t)
 	ok(t, "migrate", "up", "-dsn", dsn)
 	require.Contains(t, ok(t, "reset", "-dsn", dsn, "send", "--", "-x"), "limit send, key -x had no state")
 	require.Contains(t, ok(t, "value", "send", "-dsn", dsn, "-kind", "token_bucket", "-rate", "2", "-period", "1s", "--", ""), `key "": token bucket, 2 per 1s`)
