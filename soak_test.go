@@ -8,8 +8,9 @@ package txlimit_test
 //
 // TXLIMIT_SOAK_PHASE sets the length of each of the four phases: 500ms by
 // default, for a quick go test ./...; .ci/run sets 2s, and
-// TXLIMIT_SOAK_PHASE=30s soaks for two minutes. (The workers run flat out:
-// at 1s a phase, the two soaks were a tenth of the root package's CPU.)
+// TXLIMIT_SOAK_PHASE=30s soaks for two minutes. (At 1s a phase, with the
+// workers spinning on denials, the two soaks were a tenth of the root
+// package's CPU.)
 
 import (
 	"context"
