@@ -513,23 +513,26 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 					go func() {
 						defer wg.Done()
 						for range callsEach {
-							sem <- struct{}{}
-							tx := h.begin(t)
-							res, err := l.LimitTx(ctx, tx, name, "hot")
-							if err != nil {
-								h.rollback(tx)
-								errs <- err
-								<-sem
-								continue
-							}
-							if err := h.commit(tx); err != nil {
-								errs <- err
-							} else if res.OK {
-								admitted.Add(1)
-							} else {
-								denied.Add(1)
-							}
-							<-sem
+							func() {
+								sem <- struct{}{}
+								// Deferred: a failed begin ends this goroutine,
+								// and its slot must not be lost with it.
+								defer func() { <-sem }()
+								tx := h.begin(t)
+								res, err := l.LimitTx(ctx, tx, name, "hot")
+								if err != nil {
+									h.rollback(tx)
+									errs <- err
+									return
+								}
+								if err := h.commit(tx); err != nil {
+									errs <- err
+								} else if res.OK {
+									admitted.Add(1)
+								} else {
+									denied.Add(1)
+								}
+							}()
 						}
 					}()
 				}

@@ -251,15 +251,20 @@ func runMulti[TTx any](t *testing.T, h harness[TTx]) {
 			go func() {
 				defer wg.Done()
 				for range callsEach {
-					sem <- struct{}{}
-					tx := h.begin(t)
-					res, err := l.LimitAllTx(ctx, tx, reqs...)
-					if err == nil {
-						err = h.commit(tx)
-					} else {
-						h.rollback(tx)
-					}
-					<-sem
+					res, err := func() (txlimit.MultiResult, error) {
+						sem <- struct{}{}
+						// Deferred: a failed begin ends this goroutine, and
+						// its slot must not be lost with it.
+						defer func() { <-sem }()
+						tx := h.begin(t)
+						res, err := l.LimitAllTx(ctx, tx, reqs...)
+						if err == nil {
+							err = h.commit(tx)
+						} else {
+							h.rollback(tx)
+						}
+						return res, err
+					}()
 					switch {
 					case err != nil:
 						errs <- err
