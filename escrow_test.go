@@ -380,11 +380,10 @@ func TestEscrowRollbackReturnsTokens(t *testing.T) {
 }
 
 // TestEscrowConcurrentExact: 32 callers, each in its own transaction (8
-// open at once, on a pool of 8 connections, as the conformance suite's
-// concurrency: every server connection costs the run about 40 ms of CPU
-// on a small VM), on one key with
-// a frozen clock, under every isolation level and exec mode: exactly
-// Capacity calls are granted and committed.
+// open at once, on a pool of 8 connections, as in the conformance suite:
+// every server connection costs the run about 40 ms of CPU on a small VM),
+// on one key with a frozen clock, under every isolation level and exec
+// mode: exactly Capacity calls are granted and committed.
 // Some callers roll back after a grant: their tokens return, and in the end
 // the granted-and-committed calls are exactly Capacity.
 func TestEscrowConcurrentExact(t *testing.T) {
