@@ -226,13 +226,7 @@ func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim db.Esc
 	} else {
 		err = send(s.pool)
 	}
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return algo.State{}, time.Time{}, false, nil
-	case err != nil:
-		return algo.State{}, time.Time{}, false, err
-	}
-	return algo.State{Value: value, TS: ts.UnixMicro()}, clock, true, nil
+	return takenRow(value, ts, clock, err)
 }
 
 // readKey reads the key's row as last committed, with the clock, and step
