@@ -269,11 +269,5 @@ func (c conn) TakeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (alg
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	}
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return algo.State{}, time.Time{}, false, nil
-	case err != nil:
-		return algo.State{}, time.Time{}, false, err
-	}
-	return algo.State{Value: value, TS: ts.UnixMicro()}, clock, true, nil
+	return pgproto.TakenRow(value, ts, clock, errors.Is(err, sql.ErrNoRows), err)
 }

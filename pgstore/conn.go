@@ -328,18 +328,5 @@ func (c conn) TakeRow(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (algo
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	}
-	return takenRow(value, ts, clock, err)
-}
-
-// takenRow is the result of a one-row take (TakeRow, and escrow's lean
-// debit) from the row it returned: ok is false when the statement returned
-// no row, which it does when it granted nothing.
-func takenRow(value float64, ts, clock time.Time, err error) (algo.State, time.Time, bool, error) {
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return algo.State{}, time.Time{}, false, nil
-	case err != nil:
-		return algo.State{}, time.Time{}, false, err
-	}
-	return algo.State{Value: value, TS: ts.UnixMicro()}, clock, true, nil
+	return pgproto.TakenRow(value, ts, clock, errors.Is(err, pgx.ErrNoRows), err)
 }

@@ -226,7 +226,7 @@ func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim db.Esc
 	} else {
 		err = send(s.pool)
 	}
-	return takenRow(value, ts, clock, err)
+	return pgproto.TakenRow(value, ts, clock, errors.Is(err, pgx.ErrNoRows), err)
 }
 
 // readKey reads the key's row as last committed, with the clock, and step

@@ -475,3 +475,17 @@ func Prune[TTx any](ctx context.Context, c Conn[TTx], tx TTx, p driver.PrunePara
 	}
 	return out, nil
 }
+
+// TakenRow is the result of a one-row take (Conn.TakeRow, and pgstore's
+// escrow debit) from what its statement returned: ok is false when it
+// returned no row (noRow: the driver's no-rows error), which it does when it
+// granted nothing.
+func TakenRow(value float64, ts, clock time.Time, noRow bool, err error) (algo.State, time.Time, bool, error) {
+	switch {
+	case noRow:
+		return algo.State{}, time.Time{}, false, nil
+	case err != nil:
+		return algo.State{}, time.Time{}, false, err
+	}
+	return algo.State{Value: value, TS: ts.UnixMicro()}, clock, true, nil
+}
