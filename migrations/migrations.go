@@ -9,12 +9,15 @@
 //	if err := migrations.Up(ctx, sqlDB, migrations.Postgres); err != nil { … }
 //
 // Concurrent Up calls (several instances of the application starting at
-// once) are serialized on PostgreSQL by a lock row in LockTable, not by a
-// session advisory lock: see Provider for why.
+// once) are serialized on PostgreSQL and MySQL by a lock row in LockTable,
+// not by a session lock: see Provider for why.
 //
 // The files are plain goose migrations too: an application that prefers one
 // history may copy migrations/postgres/*.sql (or sqlite/*.sql) into its own
 // goose directory, renumbered to follow its own.
+//
+// On MySQL or MariaDB, open db with parseTime=true in the DSN (goose's lock
+// row and mysqlstore read DATETIME columns); see the mysqlstore package.
 package migrations
 
 import (
@@ -35,7 +38,7 @@ import (
 const VersionTable = "txlimit_goose_version"
 
 // LockTable is the table holding the lock row that serializes concurrent Up
-// calls on PostgreSQL (goose's table locker). It is created on first use in
+// calls on PostgreSQL and MySQL (goose's table locker). It is created on first use in
 // the current schema and keeps one row, unlocked between runs.
 const LockTable = "txlimit_goose_lock"
 
@@ -50,19 +53,21 @@ const (
 	Postgres Dialect = "postgres"
 	// SQLite is for sqlitestore.
 	SQLite Dialect = "sqlite"
+	// MySQL is for mysqlstore, on MySQL 8.0.19+ and MariaDB 10.6+.
+	MySQL Dialect = "mysql"
 )
 
-//go:embed postgres/*.sql sqlite/*.sql
+//go:embed postgres/*.sql sqlite/*.sql mysql/*.sql
 var files embed.FS
 
 // FS returns the migration files of dialect, at the root of the returned
 // file system, for use with goose or any other tool.
 func FS(dialect Dialect) (fs.FS, error) {
 	switch dialect {
-	case Postgres, SQLite:
+	case Postgres, SQLite, MySQL:
 		return fs.Sub(files, string(dialect))
 	}
-	return nil, fmt.Errorf("txlimit/migrations: unknown dialect %q; use migrations.Postgres or migrations.SQLite", dialect)
+	return nil, fmt.Errorf("txlimit/migrations: unknown dialect %q; use migrations.Postgres, migrations.SQLite or migrations.MySQL", dialect)
 }
 
 // Provider returns a goose provider for txlimit's migrations of dialect on
@@ -75,22 +80,28 @@ func FS(dialect Dialect) (fs.FS, error) {
 // and on CockroachDB. Behind a transaction-mode pooler, open db with a pgx
 // exec mode that does not prepare named statements
 // (pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol): see
-// docs/scale-out.md.
+// docs/scale-out.md. On MySQL and MariaDB it takes the same kind of lock
+// row, for the same reasons (see the comment at the locker); there db must
+// be opened with parseTime=true.
 func Provider(db *sql.DB, dialect Dialect) (*goose.Provider, error) {
 	fsys, err := FS(dialect)
 	if err != nil {
 		return nil, err
 	}
 	gd := database.DialectPostgres
-	if dialect == SQLite {
+	switch dialect {
+	case SQLite:
 		gd = database.DialectSQLite3
+	case MySQL:
+		gd = database.DialectMySQL
 	}
 	store, err := database.NewStore(gd, VersionTable)
 	if err != nil {
 		return nil, err
 	}
 	opts := []goose.ProviderOption{goose.WithStore(store)}
-	if dialect == Postgres {
+	switch dialect {
+	case Postgres:
 		// Serialize concurrent Up calls (several app instances starting at
 		// once) on a lock row, not on a session advisory lock. A session
 		// lock belongs to a server connection: behind a pooler in
@@ -109,6 +120,24 @@ func Provider(db *sql.DB, dialect Dialect) (*goose.Provider, error) {
 			lock.WithTableHeartbeatInterval(5*time.Second),
 			// Retry every second (±25% jitter) for up to 5 minutes; the
 			// caller's context bounds it further.
+			lock.WithTableLockTimeout(time.Second, 300),
+			lock.WithTableUnlockTimeout(time.Second, 60),
+		)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, goose.WithLocker(locker))
+	case MySQL:
+		// The same lock row, for the same reasons: GET_LOCK, MySQL's
+		// session lock, holds only on the node that granted it in a
+		// Galera cluster and belongs to a server connection that a proxy
+		// (ProxySQL) may hand to another client. goose's MySQL locker reads
+		// DATETIME columns, so db needs parseTime=true.
+		locker, err := lock.NewMySQLTableLocker(
+			lock.WithTableName(LockTable),
+			lock.WithTableLockID(lockID),
+			lock.WithTableLeaseDuration(30*time.Second),
+			lock.WithTableHeartbeatInterval(5*time.Second),
 			lock.WithTableLockTimeout(time.Second, 300),
 			lock.WithTableUnlockTimeout(time.Second, 60),
 		)

@@ -1,0 +1,481 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
+	gen "github.com/txlimit/txlimit/mysqlstore/internal/db"
+)
+
+var queries = gen.New()
+
+// ensureRowsSQL creates the listed rows that are missing, as placeholders
+// (their limit's full state: the same as no row), and locks the ones that
+// exist, one after the other in the order of the list, waiting for the
+// transactions that hold them. ON DUPLICATE KEY UPDATE locks the row it
+// finds by its primary key and no gap (see takeRowSQL for why that matters);
+// its assignment changes nothing. The rows come as a JSON array of [name,
+// key, shard, value, ts] (see rowWrite), the one way both MySQL and MariaDB
+// turn a list into rows: bound by hand, since sqlc's MySQL engine does not
+// parse JSON_TABLE.
+const ensureRowsSQL = `-- name: EnsureRows :execrows
+INSERT INTO txlimit (name, ` + "`key`" + `, shard, value, ts)
+SELECT UNHEX(j.n), UNHEX(j.k), j.s, CAST(j.v AS DOUBLE), j.t
+FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]',
+                                   s INT PATH '$[2]', v VARCHAR(32) PATH '$[3]', t DATETIME(6) PATH '$[4]')) AS j
+ORDER BY j.i
+ON DUPLICATE KEY UPDATE shard = txlimit.shard`
+
+// ensure creates and locks rows 0..Shards-1 of each limit, in the order
+// given (which must be the canonical one when there are several).
+func ensure(ctx context.Context, tx *sql.Tx, limits ...driver.Limit) error {
+	var rows []rowWrite
+	for _, l := range limits {
+		full := placeholder(l)
+		for sh := range l.Shards {
+			rows = append(rows, rowWrite{name: l.Name, key: l.Key, shard: int32(sh), state: full})
+		}
+	}
+	arg, err := json.Marshal(rows)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, ensureRowsSQL, arg); err != nil {
+		return wrap(ctx, tx, "create and lock the limit's rows", err)
+	}
+	return nil
+}
+
+// placeholder is the row ensureSQL creates for l.
+func placeholder(l driver.Limit) algo.State { return l.Full() }
+
+// isPlaceholder reports whether r is exactly a row ensure created for l.
+// Such a row is full, the same as no row: a real write never stamps it with
+// the full state's time, which precedes any clock by years. The locked path
+// counts it as missing, so that a key with fewer rows than l's Shards is
+// resharded rather than taken as l's.
+func isPlaceholder(l driver.Limit, r driver.Row) bool {
+	full := placeholder(l)
+	return r.Value == full.Value && r.TS.UnixMicro() == full.TS
+}
+
+// shards is from..to-1.
+func shards(from, to int) []int32 {
+	out := make([]int32, 0, to-from)
+	for i := from; i < to; i++ {
+		out = append(out, int32(i))
+	}
+	return out
+}
+
+// locked is every row of a key that lockKey holds.
+type locked struct {
+	// had are the rows as they were before the call: placeholders left
+	// out.
+	had []driver.Row
+	// created are the placeholders (rows ensure created, or left by an
+	// earlier call that did not write them).
+	created []int32
+	// all are every row held, placeholders included.
+	all []driver.Row
+	at  time.Time
+}
+
+// lockKey locks every row of l's key, creating the missing ones of shards
+// 0..Shards-1 first, in ascending shard order, and reads them with the
+// clock, read once they are held. Rows beyond Shards-1 (another config's)
+// are locked after them, still in shard order.
+func lockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *time.Time) (locked, error) {
+	if err := ensure(ctx, tx, l); err != nil {
+		return locked{}, err
+	}
+	rows, err := queries.LockShards(ctx, tx, gen.LockShardsParams{Name: []byte(l.Name), Key: []byte(l.Key), Shards: shards(0, l.Shards)})
+	if err != nil {
+		return locked{}, wrap(ctx, tx, "lock the limit's rows", err)
+	}
+	if len(rows) == 0 {
+		return locked{}, fmt.Errorf("txlimit/mysqlstore: lock the limit's rows: none found after creating them")
+	}
+	var out locked
+	out.at = rows[0].Clock
+	top := rows[0].Top
+	for _, r := range rows {
+		out.all = append(out.all, driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts})
+		if err := checkUTC(r.Ts, r.Clock); err != nil {
+			return locked{}, err
+		}
+	}
+	if top >= int64(l.Shards) {
+		more, err := queries.LockShards(ctx, tx, gen.LockShardsParams{Name: []byte(l.Name), Key: []byte(l.Key), Shards: shards(l.Shards, int(top)+1)})
+		if err != nil {
+			return locked{}, wrap(ctx, tx, "lock the rows of another config's shards", err)
+		}
+		for _, r := range more {
+			out.all = append(out.all, driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts})
+		}
+	}
+	for _, r := range out.all {
+		if int(r.Shard) < l.Shards && isPlaceholder(l, r) {
+			out.created = append(out.created, r.Shard)
+		} else {
+			out.had = append(out.had, r)
+		}
+	}
+	if now != nil {
+		out.at = time.UnixMicro(now.UnixMicro()).UTC()
+	}
+	return out, nil
+}
+
+// writeRowsSQL stores the new state of several rows the transaction holds
+// (or creates one that is missing), from a JSON array of [name, key, shard,
+// value, ts], name and key in hexadecimal (so that no character set stands
+// between Go's bytes and the VARBINARY columns) and value as the shortest
+// decimal that reads back as the same float64 (MySQL parses it exactly with
+// CAST; a JSON number goes through the JSON parser, which need not).
+// Bound by hand: JSON_TABLE.
+const writeRowsSQL = `-- name: WriteRows :exec
+INSERT INTO txlimit (name, ` + "`key`" + `, shard, value, ts)
+SELECT UNHEX(j.n), UNHEX(j.k), j.s, CAST(j.v AS DOUBLE), j.t
+FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]',
+                                   v VARCHAR(32) PATH '$[3]', t DATETIME(6) PATH '$[4]')) AS j
+ON DUPLICATE KEY UPDATE value = CAST(j.v AS DOUBLE), ts = j.t`
+
+// deleteRowsSQL deletes the rows listed as a JSON array of [name, key,
+// shard] (hexadecimal as in writeRowsSQL), which the transaction holds, by
+// their primary keys. Bound by hand: JSON_TABLE.
+const deleteRowsSQL = `-- name: DeleteRows :execrows
+DELETE t FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]')) AS j
+STRAIGHT_JOIN txlimit AS t FORCE INDEX (PRIMARY)
+    ON t.name = UNHEX(j.n) AND t.` + "`key`" + ` = UNHEX(j.k) AND t.shard = j.s`
+
+// rowWrite is the new state of one row.
+type rowWrite struct {
+	name, key string
+	shard     int32
+	state     algo.State
+}
+
+// rowRef names one row.
+type rowRef struct {
+	name, key string
+	shard     int32
+}
+
+func (w rowWrite) MarshalJSON() ([]byte, error) {
+	if err := checkTime("a limit's state", time.UnixMicro(w.state.TS)); err != nil {
+		return nil, err
+	}
+	return json.Marshal([]any{hexOf(w.name), hexOf(w.key), w.shard,
+		formatFloat(w.state.Value), formatTime(time.UnixMicro(w.state.TS))})
+}
+
+func (r rowRef) MarshalJSON() ([]byte, error) {
+	return json.Marshal([]any{hexOf(r.name), hexOf(r.key), r.shard})
+}
+
+const hexDigits = "0123456789ABCDEF"
+
+func hexOf(s string) string {
+	b := make([]byte, 2*len(s))
+	for i := 0; i < len(s); i++ {
+		b[2*i], b[2*i+1] = hexDigits[s[i]>>4], hexDigits[s[i]&15]
+	}
+	return string(b)
+}
+
+// formatFloat is the shortest decimal that reads back as v.
+func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+// formatTime is t in UTC as a DATETIME(6) literal.
+func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000000") }
+
+// write stores writes and deletes doomed: one statement each (WriteShard
+// for a single row), none for an empty list.
+func write(ctx context.Context, tx *sql.Tx, writes []rowWrite, doomed []rowRef) error {
+	switch len(writes) {
+	case 0:
+	case 1:
+		w := writes[0]
+		if err := checkTime("a limit's state", time.UnixMicro(w.state.TS)); err != nil {
+			return err
+		}
+		if err := queries.WriteShard(ctx, tx, gen.WriteShardParams{
+			Value: w.state.Value, Ts: time.UnixMicro(w.state.TS).UTC(), Name: []byte(w.name), Key: []byte(w.key), Shard: w.shard,
+		}); err != nil {
+			return wrap(ctx, tx, "write the limit's rows", err)
+		}
+	default:
+		arg, err := json.Marshal(writes)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, writeRowsSQL, arg); err != nil {
+			return wrap(ctx, tx, "write the limit's rows", err)
+		}
+	}
+	if len(doomed) > 0 {
+		if _, err := deleteRows(ctx, tx, doomed); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func deleteRows(ctx context.Context, tx *sql.Tx, rows []rowRef) (int64, error) {
+	arg, err := json.Marshal(rows)
+	if err != nil {
+		return 0, err
+	}
+	r, err := tx.ExecContext(ctx, deleteRowsSQL, arg)
+	if err != nil {
+		return 0, wrap(ctx, tx, "delete rows", err)
+	}
+	n, err := r.RowsAffected()
+	return n, wrap(ctx, tx, "delete rows", err)
+}
+
+// store writes states to rows 0..Shards-1 of l's key, which the
+// transaction holds (all of them), and deletes the rows beyond them.
+func store(ctx context.Context, tx *sql.Tx, l driver.Limit, all []driver.Row, states []algo.State) error {
+	writes := make([]rowWrite, len(states))
+	for i, s := range states {
+		writes[i] = rowWrite{name: l.Name, key: l.Key, shard: int32(i), state: s}
+	}
+	var doomed []rowRef
+	for _, sh := range driver.Extra(all, l.Shards) {
+		doomed = append(doomed, rowRef{name: l.Name, key: l.Key, shard: sh})
+	}
+	return write(ctx, tx, writes, doomed)
+}
+
+// forget deletes the placeholders k holds, when the call writes nothing:
+// the key then keeps no row it did not have.
+func forget(ctx context.Context, tx *sql.Tx, l driver.Limit, k locked) error {
+	if len(k.created) == 0 {
+		return nil
+	}
+	_, err := queries.DeleteShards(ctx, tx, gen.DeleteShardsParams{Name: []byte(l.Name), Key: []byte(l.Key), Shards: k.created})
+	return wrap(ctx, tx, "delete the rows the call created", err)
+}
+
+// take is driver.Store.Take. An unsharded limit is taken in one statement
+// (takeRow); a sharded one, from one shard no other transaction holds when
+// one has the tokens (takeOneShard); anything else, and whatever those leave
+// undecided, locks every row of the key and decides in Go (driver.Decide).
+func take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+	var start time.Time
+	if p.TimeLocks {
+		start = time.Now()
+	}
+	lockWait := func() time.Duration {
+		if p.TimeLocks {
+			return time.Since(start)
+		}
+		return 0
+	}
+	var prior *driver.Row
+	if p.Shards == 1 && driver.InSQL(p) {
+		res, done, pr, err := takeRow(ctx, tx, p)
+		if err != nil || done {
+			res.LockWait = lockWait()
+			return res, err
+		}
+		prior = pr
+	}
+	if driver.FitsOneShard(p) {
+		res, done, err := takeOneShard(ctx, tx, p)
+		if err != nil || done {
+			res.LockWait = lockWait()
+			return res, err
+		}
+	}
+	if p.Now != nil {
+		if err := checkTime("the clock", *p.Now); err != nil {
+			return driver.TakeResult{}, err
+		}
+	}
+	k, err := lockKey(ctx, tx, p.Limit, p.Now)
+	if err != nil {
+		return driver.TakeResult{}, err
+	}
+	if prior != nil {
+		// takeRow wrote row 0 on its own before it saw the other shards:
+		// decide on the state it had.
+		k.had = replaceShard(k.had, *prior)
+	}
+	res := driver.TakeResult{At: k.at, LockWait: lockWait()}
+	var write bool
+	res.States, res.Decision, write = driver.Decide(p, k.had, k.at)
+	if write || prior != nil {
+		return res, store(ctx, tx, p.Limit, k.all, res.States)
+	}
+	return res, forget(ctx, tx, p.Limit, k)
+}
+
+func replaceShard(rows []driver.Row, r driver.Row) []driver.Row {
+	out := slices.DeleteFunc(slices.Clone(rows), func(x driver.Row) bool { return x.Shard == r.Shard })
+	return append(out, r)
+}
+
+// takeOneShard is the fast path of a sharded limit. It reads every shard
+// as the transaction's snapshot has it (locking nothing) and answers a
+// denial that state already decides: concurrent transactions can only lower
+// it. Otherwise it locks, without waiting, one shard that the snapshot says
+// holds the tokens and no other transaction holds (FOR UPDATE SKIP LOCKED),
+// going up from a random one, and takes from it when it has them.
+//
+// InnoDB keeps every row lock until the transaction ends, even one taken
+// after a savepoint that was rolled back: a shard locked here stays locked
+// whatever the call decides. So only a shard the snapshot says has the
+// tokens is locked, with a margin (twice the count) so that it still has
+// them when another call took from it since the snapshot. If it has not
+// (done false), the caller locks every shard, in shard order, which may
+// wait for a transaction that waits for the one shard held here; InnoDB
+// then rolls one of them back with a deadlock (1213), which Retryable
+// classifies. The snapshot's margin makes that rare; docs/mysql.md has the
+// measurement.
+func takeOneShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, bool, error) {
+	read, err := readShards(ctx, tx, p.Name, p.Key, p.Now)
+	if err != nil {
+		return driver.TakeResult{}, false, err
+	}
+	at := read.At.UnixMicro()
+	states, resharded := p.States(read.Rows, at)
+	if resharded || len(read.Rows) != p.Shards {
+		return driver.TakeResult{}, false, nil
+	}
+	if !p.Reserve {
+		if _, d := algo.TakeShards(p.Shard(p.Shards), states, at, p.Count, false); !d.OK {
+			return driver.TakeResult{Decision: d, At: read.At, States: states}, true, nil
+		}
+	}
+	cfg := p.Shard(p.Shards)
+	start := rand.IntN(p.Shards)
+	for i := range p.Shards {
+		shard := (start + i) % p.Shards
+		projected := algo.Project(cfg, states[shard], at)
+		if projected.Value < 2*p.Count {
+			continue
+		}
+		row, err := queries.TryLockShard(ctx, tx, gen.TryLockShardParams{Name: []byte(p.Name), Key: []byte(p.Key), Shard: int32(shard)})
+		if errors.Is(err, sql.ErrNoRows) {
+			continue // another transaction holds it
+		}
+		if err != nil {
+			return driver.TakeResult{}, false, wrap(ctx, tx, "lock a shard", err)
+		}
+		if err := checkUTC(row.Ts, row.Clock); err != nil {
+			return driver.TakeResult{}, false, err
+		}
+		now := row.Clock
+		if p.Now != nil {
+			now = time.UnixMicro(p.Now.UnixMicro()).UTC()
+		}
+		next, d := driver.DecideOne(p, driver.Row{Shard: row.Shard, Value: row.Value, TS: row.Ts}, now)
+		if !d.OK {
+			return driver.TakeResult{}, false, nil
+		}
+		if err := write(ctx, tx, []rowWrite{{name: p.Name, key: p.Key, shard: row.Shard, state: next}}, nil); err != nil {
+			return driver.TakeResult{}, false, err
+		}
+		res := driver.TakeResult{Decision: d, At: now, Partial: true}
+		if p.ReadAll {
+			res.States = slices.Clone(states)
+			res.States[shard] = next
+			res.Partial = false
+		}
+		return res, true, nil
+	}
+	return driver.TakeResult{}, false, nil
+}
+
+// readShards reads every row of (name, key) as the transaction's snapshot
+// has them, and the clock, locking nothing.
+func readShards(ctx context.Context, tx *sql.Tx, name, key string, now *time.Time) (driver.ReadResult, error) {
+	rows, err := queries.ReadShards(ctx, tx, gen.ReadShardsParams{Name: []byte(name), Key: []byte(key)})
+	if err != nil {
+		return driver.ReadResult{}, wrap(ctx, tx, "read the limit's rows", err)
+	}
+	out := driver.ReadResult{Rows: make([]driver.Row, len(rows))}
+	for i, r := range rows {
+		out.Rows[i] = driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts}
+		if err := checkUTC(r.Ts); err != nil {
+			return driver.ReadResult{}, err
+		}
+	}
+	if now != nil {
+		if err := checkTime("the clock", *now); err != nil {
+			return driver.ReadResult{}, err
+		}
+		out.At = time.UnixMicro(now.UnixMicro()).UTC()
+		return out, nil
+	}
+	out.At, err = queries.Clock(ctx, tx)
+	if err != nil {
+		return driver.ReadResult{}, wrap(ctx, tx, "read the clock", err)
+	}
+	return out, checkUTC(out.At)
+}
+
+// credit is driver.Store.Credit. A key with no row is full: there is nothing
+// to give back to it.
+func credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
+	if p.Now != nil {
+		if err := checkTime("the clock", *p.Now); err != nil {
+			return err
+		}
+	}
+	k, err := lockKey(ctx, tx, p.Limit, p.Now)
+	if err != nil {
+		return err
+	}
+	if len(k.had) == 0 {
+		return forget(ctx, tx, p.Limit, k)
+	}
+	return store(ctx, tx, p.Limit, k.all, driver.CreditStates(p, k.had, k.at))
+}
+
+// deleteKey is driver.Store.Delete.
+func deleteKey(ctx context.Context, tx *sql.Tx, p driver.KeyParams) error {
+	return wrap(ctx, tx, "delete the limit's rows", queries.DeleteKey(ctx, tx, gen.DeleteKeyParams{Name: []byte(p.Name), Key: []byte(p.Key)}))
+}
+
+// minTime and maxTime bound what DATETIME(6) holds.
+var (
+	minTime = time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC)
+	maxTime = time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)
+)
+
+// checkTime refuses an instant DATETIME(6) cannot hold, before anything is
+// written with it: a strict sql_mode would refuse it too, a lax one would
+// store a zero date.
+func checkTime(what string, t time.Time) error {
+	if t.Before(minTime) || t.After(maxTime) {
+		return fmt.Errorf("txlimit/mysqlstore: %s reads %v, outside the years 1000 to 9999 that a DATETIME(6) column holds; nothing was written",
+			what, t.UTC())
+	}
+	return nil
+}
+
+// checkUTC refuses times that the driver did not read as UTC: the store
+// writes and reads every time in UTC, and a DSN with loc set to another zone
+// shifts what it reads by that zone's offset (and what it writes back).
+func checkUTC(ts ...time.Time) error {
+	for _, t := range ts {
+		if t.Location() != time.UTC {
+			return fmt.Errorf("%w: remove loc from the DSN (or set loc=UTC): the driver read a DATETIME in %v, and the store "+
+				"keeps every time in UTC", ErrDSN, t.Location())
+		}
+	}
+	return nil
+}

@@ -1,0 +1,191 @@
+// Package mysqlstore is the MySQL and MariaDB store of txlimit on
+// database/sql, for applications whose transactions are *sql.Tx: the
+// go-sql-driver/mysql driver and what is built on it (sqlx, GORM, bun,
+// ent). It needs MySQL 8.0.19 or later or MariaDB 10.6 or later, with InnoDB.
+//
+//	db, err := sql.Open("mysql", "app:secret@tcp(db:3306)/app?parseTime=true&interpolateParams=true")
+//	…
+//	if err := migrations.Up(ctx, db, migrations.MySQL); err != nil { … }
+//	store := mysqlstore.New(db)
+//	if err := store.Ping(ctx); err != nil { … } // names any DSN setting to fix
+//	limiter, err := txlimit.New(store, limits, nil)
+//
+// The limiter's TTx is then *sql.Tx, and LimitTx takes the transaction the
+// application already has open. The package imports no driver: the
+// application opens its *sql.DB with the one it uses.
+//
+// # The DSN
+//
+// Ping checks each of these by what the driver does, and its error names
+// the parameter to set:
+//
+//   - parseTime=true (required): the store reads DATETIME(6) columns as
+//     time.Time; without it the driver returns bytes.
+//   - loc unset, or loc=UTC (required): the store keeps every time in UTC
+//     (UTC_TIMESTAMP(6)); with another loc the driver would read and write
+//     those times in that zone, off by its offset.
+//   - interpolateParams=true (required by Ping): without it the driver
+//     prepares each statement that has arguments on the server and runs it
+//     in a second round trip, which doubles the round trips of every call.
+//     The store's statements bind no float64 as a literal the server would
+//     read as DECIMAL (every argument is CAST), so interpolation changes no
+//     result: the stored values are bit for bit the same either way.
+//   - clientFoundRows unset or false (required by Ping): the store reads the
+//     affected-rows count of its one-statement take to tell a grant from a
+//     denial; with clientFoundRows a row left as it was counts as affected,
+//     and each such call costs a round trip more (calls would still decide
+//     right: the store reads what the statement decided).
+//   - multiStatements: not used. The store sends one statement per query and
+//     works the same with either value; leaving it off keeps a SQL injection
+//     elsewhere in the application from running statements of its own.
+//
+// The transaction isolation level can be REPEATABLE READ (InnoDB's
+// default) or READ COMMITTED. Under SERIALIZABLE, InnoDB turns the store's
+// plain reads into shared locks, and calls on a hot limit then deadlock
+// (1213, retryable) instead of queueing.
+//
+// # Clock
+//
+// Every call reads one clock: the server's, as UTC_TIMESTAMP(6)
+// (microseconds, UTC whatever the session's time_zone), or
+// txlimit.Options.Clock. MySQL has two candidates inside a transaction:
+// NOW(6) (and UTC_TIMESTAMP(6)) is the time the statement started, the same
+// for every row it touches; SYSDATE(6) is the time it is evaluated, later for
+// a statement that waited for a row lock. The store uses the former, read
+// by the statement that holds the row: a call that waited for a lock then
+// reads a clock from before the other transaction's write, and algo treats
+// a clock behind a row's time as a clock that stepped back, which adds no
+// token and never moves the row's time back, so such a call never admits
+// more than it should (it gets the refill of the interval later). SYSDATE(6)
+// is in the session's time_zone, where the clock steps back an hour when
+// daylight saving time ends, differs from row to row within one statement,
+// and is replicated wrongly under statement-based binary logging; NOW(6)
+// and UTC_TIMESTAMP(6) are replicated as the source read them.
+//
+// # Locking
+//
+// Under REPEATABLE READ, InnoDB locks the gap where a row it looks for is
+// missing, or after a range it scans; gap locks do not conflict with each
+// other but block inserts, so two transactions that each look for a new key
+// in the same gap and then insert it deadlock (the bug Bucket4j and gravitee
+// hit on the first use of new keys). The store therefore never looks for a
+// row that may be missing with a locking read: it creates or locks rows with
+// INSERT … ON DUPLICATE KEY UPDATE (which locks the row it finds by its
+// primary key, and no gap) and then locks them by their whole primary key.
+// Reset (a range DELETE) is the exception: it also locks the gap after the
+// key's rows until the transaction ends.
+//
+// An admitted call on an unsharded limit is two statements: one INSERT … ON
+// DUPLICATE KEY UPDATE that creates or locks the row, refills it, decides
+// and writes, and a read of what it did (MySQL has no RETURNING). A denial
+// costs the locked path after it: every row of the key locked and decided in
+// Go. A sharded limit is read first, locking nothing; a denial that state
+// decides is answered at once; otherwise one shard that holds twice the
+// count and no other transaction holds is locked with FOR UPDATE SKIP LOCKED
+// and taken from (three statements). InnoDB keeps a row lock until the
+// transaction ends, even one taken after a savepoint that was rolled back,
+// so unlike on PostgreSQL a shard that turns out to lack the tokens stays
+// locked while the call locks every shard. LimitAll creates and locks every
+// row of every limit in one statement, in the canonical order (name, then
+// key, compared as bytes: the columns are VARBINARY), so that two callers
+// never deadlock on them. Prune locks with SKIP LOCKED by primary key and
+// never waits for a row live traffic holds.
+//
+// # Errors
+//
+// Database errors keep the driver's error (*mysql.MySQLError), so
+// errors.As reaches it and its number. A missing or outdated txlimit table
+// matches txlimit.ErrNotMigrated; a DSN setting the store needs, ErrDSN; a
+// database that is not MySQL, ErrWrongDatabase. A deadlock (1213) makes the
+// server roll the whole transaction back; a lock wait timeout (1205) undoes
+// the statement only, and the transaction must still be rolled back.
+// Retryable classifies those and the other errors after which running the
+// whole transaction again is safe, and RunTx runs it again. On a Galera
+// cluster a conflict with a transaction that committed first on another
+// node surfaces as 1213 at a statement or at COMMIT: see docs/mysql.md.
+//
+// After any error, roll the transaction back: part of what the call meant
+// to write may be in it.
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/txlimit/txlimit/driver"
+)
+
+// Store is txlimit's store for MySQL and MariaDB on database/sql.
+type Store struct {
+	db *sql.DB
+}
+
+var _ driver.Store[*sql.Tx] = (*Store)(nil)
+
+// New returns a store on db, a MySQL or MariaDB database opened with
+// go-sql-driver/mysql (or any driver that behaves as the package
+// documentation describes). db may be nil when only the …Tx forms of the
+// limiter are used; the other forms then return txlimit.ErrNoPool.
+func New(db *sql.DB) *Store { return &Store{db: db} }
+
+// InTx implements driver.Store. A transaction that only reads (Check,
+// Value) is begun read-only. It is rolled back when fn returns an error or
+// panics (the panic then continues) and committed otherwise.
+func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
+	if s.db == nil {
+		return driver.ErrNoPool
+	}
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: readOnly})
+	if err != nil {
+		return &beginError{err} // Retryable: nothing ran
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = tx.Rollback()
+		}
+	}()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	done = true
+	return wrap(ctx, nil, "commit", tx.Commit())
+}
+
+// Ping implements driver.Store: it checks that db answers, is MySQL 8.0.19+
+// or MariaDB 10.6+, was opened with the DSN settings the package
+// documentation lists (ErrDSN otherwise, naming the parameter), and has the
+// txlimit table with every column the library uses (txlimit.ErrNotMigrated
+// otherwise).
+func (s *Store) Ping(ctx context.Context) error { return ping(ctx, s.db) }
+
+// Take implements driver.Store.
+func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+	return take(ctx, tx, p)
+}
+
+// TakeAll implements driver.Store.
+func (s *Store) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	return takeAll(ctx, tx, p)
+}
+
+// Read implements driver.Store with plain reads, which lock nothing: the
+// transaction's snapshot, and its own writes.
+func (s *Store) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
+	return readShards(ctx, tx, p.Name, p.Key, p.Now)
+}
+
+// Credit implements driver.Store.
+func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
+	return credit(ctx, tx, p)
+}
+
+// Delete implements driver.Store.
+func (s *Store) Delete(ctx context.Context, tx *sql.Tx, p driver.KeyParams) error {
+	return deleteKey(ctx, tx, p)
+}
+
+// Prune implements driver.Store.
+func (s *Store) Prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneResult, error) {
+	return prune(ctx, tx, p)
+}

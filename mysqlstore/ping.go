@@ -1,0 +1,155 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/txlimit/txlimit/driver"
+)
+
+// ping is driver.Store.Ping: the server is MySQL 8.0.19+ or MariaDB
+// 10.6+, the DSN has the settings the store needs (each told apart by what
+// the driver does, since the store imports no driver), and the txlimit
+// table is there with every column the library uses.
+func ping(ctx context.Context, db *sql.DB) error {
+	if db == nil {
+		return driver.ErrNoPool
+	}
+	if err := db.PingContext(ctx); err != nil {
+		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
+	}
+	if err := checkVersion(ctx, db); err != nil {
+		return err
+	}
+	if err := checkTimes(ctx, db); err != nil {
+		return err
+	}
+	if err := queries.ProbeTable(ctx, db); err != nil {
+		return wrap(ctx, db, "ping", err)
+	}
+	if err := checkFoundRows(ctx, db); err != nil {
+		return err
+	}
+	return checkInterpolation(ctx, db)
+}
+
+var versionNumbers = regexp.MustCompile(`^(\d+)\.(\d+)\.(\d+)`)
+
+// checkVersion asks for the server's version: a database that is not MySQL
+// answers with an error, and an older MySQL or MariaDB lacks what the store
+// uses (SKIP LOCKED, JSON_TABLE, CAST AS DOUBLE, ON DUPLICATE KEY UPDATE that
+// refers to the SELECT's columns).
+func checkVersion(ctx context.Context, db *sql.DB) error {
+	var version string
+	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		if wrong := wrongDatabase(ctx, db, err); wrong != nil {
+			return wrong
+		}
+		return fmt.Errorf("txlimit/mysqlstore: ping: %w: %w", ErrWrongDatabase, err)
+	}
+	m := versionNumbers.FindStringSubmatch(version)
+	if m == nil {
+		return nil // a version string of another form: let the statements tell
+	}
+	major, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2])
+	patch, _ := strconv.Atoi(m[3])
+	v := major*1_000_000 + minor*1_000 + patch
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		if v < 10_006_000 {
+			return fmt.Errorf("%w: it is MariaDB %s; mysqlstore needs MariaDB 10.6 or later (SKIP LOCKED, JSON_TABLE)", ErrWrongDatabase, version)
+		}
+		return nil
+	}
+	if v < 8_000_019 {
+		return fmt.Errorf("%w: it is MySQL %s; mysqlstore needs MySQL 8.0.19 or later", ErrWrongDatabase, version)
+	}
+	return nil
+}
+
+// checkTimes reads the clock as the store reads every time: without
+// parseTime=true the driver gives a DATETIME as bytes, and with loc set to
+// another zone it reads the server's UTC times in that zone.
+func checkTimes(ctx context.Context, db *sql.DB) error {
+	var clock any
+	if err := db.QueryRowContext(ctx, "SELECT UTC_TIMESTAMP(6)").Scan(&clock); err != nil {
+		return wrap(ctx, db, "ping", err)
+	}
+	t, ok := clock.(time.Time)
+	if !ok {
+		return fmt.Errorf("%w: add parseTime=true to the DSN: the store reads DATETIME columns as time.Time, and the driver "+
+			"returned %T", ErrDSN, clock)
+	}
+	return checkUTC(t)
+}
+
+// checkFoundRows tells clientFoundRows=true by what it does: an INSERT …
+// ON DUPLICATE KEY UPDATE that changes nothing counts 0 affected rows by
+// default and 1 with it. The store reads that count to tell a grant from a
+// denial in one statement (takeRow), so with clientFoundRows=true a denial
+// costs a round trip more. The probe writes a row that no limit can have
+// (its name is empty) in a transaction that it rolls back; it also shows
+// that the user may write the table.
+func checkFoundRows(ctx context.Context, db *sql.DB) (err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	const probe = "INSERT INTO txlimit (name, `key`, shard, value, ts) VALUES ('', 'txlimit ping', 0, 0, '1970-01-01') " +
+		"ON DUPLICATE KEY UPDATE value = value"
+	var n int64
+	for range 2 {
+		r, err := tx.ExecContext(ctx, probe)
+		if err != nil {
+			return wrap(ctx, tx, "ping: write a row in a transaction it rolls back", err)
+		}
+		if n, err = r.RowsAffected(); err != nil {
+			return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
+		}
+	}
+	if n != 0 {
+		return fmt.Errorf("%w: remove clientFoundRows from the DSN (or set clientFoundRows=false): the store counts the rows a "+
+			"statement changed, and with it the driver counts the rows it found", ErrDSN)
+	}
+	return nil
+}
+
+// checkInterpolation tells interpolateParams=false by what the server
+// counts: a query with an argument then prepares a statement on the server
+// (Com_stmt_prepare), run in a second round trip.
+func checkInterpolation(ctx context.Context, db *sql.DB) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
+	}
+	defer conn.Close()
+	prepared := func() (int64, error) {
+		var name string
+		var n int64
+		err := conn.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_stmt_prepare'").Scan(&name, &n)
+		return n, err
+	}
+	before, err := prepared()
+	if err != nil {
+		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
+	}
+	var one int64
+	if err := conn.QueryRowContext(ctx, "SELECT ?", 1).Scan(&one); err != nil {
+		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
+	}
+	after, err := prepared()
+	if err != nil {
+		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
+	}
+	if after > before {
+		return fmt.Errorf("%w: add interpolateParams=true to the DSN: without it the driver prepares every statement that "+
+			"has arguments on the server and runs it in a second round trip, which doubles what a limited call costs", ErrDSN)
+	}
+	return nil
+}

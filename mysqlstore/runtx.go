@@ -1,0 +1,54 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/txlimit/txlimit/internal/retrytx"
+)
+
+// RunTxAttempts is how many times RunTx runs fn at most.
+const RunTxAttempts = 5
+
+// RunTx runs fn in a transaction begun on db with opts and commits it, and
+// runs the whole transaction again, from BEGIN, when it fails with an error
+// after which that is safe (Retryable: a deadlock, on Galera a conflict
+// found at COMMIT, a lock wait timeout, a connection lost before COMMIT, a
+// failure to connect). It is pgsqlstore.RunTx for MySQL: at most
+// RunTxAttempts runs, a backoff that doubles from 10ms between them (each
+// drawn from its upper half), and any other error (fn's own, bad input, a
+// cancelled context) returned at once, after the rollback.
+//
+// fn may run more than once: it must do nothing outside the transaction that
+// a second run would repeat, or do it idempotently. A denial by LimitTx is
+// not an error and is not retried; return Result.Err from fn to roll the
+// transaction back.
+//
+// An error from COMMIT is retried only when the server reported it (it
+// carries a MySQL error number: the transaction did not commit, as when
+// Galera's certification refuses it with 1213). Any other COMMIT error (a
+// lost connection) leaves the transaction's fate unknown; RunTx returns it
+// at once, never running fn again.
+func RunTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
+	return retrytx.Run(ctx, "mysqlstore: RunTx", RunTxAttempts, Retryable, func() error { return runTx(ctx, db, opts, fn) })
+}
+
+// runTx is one run of RunTx.
+func runTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return &beginError{err}
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		if _, ok := errNumber(err); ok {
+			return err // the server refused it: nothing committed
+		}
+		return &retrytx.Ambiguous{Err: fmt.Errorf("mysqlstore: RunTx: COMMIT failed, and the transaction may or may not have committed: %w", err)}
+	}
+	return nil
+}
