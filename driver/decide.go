@@ -173,3 +173,13 @@ func Granted(c algo.Config, next algo.State, now int64) algo.Decision {
 	}
 	return algo.Decision{OK: true}
 }
+
+// Fresh is what p leaves of a missing row, which is full (Limit.Full), and
+// whether it grants: a one-statement take (InSQL) writes it when the key has
+// no row. Neither depends on the clock (a full row refills to nothing more),
+// only the row's time does, which the statement sets from the clock.
+func Fresh(p TakeParams) (algo.State, bool) {
+	full := p.Full()
+	next, d := algo.Take(p.Shard(1), full, full.TS, p.Count, p.Reserve)
+	return next, d.OK
+}

@@ -293,11 +293,11 @@ func deleteParams(rows []pgproto.RowRef) db.DeleteShardsParams {
 	return p
 }
 
-// TakeRow runs one of the one-statement takes: TakeBucket or TakeWindow for
-// a call that is not a reservation (the common case, in the leanest
-// statement), TakeRow for a reservation.
+// TakeRow runs the one-statement take of p: TakeBucket or TakeWindow by the
+// limit's kind, TakeReserve for a reservation.
 func (c conn) TakeRow(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (algo.State, time.Time, bool, error) {
-	cfg := p.Config
+	cfg, full := p.Config, p.Full()
+	fresh, ok := driver.Fresh(p)
 	var (
 		value     float64
 		ts, clock time.Time
@@ -305,25 +305,24 @@ func (c conn) TakeRow(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (algo
 	)
 	switch {
 	case p.Reserve:
-		full := p.Full()
-		var r db.TakeRowRow
-		r, err = c.q.TakeRow(ctx, tx, db.TakeRowParams{
-			Name: p.Name, Key: p.Key, Shard: 0, FullValue: full.Value, FullTs: time.UnixMicro(full.TS), Now: p.Now,
+		var r db.TakeReserveRow
+		r, err = c.q.TakeReserve(ctx, tx, db.TakeReserveParams{
+			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: ok, FullTs: time.UnixMicro(full.TS), Now: p.Now,
 			Kind: int32(cfg.Kind), Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, MaxReserved: cfg.MaxReserved,
-			Count: p.Count, Reserve: true,
+			Count: p.Count,
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	case cfg.Kind == algo.FixedWindow:
 		var r db.TakeWindowRow
 		r, err = c.q.TakeWindow(ctx, tx, db.TakeWindowParams{
-			Name: p.Name, Key: p.Key, FullTs: time.UnixMicro(p.Full().TS), Now: p.Now,
+			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: ok, FullTs: time.UnixMicro(full.TS), Now: p.Now,
 			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	default:
 		var r db.TakeBucketRow
 		r, err = c.q.TakeBucket(ctx, tx, db.TakeBucketParams{
-			Name: p.Name, Key: p.Key, Now: p.Now,
+			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: ok, FullTs: time.UnixMicro(full.TS), Now: p.Now,
 			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock

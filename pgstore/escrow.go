@@ -197,13 +197,14 @@ func (s *Store) escrowDebit(ctx context.Context, p driver.TakeParams, claim db.E
 // wrapped in BEGIN ISOLATION LEVEL READ COMMITTED … COMMIT (see escrowTx).
 // ok is false when it granted nothing.
 func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow) (algo.State, time.Time, bool, error) {
-	cfg := p.Config
+	cfg, full := p.Config, p.Full()
+	fresh, ok := driver.Fresh(p)
 	var value float64
 	var ts, clock time.Time
 	send := func(q db.DBTX) error {
 		if cfg.Kind == algo.FixedWindow {
 			r, err := s.queries.EscrowDebitWindow(ctx, q, db.EscrowDebitWindowParams{
-				Name: p.Name, Key: p.Key, FullTs: time.UnixMicro(p.Full().TS), Now: p.Now,
+				Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: ok, FullTs: time.UnixMicro(full.TS), Now: p.Now,
 				Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 				Claim: claim.ID, Xid: claim.Xid,
 			})
@@ -211,7 +212,7 @@ func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim db.Esc
 			return err
 		}
 		r, err := s.queries.EscrowDebitBucket(ctx, q, db.EscrowDebitBucketParams{
-			Name: p.Name, Key: p.Key, Now: p.Now,
+			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: ok, FullTs: time.UnixMicro(full.TS), Now: p.Now,
 			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 			Claim: claim.ID, Xid: claim.Xid,
 		})
@@ -289,7 +290,7 @@ func (s *Store) refund(ctx context.Context, fates []db.EscrowKeyFatesRow) (bool,
 func (s *Store) debit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow) (db.EscrowDebitRow, error) {
 	params := db.EscrowDebitParams{
 		Name: p.Name, Key: p.Key, Now: p.Now,
-		PeriodUs: p.Config.Period, Capacity: p.Config.Capacity, FixedWindow: p.Config.Kind == algo.FixedWindow,
+		Kind: int32(p.Config.Kind), Period: p.Config.Period, Capacity: p.Config.Capacity,
 		Rate: p.Config.Rate, Count: p.Count, Reserve: p.Reserve, MaxReserved: p.Config.MaxReserved,
 		Claim: claim.ID, Xid: claim.Xid,
 	}

@@ -18,7 +18,7 @@ import (
 
 // TestTakeRowMatchesAlgo is the differential test of the one-statement takes:
 // random configs, prior states, counts and clocks go through algo.Take and
-// through the statement the store picks (TakeBucket, TakeWindow, or TakeRow
+// through the statement the store picks (TakeBucket, TakeWindow, or TakeReserve
 // for a reservation), which must grant exactly when algo grants and store
 // exactly algo's state, bit for bit (the arithmetic is the same IEEE
 // operations in the same order, and instants are exact microseconds). A

@@ -52,59 +52,33 @@ func (q *Queries) EscrowCount(ctx context.Context, db DBTX) (EscrowCountRow, err
 }
 
 const EscrowDebit = `-- name: EscrowDebit :one
-WITH o AS MATERIALIZED (
+WITH o AS (
     SELECT t.value, t.ts FROM txlimit AS t
     WHERE t.name = $1 AND t.key = $2 AND t.shard = 0
     FOR UPDATE
-), c AS MATERIALIZED (
-    SELECT o.value, o.ts, k.clock,
-           CAST(EXTRACT(EPOCH FROM k.clock) * 1000000 AS bigint) AS now_us,
-           CAST(EXTRACT(EPOCH FROM o.ts) * 1000000 AS bigint) AS ts_us
-    FROM o CROSS JOIN LATERAL (
-        SELECT CAST(COALESCE($3::timestamptz, clock_timestamp()) AS timestamptz) AS clock
-    ) AS k
-), w AS MATERIALIZED (
-    SELECT c.value, c.ts, c.clock, c.now_us, c.ts_us, c.now_us - c.ts_us AS elapsed,
-           CASE WHEN c.now_us - c.ts_us > 0 THEN (c.now_us - c.ts_us) / $4::bigint ELSE 0 END AS windows
+), c AS (
+    SELECT o.value, o.ts, k.clock, CAST(extract(epoch FROM k.clock - o.ts) * 1000000 AS bigint) AS e
+    FROM o CROSS JOIN (SELECT CAST(COALESCE($3::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS k
+), d AS (
+    SELECT c.value, c.ts, c.clock, c.e,
+           txlimit_refill($4::integer, c.value, c.e, $5::float8, $6::bigint,
+                          $7::float8) - $8::float8 AS left_over
     FROM c
-), p AS MATERIALIZED (
-    SELECT w.value, w.ts, w.clock,
-           CASE
-               WHEN w.elapsed <= 0 THEN least(w.value, $5::float8)
-               WHEN $6::boolean THEN
-                   CASE WHEN w.windows = 0 THEN least(w.value, $5::float8)
-                        ELSE least(w.value + $7::float8 * CAST(w.windows AS float8), $5::float8) END
-               ELSE least(w.value + CAST(w.elapsed AS float8) * $7::float8 / CAST($4::bigint AS float8),
-                          $5::float8)
-           END AS pv,
-           CASE
-               WHEN w.elapsed <= 0 THEN w.ts_us
-               WHEN $6::boolean THEN w.ts_us + w.windows * $4::bigint
-               ELSE w.now_us
-           END AS pts
-    FROM w
-), d AS MATERIALIZED (
-    SELECT p.value, p.ts, p.clock, p.pts,
-           p.pv - $8::float8 AS left_value,
-           (p.pv - $8::float8 >= -(1e-9 * greatest(1, $5::float8))) AS plain,
-           ($9::boolean AND ($10::float8 = 0
-               OR p.pv - ($8::float8 - $10::float8) >= -(1e-9 * greatest(1, $5::float8)))) AS reserved
-    FROM p
 ), upd AS (
     UPDATE txlimit AS t
-    SET value = CASE WHEN d.plain THEN greatest(d.left_value, 0) ELSE d.left_value END,
-        ts = TIMESTAMPTZ 'epoch' + d.pts * INTERVAL '1 microsecond'
+    SET value = CASE WHEN txlimit_fits(d.left_over, $7::float8) THEN txlimit_kept(d.left_over) ELSE d.left_over END,
+        ts = txlimit_refill_ts($4::integer, d.ts, d.clock, d.e, $6::bigint)
     FROM d
-    WHERE t.name = $1 AND t.key = $2 AND t.shard = 0 AND (d.plain OR d.reserved)
+    WHERE t.name = $1 AND t.key = $2 AND t.shard = 0
+      AND (txlimit_fits(d.left_over, $7::float8)
+           OR ($9::boolean AND txlimit_within_debt(d.left_over, $7::float8, $10::float8)))
     RETURNING t.shard
 ), pending AS (
     INSERT INTO txlimit_escrow (claim, xid, name, key, shard, count)
     SELECT $11, $12, $1, $2, 0, $8
-    FROM d
-    WHERE d.plain OR d.reserved
-    RETURNING claim
+    FROM upd
 )
-SELECT d.value, d.ts, d.clock, CAST(d.plain OR d.reserved AS boolean) AS ok
+SELECT d.value, d.ts, d.clock, CAST(EXISTS (SELECT 1 FROM upd) AS boolean) AS ok
 FROM d
 `
 
@@ -112,10 +86,10 @@ type EscrowDebitParams struct {
 	Name        string
 	Key         string
 	Now         *time.Time
-	PeriodUs    int64
-	Capacity    float64
-	FixedWindow bool
+	Kind        int32
 	Rate        float64
+	Period      int64
+	Capacity    float64
 	Count       float64
 	Reserve     bool
 	MaxReserved float64
@@ -134,23 +108,25 @@ type EscrowDebitRow struct {
 // above left to it), in its own short transaction on the store's pool: lock
 // the limit's one row, refill, decide and, when the call fits, write the new
 // state and record the pending entry, all in one statement, so the hot row
-// is held only while it runs. The arithmetic is algo.Take's, operation for
-// operation (a differential test holds it to algo): project the row to the
-// clock (capped at capacity, never backwards), then grant when the
-// projected value covers the count within algo's tolerance, or as a
-// reservation. It returns the row as it was and the clock, from which the
-// store recomputes the decision with algo for RetryAfter and Remaining, and
-// no row at all when the key has no row yet (the store creates it, full,
-// and runs this again). The clock is read after the row's lock is held.
+// is held only while it runs. The arithmetic is the functions of migration
+// 00003 (algo.Take's, operation for operation: a differential test holds it
+// to algo): grant when the refilled value covers the count, or as a
+// reservation within max_reserved. It returns the row as it was and the
+// clock, from which the store recomputes the decision with algo for
+// RetryAfter and Remaining, and no row at all when the key has no row yet
+// (the store creates it, full, and runs this again). The clock is read
+// after the row's lock is held: c reads it from o, whose rows come locked;
+// neither is inlined into the query (o locks, c calls a volatile function),
+// and d, used twice, is computed once.
 func (q *Queries) EscrowDebit(ctx context.Context, db DBTX, arg EscrowDebitParams) (EscrowDebitRow, error) {
 	row := db.QueryRow(ctx, EscrowDebit,
 		arg.Name,
 		arg.Key,
 		arg.Now,
-		arg.PeriodUs,
-		arg.Capacity,
-		arg.FixedWindow,
+		arg.Kind,
 		arg.Rate,
+		arg.Period,
+		arg.Capacity,
 		arg.Count,
 		arg.Reserve,
 		arg.MaxReserved,
@@ -170,27 +146,24 @@ func (q *Queries) EscrowDebit(ctx context.Context, db DBTX, arg EscrowDebitParam
 const EscrowDebitBucket = `-- name: EscrowDebitBucket :one
 WITH u AS (
     INSERT INTO txlimit AS t (name, key, shard, value, ts)
-    SELECT $2, $3, 0,
-           greatest(0, $4::float8 - $5::float8),
-           greatest(timestamptz 'epoch', COALESCE($1::timestamptz, statement_timestamp()))
+    SELECT $2, $3, 0, $4::float8,
+           txlimit_bucket_ts($5::timestamptz, COALESCE($1::timestamptz, statement_timestamp()))
     FROM (SELECT set_config('synchronous_commit', 'off', true) AS async) AS a
-    WHERE $4::float8 - $5::float8 >= -1e-9::float8 * greatest(1, $4::float8)
-      AND current_setting('transaction_isolation') = 'read committed'
+    WHERE $6::boolean AND current_setting('transaction_isolation') = 'read committed'
     ON CONFLICT (name, key, shard) DO UPDATE
-    SET value = greatest(0,
-            least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
-                            * $6::float8 / CAST($7::bigint AS float8),
-                  $4::float8) - $5::float8),
-        ts = greatest(t.ts, COALESCE($1::timestamptz, statement_timestamp()))
+    SET value = txlimit_kept(txlimit_bucket_refill(t.value,
+                    CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                    $7::float8, $8::bigint, $9::float8) - $10::float8),
+        ts = txlimit_bucket_ts(t.ts, COALESCE($1::timestamptz, statement_timestamp()))
     WHERE t.value BETWEEN -1e300 AND 1e300
-      AND least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
-                          * $6::float8 / CAST($7::bigint AS float8),
-                $4::float8) - $5::float8
-          >= -1e-9::float8 * greatest(1, $4::float8)
+      AND txlimit_fits(txlimit_bucket_refill(t.value,
+              CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+              $7::float8, $8::bigint, $9::float8) - $10::float8,
+          $9::float8)
     RETURNING t.value, t.ts
 ), pending AS (
     INSERT INTO txlimit_escrow (claim, xid, name, key, shard, count)
-    SELECT $8, $9, $2, $3, 0, $5
+    SELECT $11, $12, $2, $3, 0, $10
     FROM u
 )
 SELECT u.value, u.ts, CAST(COALESCE($1::timestamptz, statement_timestamp()) AS timestamptz) AS clock
@@ -198,15 +171,18 @@ FROM u
 `
 
 type EscrowDebitBucketParams struct {
-	Now      *time.Time
-	Name     string
-	Key      string
-	Capacity float64
-	Count    float64
-	Rate     float64
-	Period   int64
-	Claim    int64
-	Xid      int64
+	Now        *time.Time
+	Name       string
+	Key        string
+	FreshValue float64
+	FullTs     time.Time
+	FreshOk    bool
+	Rate       float64
+	Period     int64
+	Capacity   float64
+	Count      float64
+	Claim      int64
+	Xid        int64
 }
 
 type EscrowDebitBucketRow struct {
@@ -215,17 +191,14 @@ type EscrowDebitBucketRow struct {
 	Clock time.Time
 }
 
-// The escrow take of a token bucket call that is not a reservation, lean
-// (as TakeBucket is for the locked model: no subquery, small expressions
-// repeated, the clock statement_timestamp(), stable within the statement):
-// an upsert that creates the key's row full when it has none, or locks it,
-// refills and decides as algo.Take does, and writes the new state when the
-// call fits; the pending entry is recorded only for a row the upsert
-// returned. It returns the new state and the clock when the call was
-// granted, and no row otherwise: the store then reads the row and decides
-// with algo (for RetryAfter), and runs EscrowDebit when algo would grant.
-// An escrow limit has one shard, so unlike TakeBucket this does not look for
-// rows beyond shard 0.
+// The escrow take of a token bucket call that is not a reservation, lean:
+// TakeBucket's upsert (its functions, its fresh row computed by the store)
+// that also records the pending entry, for a row the upsert returned only.
+// It returns the new state and the clock when the call was granted, and no
+// row otherwise: the store then reads the row and decides with algo (for
+// RetryAfter), and runs EscrowDebit when algo would grant. An escrow limit
+// has one shard, so unlike TakeBucket this does not look for rows beyond
+// shard 0.
 //
 // It is sent alone, as a transaction of its own (no BEGIN, no COMMIT: two
 // fewer statements for the server), so it makes that transaction's commit
@@ -240,10 +213,13 @@ func (q *Queries) EscrowDebitBucket(ctx context.Context, db DBTX, arg EscrowDebi
 		arg.Now,
 		arg.Name,
 		arg.Key,
-		arg.Capacity,
-		arg.Count,
+		arg.FreshValue,
+		arg.FullTs,
+		arg.FreshOk,
 		arg.Rate,
 		arg.Period,
+		arg.Capacity,
+		arg.Count,
 		arg.Claim,
 		arg.Xid,
 	)
@@ -255,32 +231,28 @@ func (q *Queries) EscrowDebitBucket(ctx context.Context, db DBTX, arg EscrowDebi
 const EscrowDebitWindow = `-- name: EscrowDebitWindow :one
 WITH u AS (
     INSERT INTO txlimit AS t (name, key, shard, value, ts)
-    SELECT $2, $3, 0,
-           greatest(0, $4::float8 - $5::float8),
-           CASE WHEN f.e < $6::bigint THEN $7::timestamptz
-                ELSE f.clock - (f.e % $6::bigint) * interval '1 microsecond'
-           END
-    FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - $7::timestamptz) * 1000000 AS bigint) AS e
+    SELECT $2, $3, 0, $4::float8,
+           txlimit_window_ts($5::timestamptz, f.clock, f.e, $6::bigint)
+    FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - $5::timestamptz) * 1000000 AS bigint) AS e
           FROM (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS clock) AS k) AS f,
          (SELECT set_config('synchronous_commit', 'off', true) AS async) AS a
-    WHERE $4::float8 - $5::float8 >= -1e-9::float8 * greatest(1, $4::float8)
-      AND current_setting('transaction_isolation') = 'read committed'
+    WHERE $7::boolean AND current_setting('transaction_isolation') = 'read committed'
     ON CONFLICT (name, key, shard) DO UPDATE
-    SET value = greatest(0,
-            least(t.value + $8::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / $6::bigint AS float8),
-                  $4::float8) - $5::float8),
-        ts = CASE WHEN CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) < $6::bigint THEN t.ts
-                  ELSE COALESCE($1::timestamptz, statement_timestamp())
-                       - (CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) % $6::bigint) * interval '1 microsecond'
-             END
+    SET value = txlimit_kept(txlimit_window_refill(t.value,
+                    CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                    $8::float8, $6::bigint, $9::float8) - $10::float8),
+        ts = txlimit_window_ts(t.ts, COALESCE($1::timestamptz, statement_timestamp()),
+                 CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                 $6::bigint)
     WHERE t.value BETWEEN -1e300 AND 1e300
-      AND least(t.value + $8::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / $6::bigint AS float8),
-                $4::float8) - $5::float8
-          >= -1e-9::float8 * greatest(1, $4::float8)
+      AND txlimit_fits(txlimit_window_refill(t.value,
+              CAST(extract(epoch FROM COALESCE($1::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+              $8::float8, $6::bigint, $9::float8) - $10::float8,
+          $9::float8)
     RETURNING t.value, t.ts
 ), pending AS (
     INSERT INTO txlimit_escrow (claim, xid, name, key, shard, count)
-    SELECT $9, $10, $2, $3, 0, $5
+    SELECT $11, $12, $2, $3, 0, $10
     FROM u
 )
 SELECT u.value, u.ts, CAST(COALESCE($1::timestamptz, statement_timestamp()) AS timestamptz) AS clock
@@ -288,16 +260,18 @@ FROM u
 `
 
 type EscrowDebitWindowParams struct {
-	Now      *time.Time
-	Name     string
-	Key      string
-	Capacity float64
-	Count    float64
-	Period   int64
-	FullTs   time.Time
-	Rate     float64
-	Claim    int64
-	Xid      int64
+	Now        *time.Time
+	Name       string
+	Key        string
+	FreshValue float64
+	FullTs     time.Time
+	Period     int64
+	FreshOk    bool
+	Rate       float64
+	Capacity   float64
+	Count      float64
+	Claim      int64
+	Xid        int64
 }
 
 type EscrowDebitWindowRow struct {
@@ -306,19 +280,19 @@ type EscrowDebitWindowRow struct {
 	Clock time.Time
 }
 
-// EscrowDebitBucket for a fixed window, with TakeWindow's arithmetic: a
-// missing row is full at full_ts (the window origin); either row is advanced
-// by whole periods.
+// EscrowDebitBucket for a fixed window, with the window's functions.
 func (q *Queries) EscrowDebitWindow(ctx context.Context, db DBTX, arg EscrowDebitWindowParams) (EscrowDebitWindowRow, error) {
 	row := db.QueryRow(ctx, EscrowDebitWindow,
 		arg.Now,
 		arg.Name,
 		arg.Key,
+		arg.FreshValue,
+		arg.FullTs,
+		arg.Period,
+		arg.FreshOk,
+		arg.Rate,
 		arg.Capacity,
 		arg.Count,
-		arg.Period,
-		arg.FullTs,
-		arg.Rate,
 		arg.Claim,
 		arg.Xid,
 	)
