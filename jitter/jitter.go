@@ -1,7 +1,7 @@
 // Package jitter spreads the retries of callers that were told to wait the
 // same time. It imports only the standard library, so that any layer of
-// txlimit (the stores' retry loops, the middlewares, Limiter.Wait) and any
-// application can use it.
+// txlimit (the retry loop of pgstore.RunTx and pgsqlstore.RunTx,
+// Limiter.Wait) and any application can use it.
 //
 // Spread(retryAfter, spread) returns retryAfter plus a duration drawn
 // uniformly from [0, spread), at nanosecond grain:
