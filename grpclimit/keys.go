@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
 	"strings"
 	"unicode/utf8"
@@ -15,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/httplimit"
+	"github.com/txlimit/txlimit/internal/clientip"
 )
 
 // PeerKey keys a call by the IP address of its peer (the other end of the
@@ -51,35 +50,54 @@ func PeerPrefixKey(ipv6Bits int) (KeyFunc, error) {
 		if err != nil {
 			return "", err
 		}
-		if a.Is4() || ipv6Bits == 128 {
-			return a.String(), nil
-		}
-		prefix, _ := a.Prefix(ipv6Bits) // cannot fail: a is IPv6 and ipv6Bits in [1, 128]
-		return prefix.String(), nil
+		return clientip.AddrKey(a, ipv6Bits), nil
 	}, nil
 }
 
+// ClientIP configures the KeyFunc ClientIPKey returns. Its fields are
+// httplimit.ClientIP's and mean the same for the metadata of a call: a
+// server that answers HTTP and gRPC behind the same proxies converts one to
+// the other, grpclimit.ClientIP(httpClientIP). The zero value keys by the
+// peer's address, as PeerKey does.
+type ClientIP struct {
+	// TrustedProxies are the networks of the proxies (an L7 load
+	// balancer, Envoy) in front of the server, whose additions to Header
+	// are believed. A call whose peer is in none of them is keyed by the
+	// peer, and its metadata is ignored, so a client that reaches the
+	// server directly cannot choose its key by sending the metadata
+	// itself. Write IPv4 networks in IPv4 form. Defaults to none.
+	TrustedProxies []netip.Prefix
+	// Header is the metadata key the proxies append their peer's address
+	// to, as they would the HTTP header field: "X-Forwarded-For" (a
+	// comma-separated list of addresses) or "Forwarded" (RFC 7239, the
+	// for= parameter of each element), in any case (gRPC metadata keys
+	// are lower case). Name the one your proxies write: the other one is
+	// whatever the client sent. Defaults to "X-Forwarded-For".
+	Header string
+	// IPv6Prefix is the length of the prefix an IPv6 client is keyed by:
+	// every address in one prefix of that length shares one limit. It must
+	// be between 1 and 128; 128 keys every address apart. IPv4 addresses
+	// are keyed one by one. Defaults to 64.
+	IPv6Prefix int
+}
+
 // ClientIPKey returns a KeyFunc that keys a call by the IP address of its
-// client behind the trusted proxies in front of the server (an L7 load
-// balancer, Envoy), as httplimit.ClientIPKey does for HTTP requests, from the
-// same ClientIP: when the peer is not one of c.TrustedProxies, the peer is
-// the client and its metadata is ignored; when it is, the key function walks
-// the x-forwarded-for metadata (or forwarded, when c.Header is "Forwarded")
-// from the right and takes the first address that is not a trusted proxy.
-// The key is written as PeerKey writes it, IPv6 grouped by c.IPv6Prefix
-// (default 64). An invalid ClientIP is an error that names the field; an
-// entry a trusted proxy wrote that is not an IP address is an error,
-// answered with codes.Internal.
-func ClientIPKey(c httplimit.ClientIP) (KeyFunc, error) {
-	key, err := httplimit.ClientIPKey(c)
+// client behind the trusted proxies in front of the server, as
+// httplimit.ClientIPKey does for HTTP requests: when the peer is not one of
+// c.TrustedProxies, the peer is the client and its metadata is ignored; when
+// it is, the key function walks the x-forwarded-for metadata (or forwarded,
+// when c.Header is "Forwarded") from the right and takes the first address
+// that is not a trusted proxy; when every address is a trusted proxy, the
+// leftmost one is the client. The key is written as PeerKey writes it, IPv6
+// grouped by c.IPv6Prefix (default 64). An invalid ClientIP is an error that
+// names the field; an entry a trusted proxy wrote that is not an IP address
+// is an error, answered with codes.Internal.
+func ClientIPKey(c ClientIP) (KeyFunc, error) {
+	keyer, err := clientip.NewKeyer(clientip.Config(c))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("grpclimit: %w", err)
 	}
-	header := "X-Forwarded-For"
-	if strings.EqualFold(c.Header, "Forwarded") {
-		header = "Forwarded"
-	}
-	mdKey := strings.ToLower(header)
+	mdKey := strings.ToLower(keyer.Header())
 	return func(ctx context.Context, _ string, _ any) (string, error) {
 		p, ok := peer.FromContext(ctx)
 		if !ok || p.Addr == nil {
@@ -90,12 +108,11 @@ func ClientIPKey(c httplimit.ClientIP) (KeyFunc, error) {
 			return "", err
 		}
 		md, _ := metadata.FromIncomingContext(ctx)
-		// The walk through the proxies is httplimit's, on the request an
-		// HTTP server would have seen.
-		return key(&http.Request{
-			RemoteAddr: netip.AddrPortFrom(a, 0).String(),
-			Header:     http.Header{header: md.Get(mdKey)},
-		})
+		key, err := keyer.Key(a, md.Get(mdKey))
+		if err != nil {
+			return "", fmt.Errorf("grpclimit: %w", err)
+		}
+		return key, nil
 	}, nil
 }
 

@@ -1,4 +1,4 @@
-package txlimit_test
+package jitter_test
 
 import (
 	"math"
@@ -9,10 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/jitter"
 )
 
-func TestJitterBoundsAndSpread(t *testing.T) {
+func TestSpreadBoundsAndDistribution(t *testing.T) {
 	t.Parallel()
 	const (
 		retryAfter = 3 * time.Second
@@ -23,7 +23,7 @@ func TestJitterBoundsAndSpread(t *testing.T) {
 	var deciles [10]int
 	distinct := map[time.Duration]bool{}
 	for range draws {
-		d := txlimit.JitterRand(rng, retryAfter, spread)
+		d := jitter.SpreadRand(rng, retryAfter, spread)
 		require.GreaterOrEqual(t, d, retryAfter, "never earlier than RetryAfter")
 		require.Less(t, d, retryAfter+spread, "the spread is half-open")
 		deciles[(d-retryAfter)*10/spread]++
@@ -39,52 +39,52 @@ func TestJitterBoundsAndSpread(t *testing.T) {
 	require.Greater(t, len(distinct), draws*9/10, "draws should be nanosecond-grained, not a few values")
 }
 
-func TestJitterIsReproducibleWithASeed(t *testing.T) {
+func TestSpreadRandIsReproducibleWithASeed(t *testing.T) {
 	t.Parallel()
 	a := rand.New(rand.NewPCG(7, 7))
 	b := rand.New(rand.NewPCG(7, 7))
 	for range 100 {
 		require.Equal(t,
-			txlimit.JitterRand(a, time.Second, time.Minute),
-			txlimit.JitterRand(b, time.Second, time.Minute))
+			jitter.SpreadRand(a, time.Second, time.Minute),
+			jitter.SpreadRand(b, time.Second, time.Minute))
 	}
 }
 
-func TestJitterEdgeCases(t *testing.T) {
+func TestSpreadEdgeCases(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, d := range []time.Duration{0, 1, time.Second, math.MaxInt64} {
-		require.Equal(t, d, txlimit.Jitter(d, 0), "zero spread returns RetryAfter exactly")
-		require.Equal(t, d, txlimit.JitterRand(rng, d, 0))
-		require.Equal(t, d, txlimit.Jitter(d, -time.Second), "a negative spread adds nothing")
+		require.Equal(t, d, jitter.Spread(d, 0), "zero spread returns RetryAfter exactly")
+		require.Equal(t, d, jitter.SpreadRand(rng, d, 0))
+		require.Equal(t, d, jitter.Spread(d, -time.Second), "a negative spread adds nothing")
 	}
 	// A negative RetryAfter counts as zero.
-	require.Equal(t, time.Duration(0), txlimit.Jitter(-time.Second, 0))
+	require.Equal(t, time.Duration(0), jitter.Spread(-time.Second, 0))
 	for range 1000 {
-		d := txlimit.JitterRand(rng, -time.Hour, time.Second)
+		d := jitter.SpreadRand(rng, -time.Hour, time.Second)
 		require.GreaterOrEqual(t, d, time.Duration(0))
 		require.Less(t, d, time.Second)
 	}
 	// A spread of 1ns can only add 0.
-	require.Equal(t, time.Second, txlimit.JitterRand(rng, time.Second, 1))
+	require.Equal(t, time.Second, jitter.SpreadRand(rng, time.Second, 1))
 	// The sum saturates instead of wrapping around to a negative wait.
 	for range 1000 {
-		d := txlimit.JitterRand(rng, math.MaxInt64-10, math.MaxInt64)
+		d := jitter.SpreadRand(rng, math.MaxInt64-10, math.MaxInt64)
 		require.GreaterOrEqual(t, d, time.Duration(math.MaxInt64-10))
 	}
-	require.Equal(t, time.Duration(math.MaxInt64), txlimit.Jitter(math.MaxInt64, math.MaxInt64))
+	require.Equal(t, time.Duration(math.MaxInt64), jitter.Spread(math.MaxInt64, math.MaxInt64))
 }
 
 // The top-level generator serves concurrent callers (run with -race).
-func TestJitterConcurrent(t *testing.T) {
+func TestSpreadConcurrent(t *testing.T) {
 	t.Parallel()
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
 			for range 1000 {
-				d := txlimit.Jitter(time.Millisecond, time.Millisecond)
+				d := jitter.Spread(time.Millisecond, time.Millisecond)
 				if d < time.Millisecond || d >= 2*time.Millisecond {
-					t.Errorf("Jitter out of bounds: %v", d)
+					t.Errorf("Spread out of bounds: %v", d)
 					return
 				}
 			}
