@@ -162,5 +162,4 @@
 // only when its context does. Inside a transaction, use the …Tx forms.
 package txlimit
 
-//go:generate go run ./pgsqlstore/internal/queries/gen
 //go:generate bash scripts/sqlc.sh generate

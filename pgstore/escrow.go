@@ -10,8 +10,8 @@ import (
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/pgdb"
 	"github.com/txlimit/txlimit/internal/pgproto"
-	"github.com/txlimit/txlimit/pgstore/internal/db"
 )
 
 // Escrow mode (docs/escrow.md): a call inserts a claim in the caller's
@@ -63,7 +63,7 @@ func (s *Store) EscrowPing(ctx context.Context) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
 	}
-	return mapErr(s.queries.ProbeEscrow(ctx, s.pool))
+	return mapErr(queries.ProbeEscrow(ctx, s.pool))
 }
 
 // EscrowTake implements driver.Escrower.
@@ -80,7 +80,7 @@ func (s *Store) escrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) 
 	if p.Shards != 1 {
 		return driver.TakeResult{}, fmt.Errorf("txlimit/pgstore: an escrow limit has one shard, got %d", p.Shards)
 	}
-	claim, err := s.queries.EscrowClaim(ctx, tx)
+	claim, err := queries.EscrowClaim(ctx, tx)
 	if err != nil {
 		return driver.TakeResult{}, err
 	}
@@ -98,7 +98,7 @@ func (s *Store) escrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) 
 	} else {
 		// Nothing was taken: the claim goes, so that the call leaves no
 		// row behind.
-		if err := s.queries.EscrowUnclaim(ctx, tx, claim.ID); err != nil {
+		if err := queries.EscrowUnclaim(ctx, tx, claim.ID); err != nil {
 			return driver.TakeResult{}, err
 		}
 	}
@@ -133,7 +133,7 @@ func (s *Store) settleInBackground() {
 // then settled first, so that a rolled-back call's tokens are there for the
 // next call of its key that needs them. EscrowDebit, which serves any call,
 // then decides again (a reservation goes to it at once).
-func (s *Store) escrowDebit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow, lt *pgproto.LockTimer) (driver.TakeResult, error) {
+func (s *Store) escrowDebit(ctx context.Context, p driver.TakeParams, claim pgdb.EscrowClaimRow, lt *pgproto.LockTimer) (driver.TakeResult, error) {
 	retried := false
 	if !p.Reserve {
 		start := lt.Start()
@@ -181,7 +181,7 @@ func (s *Store) escrowDebit(ctx context.Context, p driver.TakeParams, claim db.E
 			return res, nil
 		}
 		retried = true
-		fates, err := s.queries.EscrowKeyFates(ctx, s.pool, db.EscrowKeyFatesParams{Name: p.Name, Key: p.Key, MaxEntries: keySettleBatch})
+		fates, err := queries.EscrowKeyFates(ctx, s.pool, pgdb.EscrowKeyFatesParams{Name: p.Name, Key: p.Key, MaxEntries: keySettleBatch})
 		if err != nil {
 			return driver.TakeResult{}, err
 		}
@@ -196,14 +196,14 @@ func (s *Store) escrowDebit(ctx context.Context, p driver.TakeParams, claim db.E
 // COMMITTED (the statement then makes its commit asynchronous itself), else
 // wrapped in BEGIN ISOLATION LEVEL READ COMMITTED … COMMIT (see escrowTx).
 // ok is false when it granted nothing.
-func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow) (algo.State, time.Time, bool, error) {
+func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim pgdb.EscrowClaimRow) (algo.State, time.Time, bool, error) {
 	cfg, full := p.Config, p.Full()
 	fresh, ok := driver.Fresh(p)
 	var value float64
 	var ts, clock time.Time
-	send := func(q db.DBTX) error {
+	send := func(q pgdb.DBTX) error {
 		if cfg.Kind == algo.FixedWindow {
-			r, err := s.queries.EscrowDebitWindow(ctx, q, db.EscrowDebitWindowParams{
+			r, err := queries.EscrowDebitWindow(ctx, q, pgdb.EscrowDebitWindowParams{
 				Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: ok, FullTs: time.UnixMicro(full.TS), Now: p.Now,
 				Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 				Claim: claim.ID, Xid: claim.Xid,
@@ -211,7 +211,7 @@ func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim db.Esc
 			value, ts, clock = r.Value, r.Ts, r.Clock
 			return err
 		}
-		r, err := s.queries.EscrowDebitBucket(ctx, q, db.EscrowDebitBucketParams{
+		r, err := queries.EscrowDebitBucket(ctx, q, pgdb.EscrowDebitBucketParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: ok, FullTs: time.UnixMicro(full.TS), Now: p.Now,
 			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 			Claim: claim.ID, Xid: claim.Xid,
@@ -221,55 +221,34 @@ func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim db.Esc
 	}
 	var err error
 	if s.escrowTx.Load() {
-		err = s.inEscrowTx(ctx, func(q queuer) error { return send(q) }, func(res pgx.BatchResults) error {
-			return res.QueryRow().Scan(&value, &ts, &clock)
-		})
+		err = s.inEscrowTx(ctx, send)
 	} else {
 		err = send(s.pool)
 	}
-	return pgproto.TakenRow(value, ts, clock, errors.Is(err, pgx.ErrNoRows), err)
+	return pgproto.TakenRow(value, ts, clock, err)
 }
 
 // readKey reads the key's row as last committed, with the clock, and step
 // one of the key's settlement, in one round trip.
-func (s *Store) readKey(ctx context.Context, p driver.TakeParams) (db.EscrowReadRow, []db.EscrowKeyFatesRow, error) {
-	b := &pgx.Batch{}
-	if _, err := s.queries.EscrowRead(ctx, queuer{b}, db.EscrowReadParams{Name: p.Name, Key: p.Key, Now: p.Now}); queued(err) != nil {
-		return db.EscrowReadRow{}, nil, queued(err)
-	}
-	if _, err := s.queries.EscrowKeyFates(ctx, queuer{b}, db.EscrowKeyFatesParams{
-		Name: p.Name, Key: p.Key, MaxEntries: keySettleBatch,
-	}); queued(err) != nil {
-		return db.EscrowReadRow{}, nil, queued(err)
-	}
-	res := s.pool.SendBatch(ctx, b)
-	var row db.EscrowReadRow
-	var fates []db.EscrowKeyFatesRow
-	err := res.QueryRow().Scan(&row.Value, &row.Ts, &row.Clock, &row.Isolation)
+func (s *Store) readKey(ctx context.Context, p driver.TakeParams) (row pgdb.EscrowReadRow, fates []pgdb.EscrowKeyFatesRow, err error) {
+	err = pgproto.Send(ctx, s.pool, func(q pgdb.DBTX) (err error) {
+		row, err = queries.EscrowRead(ctx, q, pgdb.EscrowReadParams{Name: p.Name, Key: p.Key, Now: p.Now})
+		return err
+	}, func(q pgdb.DBTX) (err error) {
+		fates, err = queries.EscrowKeyFates(ctx, q, pgdb.EscrowKeyFatesParams{Name: p.Name, Key: p.Key, MaxEntries: keySettleBatch})
+		return err
+	})
 	if err == nil && row.Isolation != "read committed" {
 		// The lean debits grant only at READ COMMITTED: from now on they
 		// are sent inside a transaction that sets it.
 		s.escrowTx.Store(true)
-	}
-	if err == nil {
-		var rows pgx.Rows
-		if rows, err = res.Query(); err == nil {
-			var f db.EscrowKeyFatesRow
-			_, err = pgx.ForEachRow(rows, []any{&f.Claim, &f.MaybeRefund}, func() error {
-				fates = append(fates, f)
-				return nil
-			})
-		}
-	}
-	if cerr := res.Close(); err == nil {
-		err = cerr
 	}
 	return row, fates, err
 }
 
 // refund settles the ended calls of fates when one of them may owe its
 // tokens back, and reports whether tokens came back.
-func (s *Store) refund(ctx context.Context, fates []db.EscrowKeyFatesRow) (bool, error) {
+func (s *Store) refund(ctx context.Context, fates []pgdb.EscrowKeyFatesRow) (bool, error) {
 	maybe := false
 	for _, f := range fates {
 		maybe = maybe || f.MaybeRefund
@@ -287,20 +266,18 @@ func (s *Store) refund(ctx context.Context, fates []db.EscrowKeyFatesRow) (bool,
 
 // debit runs EscrowDebit in a transaction of its own, creating the key's
 // row first when it has none.
-func (s *Store) debit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow) (db.EscrowDebitRow, error) {
-	params := db.EscrowDebitParams{
+func (s *Store) debit(ctx context.Context, p driver.TakeParams, claim pgdb.EscrowClaimRow) (pgdb.EscrowDebitRow, error) {
+	params := pgdb.EscrowDebitParams{
 		Name: p.Name, Key: p.Key, Now: p.Now,
 		Kind: int32(p.Config.Kind), Period: p.Config.Period, Capacity: p.Config.Capacity,
 		Rate: p.Config.Rate, Count: p.Count, Reserve: p.Reserve, MaxReserved: p.Config.MaxReserved,
 		Claim: claim.ID, Xid: claim.Xid,
 	}
 	for range 2 {
-		var row db.EscrowDebitRow
-		err := s.inEscrowTx(ctx, func(q queuer) error {
-			_, err := s.queries.EscrowDebit(ctx, q, params)
+		var row pgdb.EscrowDebitRow
+		err := s.inEscrowTx(ctx, func(q pgdb.DBTX) (err error) {
+			row, err = queries.EscrowDebit(ctx, q, params)
 			return err
-		}, func(res pgx.BatchResults) error {
-			return res.QueryRow().Scan(&row.Value, &row.Ts, &row.Clock, &row.Ok)
 		})
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return row, err
@@ -308,58 +285,26 @@ func (s *Store) debit(ctx context.Context, p driver.TakeParams, claim db.EscrowC
 		// At READ COMMITTED too: at a stricter default, a row another
 		// call inserted meanwhile would fail this with 40001.
 		full := p.Full()
-		if err := s.inEscrowTx(ctx, func(q queuer) error {
-			return s.queries.EscrowInsertRow(ctx, q, db.EscrowInsertRowParams{
+		if err := s.inEscrowTx(ctx, func(q pgdb.DBTX) error {
+			return queries.EscrowInsertRow(ctx, q, pgdb.EscrowInsertRowParams{
 				Name: p.Name, Key: p.Key, Value: full.Value, Ts: time.UnixMicro(full.TS),
 			})
-		}, func(res pgx.BatchResults) error {
-			_, err := res.Exec()
-			return err
 		}); err != nil {
-			return db.EscrowDebitRow{}, err
+			return pgdb.EscrowDebitRow{}, err
 		}
 	}
-	return db.EscrowDebitRow{}, errors.New("txlimit/pgstore: the escrow limit's row vanished twice while being debited (reset or pruned meanwhile); try again")
+	return pgdb.EscrowDebitRow{}, errors.New("txlimit/pgstore: the escrow limit's row vanished twice while being debited (reset or pruned meanwhile); try again")
 }
 
 // inEscrowTx sends, in one round trip on the store's pool, the short
 // transaction of an escrow step: BEGIN, SET LOCAL synchronous_commit, the
-// statement that queue queues through a generated method, and COMMIT; read
-// reads that statement's result. Every escrow statement that writes runs
-// this way (but the lean debits, which check the level themselves): at READ
+// statement of c, and COMMIT. Every escrow statement that writes runs this
+// way (but the lean debits, which check the level themselves): at READ
 // COMMITTED whatever the pool's default, where a stricter level would fail
-// with 40001 on rows other calls changed. An error of read (pgx.ErrNoRows included)
-// is returned once the batch has been read to the end.
-func (s *Store) inEscrowTx(ctx context.Context, queue func(queuer) error, read func(pgx.BatchResults) error) error {
-	b := &pgx.Batch{}
-	b.Queue(beginEscrow)
-	b.Queue(asyncCommit)
-	if err := queued(queue(queuer{b})); err != nil {
-		return err
-	}
-	b.Queue(commitEscrow)
-	res := s.pool.SendBatch(ctx, b)
-	_, err := res.Exec()
-	if err == nil {
-		_, err = res.Exec()
-	}
-	var readErr error
-	if err == nil {
-		readErr = read(res)
-		if !errors.Is(readErr, pgx.ErrNoRows) {
-			err = readErr
-		}
-	}
-	if err == nil {
-		_, err = res.Exec()
-	}
-	if cerr := res.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	return readErr
+// with 40001 on rows other calls changed. An error of c (pgx.ErrNoRows
+// included) is returned once the batch has been read to the end.
+func (s *Store) inEscrowTx(ctx context.Context, c pgproto.Call) error {
+	return pgproto.Send(ctx, s.pool, pgproto.Exec(ctx, beginEscrow), pgproto.Exec(ctx, asyncCommit), c, pgproto.Exec(ctx, commitEscrow))
 }
 
 // settleClaims runs step two of settlement on claims, which step one found
@@ -369,16 +314,9 @@ func (s *Store) settleClaims(ctx context.Context, claims []int64) (driver.Settle
 	if len(claims) == 0 {
 		return out, nil
 	}
-	err := s.inEscrowTx(ctx, func(q queuer) error {
-		_, err := s.queries.EscrowSettle(ctx, q, claims)
-		return err
-	}, func(res pgx.BatchResults) error {
-		rows, err := res.Query()
-		if err != nil {
-			return err
-		}
-		var r db.EscrowSettleRow
-		_, err = pgx.ForEachRow(rows, []any{&r.Claim, &r.Spent, &r.Refund, &r.Count}, func() error {
+	err := s.inEscrowTx(ctx, func(q pgdb.DBTX) error {
+		rows, err := queries.EscrowSettle(ctx, q, claims)
+		for _, r := range rows {
 			switch {
 			case r.Spent:
 				out.Spent++
@@ -388,8 +326,7 @@ func (s *Store) settleClaims(ctx context.Context, claims []int64) (driver.Settle
 			default:
 				out.Dropped++
 			}
-			return nil
-		})
+		}
 		return err
 	})
 	if err != nil {
@@ -401,12 +338,12 @@ func (s *Store) settleClaims(ctx context.Context, claims []int64) (driver.Settle
 // EscrowCancel implements driver.Escrower: the claim goes, so the call's
 // entry is settled as a rollback's.
 func (s *Store) EscrowCancel(ctx context.Context, tx pgx.Tx, escrow int64) error {
-	return mapErr(s.queries.EscrowUnclaim(ctx, tx, escrow))
+	return mapErr(queries.EscrowUnclaim(ctx, tx, escrow))
 }
 
 // EscrowDelete implements driver.Escrower.
 func (s *Store) EscrowDelete(ctx context.Context, tx pgx.Tx, p driver.KeyParams) error {
-	return mapErr(s.queries.EscrowDeleteKey(ctx, tx, db.EscrowDeleteKeyParams{Name: p.Name, Key: p.Key}))
+	return mapErr(queries.EscrowDeleteKey(ctx, tx, pgdb.EscrowDeleteKeyParams{Name: p.Name, Key: p.Key}))
 }
 
 // Settle implements driver.Escrower: first the calls whose claim is
@@ -427,15 +364,8 @@ func (s *Store) settle(ctx context.Context, p driver.SettleParams) (driver.Settl
 	for after := int64(0); seen < p.Max; {
 		n := min(settleBatch, p.Max-seen)
 		var spent []int64
-		err := s.inEscrowTx(ctx, func(q queuer) error {
-			_, err := s.queries.EscrowSettleSpent(ctx, q, db.EscrowSettleSpentParams{After: after, MaxEntries: int32(n)})
-			return err
-		}, func(res pgx.BatchResults) error {
-			rows, err := res.Query()
-			if err != nil {
-				return err
-			}
-			spent, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		err := s.inEscrowTx(ctx, func(q pgdb.DBTX) (err error) {
+			spent, err = queries.EscrowSettleSpent(ctx, q, pgdb.EscrowSettleSpentParams{After: after, MaxEntries: int32(n)})
 			return err
 		})
 		if err != nil {
@@ -450,7 +380,7 @@ func (s *Store) settle(ctx context.Context, p driver.SettleParams) (driver.Settl
 	}
 	var after int64
 	for seen < p.Max {
-		fates, err := s.queries.EscrowFates(ctx, s.pool, db.EscrowFatesParams{After: after, MaxEntries: int32(min(settleBatch, p.Max-seen))})
+		fates, err := queries.EscrowFates(ctx, s.pool, pgdb.EscrowFatesParams{After: after, MaxEntries: int32(min(settleBatch, p.Max-seen))})
 		if err != nil {
 			return out, err
 		}
@@ -472,18 +402,15 @@ func (s *Store) settle(ctx context.Context, p driver.SettleParams) (driver.Settl
 		seen += len(fates)
 		after = claims[len(claims)-1]
 	}
-	err := s.inEscrowTx(ctx, func(q queuer) error {
-		_, err := s.queries.EscrowDeleteOrphanClaims(ctx, q, int32(min(settleBatch, max(p.Max, 1))))
-		return err
-	}, func(res pgx.BatchResults) error {
-		tag, err := res.Exec()
-		out.Orphans = int(tag.RowsAffected())
+	err := s.inEscrowTx(ctx, func(q pgdb.DBTX) error {
+		n, err := queries.EscrowDeleteOrphanClaims(ctx, q, int32(min(settleBatch, max(p.Max, 1))))
+		out.Orphans = int(n)
 		return err
 	})
 	if err != nil {
 		return out, err
 	}
-	count, err := s.queries.EscrowCount(ctx, s.pool)
+	count, err := queries.EscrowCount(ctx, s.pool)
 	if err != nil {
 		return out, err
 	}

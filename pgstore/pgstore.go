@@ -58,15 +58,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/pgdb"
 	"github.com/txlimit/txlimit/internal/pgproto"
-	"github.com/txlimit/txlimit/pgstore/internal/db"
 )
 
 // Store is txlimit's store for pgx.
 type Store struct {
-	pool    *pgxpool.Pool
-	queries *db.Queries
-	c       conn
+	pool  *pgxpool.Pool
+	proto pgproto.Protocol
 	// escrowTx is set once the pool's transactions turn out not to be READ
 	// COMMITTED (EscrowRead tells): the lean escrow debits are then sent
 	// inside a transaction that sets it, rather than alone.
@@ -83,8 +82,7 @@ var _ driver.Store[pgx.Tx] = (*Store)(nil)
 // New returns a store on pool. pool may be nil when only the …Tx forms of
 // the limiter are used; the other forms then return txlimit.ErrNoPool.
 func New(pool *pgxpool.Pool, opts ...Option) *Store {
-	q := db.New()
-	s := &Store{pool: pool, queries: q, c: conn{q: q}, settleEvery: DefaultEscrowSettleEvery}
+	s := &Store{pool: pool, settleEvery: DefaultEscrowSettleEvery}
 	for _, o := range opts {
 		o(s)
 	}
@@ -127,7 +125,7 @@ func EscrowSettleEvery(d time.Duration) Option {
 // by key. Prune's scan for the next keys reads across keys without locking
 // anything, in either mode.
 func SingleKeyStatements() Option {
-	return func(s *Store) { s.c.singleKey = true }
+	return func(s *Store) { s.proto.SingleKey = true }
 }
 
 // InTx implements driver.Store.
@@ -147,7 +145,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
 	}
-	return mapErr(s.queries.ProbeTable(ctx, s.pool))
+	return mapErr(pgproto.Ping(ctx, s.pool))
 }
 
 // mapErr adds to err what the user must do about it, keeping err itself
@@ -174,7 +172,7 @@ func mapErr(err error) error {
 // tokens, a denial the committed state already decides is answered without
 // a lock; otherwise every shard is locked, in shard order.
 func (s *Store) Take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (driver.TakeResult, error) {
-	res, err := pgproto.Take(ctx, s.c, tx, p)
+	res, err := s.proto.Take(ctx, tx, p)
 	return res, mapErr(err)
 }
 
@@ -183,31 +181,34 @@ func (s *Store) Take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (drive
 // round trip, and the writes (or, for a denial, the removal of the rows the
 // insert created) in one more.
 func (s *Store) TakeAll(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	res, err := pgproto.TakeAll(ctx, s.c, tx, p)
+	res, err := s.proto.TakeAll(ctx, tx, p)
 	return res, mapErr(err)
 }
 
 // Read implements driver.Store.
 func (s *Store) Read(ctx context.Context, tx pgx.Tx, p driver.ReadParams) (driver.ReadResult, error) {
-	res, err := pgproto.Read(ctx, s.c, tx, p)
+	res, err := s.proto.Read(ctx, tx, p)
 	return res, mapErr(err)
 }
 
 // Credit implements driver.Store. A key with no row is full: there is
 // nothing to give back to it.
 func (s *Store) Credit(ctx context.Context, tx pgx.Tx, p driver.CreditParams) error {
-	return mapErr(pgproto.Credit(ctx, s.c, tx, p))
+	return mapErr(s.proto.Credit(ctx, tx, p))
 }
 
 // Delete implements driver.Store.
 func (s *Store) Delete(ctx context.Context, tx pgx.Tx, p driver.KeyParams) error {
-	return mapErr(pgproto.Delete(ctx, s.c, tx, p))
+	return mapErr(s.proto.Delete(ctx, tx, p))
 }
 
 // Prune implements driver.Store. The rows are locked with FOR UPDATE SKIP
 // LOCKED, so a batch never waits for a row that live traffic holds: a key
 // with a row held elsewhere is left for a later run.
 func (s *Store) Prune(ctx context.Context, tx pgx.Tx, p driver.PruneParams) (driver.PruneResult, error) {
-	res, err := pgproto.Prune(ctx, s.c, tx, p)
+	res, err := s.proto.Prune(ctx, tx, p)
 	return res, mapErr(err)
 }
+
+// queries runs the generated statements of escrow mode.
+var queries = pgdb.New()

@@ -1,3 +1,10 @@
+-- The statements of pgstore and pgsqlstore, which both run the code sqlc
+-- generates from this directory (internal/pgdb). Array parameters travel as
+-- text, in PostgreSQL's array-literal syntax (pgproto.Array builds them), and
+-- are cast to the array type on the server: database/sql has no array type,
+-- and sqlc's database/sql code would wrap them in lib/pq's pq.Array, making
+-- pgsqlstore import a driver.
+
 -- name: LockShards :many
 -- Locks every row of (name, key), waiting, in ascending shard order. The
 -- clock is the argument now or, when it is NULL, the server's, read for each
@@ -125,9 +132,9 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 UPDATE txlimit AS t
 SET value = u.value, ts = u.ts
 FROM (
-    SELECT unnest(sqlc.arg(shards)::integer[]) AS shard,
-           unnest(sqlc.arg(vals)::double precision[]) AS value,
-           unnest(sqlc.arg(tss)::timestamptz[]) AS ts
+    SELECT unnest(sqlc.arg(shards)::text::integer[]) AS shard,
+           unnest(sqlc.arg(vals)::text::double precision[]) AS value,
+           unnest(sqlc.arg(tss)::text::timestamptz[]) AS ts
 ) AS u
 WHERE t.name = sqlc.arg(name) AND t.key = sqlc.arg(key) AND t.shard = u.shard;
 
@@ -152,11 +159,11 @@ WHERE (name, key, shard) IN (
 INSERT INTO txlimit (name, key, shard, value, ts)
 SELECT k.name, k.key, s.shard, k.value, k.ts
 FROM (
-    SELECT unnest(sqlc.arg(names)::text[]) AS name,
-           unnest(sqlc.arg(keys)::text[]) AS key,
-           unnest(sqlc.arg(shard_counts)::integer[]) AS shards,
-           unnest(sqlc.arg(vals)::double precision[]) AS value,
-           unnest(sqlc.arg(tss)::timestamptz[]) AS ts
+    SELECT unnest(sqlc.arg(names)::text::text[]) AS name,
+           unnest(sqlc.arg(keys)::text::text[]) AS key,
+           unnest(sqlc.arg(shard_counts)::text::integer[]) AS shards,
+           unnest(sqlc.arg(vals)::text::double precision[]) AS value,
+           unnest(sqlc.arg(tss)::text::timestamptz[]) AS ts
 ) AS k
 CROSS JOIN LATERAL generate_series(0, k.shards - 1) AS s(shard)
 ORDER BY k.name COLLATE "C", k.key COLLATE "C", s.shard
@@ -173,8 +180,8 @@ SELECT t.name, t.key, t.shard, t.value, t.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
 JOIN (
-    SELECT unnest(sqlc.arg(names)::text[]) AS name,
-           unnest(sqlc.arg(keys)::text[]) AS key
+    SELECT unnest(sqlc.arg(names)::text::text[]) AS name,
+           unnest(sqlc.arg(keys)::text::text[]) AS key
 ) AS k
     ON t.name = k.name AND t.key = k.key
 ORDER BY t.name COLLATE "C", t.key COLLATE "C", t.shard
@@ -184,9 +191,9 @@ FOR UPDATE OF t;
 -- Deletes the listed rows, which the transaction holds.
 DELETE FROM txlimit AS t
 USING (
-    SELECT unnest(sqlc.arg(names)::text[]) AS name,
-           unnest(sqlc.arg(keys)::text[]) AS key,
-           unnest(sqlc.arg(shards)::integer[]) AS shard
+    SELECT unnest(sqlc.arg(names)::text::text[]) AS name,
+           unnest(sqlc.arg(keys)::text::text[]) AS key,
+           unnest(sqlc.arg(shards)::text::integer[]) AS shard
 ) AS u
 WHERE t.name = u.name AND t.key = u.key AND t.shard = u.shard;
 
@@ -207,8 +214,8 @@ SELECT t.name, t.key, t.shard, t.value, t.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
 JOIN (
-    SELECT unnest(sqlc.arg(names)::text[]) AS name,
-           unnest(sqlc.arg(keys)::text[]) AS key
+    SELECT unnest(sqlc.arg(names)::text::text[]) AS name,
+           unnest(sqlc.arg(keys)::text::text[]) AS key
 ) AS k
     ON t.name = k.name AND t.key = k.key
 ORDER BY t.name, t.key, t.shard
@@ -243,7 +250,7 @@ FOR UPDATE OF t SKIP LOCKED;
 -- name: DeleteKeyShards :execrows
 -- DeleteShards for the listed rows of one key, which the transaction holds.
 DELETE FROM txlimit
-WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY (sqlc.arg(shards)::integer[]);
+WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY (sqlc.arg(shards)::text::integer[]);
 
 -- name: ProbeTable :exec
 -- Reads no row, but fails when the table or one of its columns is missing:

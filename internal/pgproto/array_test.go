@@ -1,4 +1,4 @@
-package pgsqlstore
+package pgproto
 
 import (
 	"database/sql"

@@ -1,4 +1,4 @@
-package pgsqlstore
+package pgproto
 
 import (
 	"math"
@@ -8,9 +8,9 @@ import (
 )
 
 // array builds a PostgreSQL array literal ({"a","b"}), the text form in
-// which pgsqlstore sends array parameters: database/sql has no array type,
+// which both stores send array parameters: database/sql has no array type,
 // and the statements cast the text to the array type on the server (see
-// package internal/queries). Every element is quoted, so no value can
+// queries/postgres/txlimit.sql). Every element is quoted, so no value can
 // change the literal's structure.
 type array struct {
 	b strings.Builder

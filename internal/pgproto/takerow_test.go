@@ -1,4 +1,4 @@
-package pgstore
+package pgproto
 
 import (
 	"context"
@@ -34,7 +34,6 @@ import (
 func TestTakeRowMatchesAlgo(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4)
-	s := New(pool)
 	cases := algocase.Generate(13, 3000)
 	algocase.RequireCoverage(t, cases)
 	for i, c := range cases {
@@ -47,7 +46,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 		// The statement alone.
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			seed(ctx, t, tx, c)
-			got, clock, ok, err := s.c.TakeRow(ctx, tx, p)
+			got, clock, ok, err := TakeRow(ctx, tx, p)
 			require.NoError(t, err, name)
 			rows := stored(ctx, t, tx, c)
 			if !wantD.OK || algocase.LongReservation(c, want) {
@@ -68,7 +67,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 		// The store's Take, which falls back to the Go path on a denial.
 		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			seed(ctx, t, tx, c)
-			res, err := s.Take(ctx, tx, p)
+			res, err := Protocol{}.Take(ctx, tx, p)
 			require.NoError(t, err, name)
 			require.Equal(t, wantD, res.Decision, name)
 			rows := stored(ctx, t, tx, c)
@@ -132,7 +131,6 @@ func requireUnchanged(t *testing.T, c algocase.Case, rows []algo.State, msg stri
 func TestTakeRowLeavesReshardToGo(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 2)
-	s := New(pool)
 	now := time.UnixMicro(1_700_000_000_000_000)
 	l := driver.Limit{Name: "reshard", Key: "k", Shards: 1,
 		Config: algo.Config{Kind: algo.TokenBucket, Rate: 8, Period: 3_600_000_000, Capacity: 8}}
@@ -146,7 +144,7 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 	want, wantD, _ := driver.Decide(p, had, now)
 	require.True(t, wantD.OK, "the four shards pool 2 tokens")
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		res, err := s.Take(ctx, tx, p)
+		res, err := Protocol{}.Take(ctx, tx, p)
 		require.NoError(t, err)
 		require.Equal(t, wantD, res.Decision)
 		rows := stored(ctx, t, tx, algocase.Case{Limit: l})

@@ -3,7 +3,7 @@
 //   sqlc v1.31.1
 // source: txlimit.sql
 
-package db
+package pgdb
 
 import (
 	"context"
@@ -34,13 +34,13 @@ func (q *Queries) DeleteKey(ctx context.Context, db DBTX, arg DeleteKeyParams) e
 
 const DeleteKeyShards = `-- name: DeleteKeyShards :execrows
 DELETE FROM txlimit
-WHERE name = $1 AND key = $2 AND shard = ANY ($3::integer[])
+WHERE name = $1 AND key = $2 AND shard = ANY ($3::text::integer[])
 `
 
 type DeleteKeyShardsParams struct {
 	Name   string
 	Key    string
-	Shards []int32
+	Shards string
 }
 
 // DeleteShards for the listed rows of one key, which the transaction holds.
@@ -55,17 +55,17 @@ func (q *Queries) DeleteKeyShards(ctx context.Context, db DBTX, arg DeleteKeySha
 const DeleteShards = `-- name: DeleteShards :execrows
 DELETE FROM txlimit AS t
 USING (
-    SELECT unnest($1::text[]) AS name,
-           unnest($2::text[]) AS key,
-           unnest($3::integer[]) AS shard
+    SELECT unnest($1::text::text[]) AS name,
+           unnest($2::text::text[]) AS key,
+           unnest($3::text::integer[]) AS shard
 ) AS u
 WHERE t.name = u.name AND t.key = u.key AND t.shard = u.shard
 `
 
 type DeleteShardsParams struct {
-	Names  []string
-	Keys   []string
-	Shards []int32
+	Names  string
+	Keys   string
+	Shards string
 }
 
 // Deletes the listed rows, which the transaction holds.
@@ -132,11 +132,11 @@ const InsertKeys = `-- name: InsertKeys :many
 INSERT INTO txlimit (name, key, shard, value, ts)
 SELECT k.name, k.key, s.shard, k.value, k.ts
 FROM (
-    SELECT unnest($1::text[]) AS name,
-           unnest($2::text[]) AS key,
-           unnest($3::integer[]) AS shards,
-           unnest($4::double precision[]) AS value,
-           unnest($5::timestamptz[]) AS ts
+    SELECT unnest($1::text::text[]) AS name,
+           unnest($2::text::text[]) AS key,
+           unnest($3::text::integer[]) AS shards,
+           unnest($4::text::double precision[]) AS value,
+           unnest($5::text::timestamptz[]) AS ts
 ) AS k
 CROSS JOIN LATERAL generate_series(0, k.shards - 1) AS s(shard)
 ORDER BY k.name COLLATE "C", k.key COLLATE "C", s.shard
@@ -145,11 +145,11 @@ RETURNING name, key, shard
 `
 
 type InsertKeysParams struct {
-	Names       []string
-	Keys        []string
-	ShardCounts []int32
-	Vals        []float64
-	Tss         []time.Time
+	Names       string
+	Keys        string
+	ShardCounts string
+	Vals        string
+	Tss         string
 }
 
 type InsertKeysRow struct {
@@ -229,8 +229,8 @@ SELECT t.name, t.key, t.shard, t.value, t.ts,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
 JOIN (
-    SELECT unnest($2::text[]) AS name,
-           unnest($3::text[]) AS key
+    SELECT unnest($2::text::text[]) AS name,
+           unnest($3::text::text[]) AS key
 ) AS k
     ON t.name = k.name AND t.key = k.key
 ORDER BY t.name, t.key, t.shard
@@ -239,8 +239,8 @@ FOR UPDATE OF t SKIP LOCKED
 
 type LockIdleParams struct {
 	Now   *time.Time
-	Names []string
-	Keys  []string
+	Names string
+	Keys  string
 }
 
 type LockIdleRow struct {
@@ -340,8 +340,8 @@ SELECT t.name, t.key, t.shard, t.value, t.ts,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
 JOIN (
-    SELECT unnest($2::text[]) AS name,
-           unnest($3::text[]) AS key
+    SELECT unnest($2::text::text[]) AS name,
+           unnest($3::text::text[]) AS key
 ) AS k
     ON t.name = k.name AND t.key = k.key
 ORDER BY t.name COLLATE "C", t.key COLLATE "C", t.shard
@@ -350,8 +350,8 @@ FOR UPDATE OF t
 
 type LockKeysParams struct {
 	Now   *time.Time
-	Names []string
-	Keys  []string
+	Names string
+	Keys  string
 }
 
 type LockKeysRow struct {
@@ -396,6 +396,7 @@ func (q *Queries) LockKeys(ctx context.Context, db DBTX, arg LockKeysParams) ([]
 }
 
 const LockShards = `-- name: LockShards :many
+
 SELECT shard, value, ts,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit
@@ -417,6 +418,12 @@ type LockShardsRow struct {
 	Clock time.Time
 }
 
+// The statements of pgstore and pgsqlstore, which both run the code sqlc
+// generates from this directory (internal/pgdb). Array parameters travel as
+// text, in PostgreSQL's array-literal syntax (pgproto.Array builds them), and
+// are cast to the array type on the server: database/sql has no array type,
+// and sqlc's database/sql code would wrap them in lib/pq's pq.Array, making
+// pgsqlstore import a driver.
 // Locks every row of (name, key), waiting, in ascending shard order. The
 // clock is the argument now or, when it is NULL, the server's, read for each
 // row before that row's lock is taken: the store takes the latest reading,
@@ -980,9 +987,9 @@ const WriteKeyShards = `-- name: WriteKeyShards :exec
 UPDATE txlimit AS t
 SET value = u.value, ts = u.ts
 FROM (
-    SELECT unnest($3::integer[]) AS shard,
-           unnest($4::double precision[]) AS value,
-           unnest($5::timestamptz[]) AS ts
+    SELECT unnest($3::text::integer[]) AS shard,
+           unnest($4::text::double precision[]) AS value,
+           unnest($5::text::timestamptz[]) AS ts
 ) AS u
 WHERE t.name = $1 AND t.key = $2 AND t.shard = u.shard
 `
@@ -990,9 +997,9 @@ WHERE t.name = $1 AND t.key = $2 AND t.shard = u.shard
 type WriteKeyShardsParams struct {
 	Name   string
 	Key    string
-	Shards []int32
-	Vals   []float64
-	Tss    []time.Time
+	Shards string
+	Vals   string
+	Tss    string
 }
 
 // Stores the new state of several rows of one (name, key) that the

@@ -3,7 +3,7 @@
 //   sqlc v1.31.1
 // source: escrow.sql
 
-package db
+package pgdb
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package pgstore
+package pgproto
 
 import (
 	"context"
@@ -10,22 +10,20 @@ import (
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
-	"github.com/txlimit/txlimit/internal/pgproto"
+	"github.com/txlimit/txlimit/internal/pgdb"
 	"github.com/txlimit/txlimit/internal/testdb"
-	"github.com/txlimit/txlimit/pgstore/internal/db"
 )
 
 // TryLockShard takes the first row no other transaction holds going up from
 // start, then on from shard 0, and never waits; WaitShard waits for one row.
-// Checked at the store, with another transaction holding rows.
+// Checked with another transaction holding rows.
 func TestTryLockShard(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 8)
-	s := New(pool)
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	l := driver.Limit{Name: "trylock", Key: "k", Shards: 4,
 		Config: algo.Config{Kind: algo.TokenBucket, Rate: 4, Period: 1e6, Capacity: 4}}
-	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return s.c.InsertShards(ctx, tx, l) }))
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return insertShards(ctx, tx, l) }))
 
 	holder, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -33,12 +31,12 @@ func TestTryLockShard(t *testing.T) {
 	_, err = holder.Exec(ctx, `SELECT 1 FROM txlimit WHERE name = $1 AND key = 'k' AND shard IN (1, 2) FOR UPDATE`, l.Name)
 	require.NoError(t, err)
 
-	try := func(start int32, readAll bool) (pgproto.Tried, pgx.Tx) {
+	try := func(start int32, readAll bool) (tried, pgx.Tx) {
 		t.Helper()
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = tx.Rollback(ctx) })
-		got, err := s.c.TryLockShard(ctx, tx, driver.TakeParams{Limit: l, Now: &now, ReadAll: readAll}, start)
+		got, err := tryLockShard(ctx, tx, driver.TakeParams{Limit: l, Now: &now, ReadAll: readAll}, start)
 		require.NoError(t, err)
 		return got, tx
 	}
@@ -48,12 +46,12 @@ func TestTryLockShard(t *testing.T) {
 	}{{0, 0}, {1, 3}, {2, 3}, {3, 3}} {
 		for _, readAll := range []bool{false, true} {
 			got, tx := try(tc.start, readAll)
-			require.True(t, got.Locked, "start %d", tc.start)
-			require.Equal(t, tc.want, got.Row.Shard, "start %d: the first free row from there", tc.start)
-			require.True(t, got.Now.Equal(now))
-			require.Equal(t, int32(3), got.Top, "the highest shard the key has")
+			require.True(t, got.locked, "start %d", tc.start)
+			require.Equal(t, tc.want, got.row.Shard, "start %d: the first free row from there", tc.start)
+			require.True(t, got.now.Equal(now))
+			require.Equal(t, int32(3), got.top, "the highest shard the key has")
 			if readAll {
-				require.Len(t, got.All, 4, "every row is read, held or not")
+				require.Len(t, got.all, 4, "every row is read, held or not")
 			}
 			require.NoError(t, tx.Rollback(ctx))
 		}
@@ -61,13 +59,13 @@ func TestTryLockShard(t *testing.T) {
 
 	// With 0 and 3 taken too, starting past them wraps around to nothing.
 	other, tx := try(3, false)
-	require.Equal(t, int32(3), other.Row.Shard)
+	require.Equal(t, int32(3), other.row.Shard)
 	zero, tx0 := try(0, false)
-	require.Equal(t, int32(0), zero.Row.Shard)
+	require.Equal(t, int32(0), zero.row.Shard)
 	for _, readAll := range []bool{false, true} {
 		got, tx := try(2, readAll)
-		require.False(t, got.Locked, "every row is held")
-		require.Equal(t, int32(3), got.Top, "every shard may exist")
+		require.False(t, got.locked, "every row is held")
+		require.Equal(t, int32(3), got.top, "every shard may exist")
 		require.NoError(t, tx.Rollback(ctx))
 	}
 
@@ -75,9 +73,9 @@ func TestTryLockShard(t *testing.T) {
 	waiter, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer waiter.Rollback(ctx)
-	done := make(chan pgproto.Tried, 1)
+	done := make(chan tried, 1)
 	go func() {
-		got, err := s.c.WaitShard(ctx, waiter, driver.TakeParams{Limit: l, Now: &now}, 3)
+		got, err := waitShard(ctx, waiter, driver.TakeParams{Limit: l, Now: &now}, 3)
 		if err != nil {
 			t.Error(err)
 		}
@@ -90,8 +88,8 @@ func TestTryLockShard(t *testing.T) {
 	}
 	require.NoError(t, tx.Rollback(ctx))
 	got := <-done
-	require.True(t, got.Locked)
-	require.Equal(t, int32(3), got.Row.Shard)
+	require.True(t, got.locked)
+	require.Equal(t, int32(3), got.row.Shard)
 	require.NoError(t, tx0.Rollback(ctx))
 	require.NoError(t, holder.Rollback(ctx))
 }
@@ -102,8 +100,7 @@ func TestTryLockShard(t *testing.T) {
 func TestQueuer(t *testing.T) {
 	ctx := context.Background()
 	b := &pgx.Batch{}
-	q := New(nil).queries
-	require.NoError(t, queued(q.WriteShard(ctx, queuer{b}, db.WriteShardParams{Name: "n", Key: "k", Shard: 2, Value: 1.5, Ts: time.UnixMicro(7)})))
+	require.NoError(t, queued(queries.WriteShard(ctx, queuer{b}, pgdb.WriteShardParams{Name: "n", Key: "k", Shard: 2, Value: 1.5, Ts: time.UnixMicro(7)})))
 	require.Len(t, b.QueuedQueries, 1)
 	require.Equal(t, []any{1.5, time.UnixMicro(7), "n", "k", int32(2)}, b.QueuedQueries[0].Arguments,
 		"the generated argument order: value, ts, name, key, shard")
