@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"strings"
 	"time"
@@ -134,19 +133,6 @@ func (c Config) normalized(name string) (Config, error) {
 	return c, nil
 }
 
-// origin returns the instant (µs since the epoch) that the windows of a
-// fixed-window limit are aligned to.
-func (c Config) origin(name, key string) int64 {
-	if !c.Start.IsZero() {
-		return c.Start.UnixMicro()
-	}
-	h := fnv.New64a()
-	h.Write([]byte(name))
-	h.Write([]byte{0})
-	h.Write([]byte(key))
-	return int64(h.Sum64() % uint64(c.Period.Microseconds()))
-}
-
 // Options configures a Limiter. The zero value is ready to use.
 type Options struct {
 	// Clock, when set, is read once per call and replaces the store's
@@ -191,7 +177,7 @@ type Limiter[TTx any] struct {
 	observer        Observer
 	failOpenOnError bool
 	prune           pruneCursor
-	escrow          escrowSupport[TTx]
+	escrow          driver.Escrower // nil when the store has no escrow mode
 }
 
 // New returns a Limiter on store with the named limits. Every config is
@@ -201,14 +187,14 @@ func New[TTx any](store Store[TTx], limits map[string]Config, opts *Options) (*L
 	if store == nil {
 		return nil, &InvalidError{Field: "store", Problem: "is nil; pass pgstore.New(pool), pgsqlstore.New(db) or sqlitestore.New(db)"}
 	}
-	l := &Limiter[TTx]{store: store, limits: make(map[string]Config, len(limits)), escrow: newEscrowSupport(store)}
+	l := &Limiter[TTx]{store: store, limits: make(map[string]Config, len(limits)), escrow: escrowStore(store)}
 	for name, c := range limits {
 		if err := validName(name); err != nil {
 			return nil, err
 		}
 		nc, err := c.normalized(name)
 		if err == nil {
-			err = l.escrow.check(name, nc)
+			err = checkEscrow(l.escrow, name, nc)
 		}
 		if err != nil {
 			return nil, err
@@ -468,7 +454,7 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option) (request, err
 	if o.config != nil {
 		c, err := o.config.normalized(name)
 		if err == nil {
-			err = l.escrow.check(name, c)
+			err = checkEscrow(l.escrow, name, c)
 		}
 		if err != nil {
 			return r, err
@@ -485,23 +471,19 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option) (request, err
 	if !finite(o.count) || o.count < 0 {
 		return r, &InvalidError{Limit: name, Field: "Count", Problem: fmt.Sprintf("must be a finite number >= 0, got %v", o.count)}
 	}
-	r.limit = r.config.limit(name, key)
+	r.limit = r.config.stored().Limit(name, key)
 	return r, nil
 }
 
-// limit returns the limit of c for (name, key), as a store sees it.
-func (c Config) limit(name, key string) driver.Limit {
-	l := driver.Limit{
-		Name: name, Key: key, Shards: c.Shards,
+// stored is c as a store sees it, for every key.
+func (c Config) stored() driver.LimitConfig {
+	return driver.LimitConfig{
 		Config: algo.Config{
 			Kind: algo.Kind(c.Kind), Rate: c.Rate, Period: c.Period.Microseconds(),
 			Capacity: c.Capacity, MaxReserved: c.MaxReserved,
 		},
+		Shards: c.Shards, Start: c.Start.UnixMicro(), Aligned: !c.Start.IsZero(),
 	}
-	if c.Kind == FixedWindow {
-		l.Origin = c.origin(name, key)
-	}
-	return l
 }
 
 // shard is the configuration of one of r's shards.
@@ -525,7 +507,7 @@ func (r request) checkCount() error {
 func (r request) take(now *time.Time) driver.TakeParams {
 	return driver.TakeParams{
 		Limit: r.limit, Count: r.count, Reserve: r.reserve, ReadAll: r.remaining,
-		Now: now, TimeLocks: r.obs != nil,
+		Now: now, TimeLocks: r.obs != nil, Escrow: r.config.Escrow && !r.ownTx,
 	}
 }
 
@@ -615,11 +597,7 @@ func (r request) failedOpen(at time.Time) Result {
 }
 
 func (l *Limiter[TTx]) limit(ctx context.Context, tx TTx, r request) (Result, error) {
-	take := l.store.Take
-	if r.config.Escrow && !r.ownTx {
-		take = l.escrow.store.EscrowTake
-	}
-	t, err := take(ctx, tx, r.take(l.now()))
+	t, err := l.store.Take(ctx, tx, r.take(l.now()))
 	if err != nil {
 		return Result{}, err
 	}
@@ -701,14 +679,13 @@ func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, op
 }
 
 func (l *Limiter[TTx]) check(ctx context.Context, tx TTx, r request) (Result, error) {
-	read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: l.now()})
+	now := l.now()
+	read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: now})
 	if err != nil {
 		return Result{}, err
 	}
-	now := read.At.UnixMicro()
-	states, _ := r.limit.States(read.Rows, now)
-	_, d := algo.TakeShards(r.shard(), states, now, r.count, r.reserve)
-	return r.result(d, read.At, states)
+	t := driver.Check(r.take(now), read)
+	return r.result(t.Decision, t.At, t.States)
 }
 
 // Reset is ResetTx in a short transaction of its own.
@@ -744,10 +721,7 @@ func (l *Limiter[TTx]) keyRequest(name, key string, obs *observation) (request, 
 }
 
 func (l *Limiter[TTx]) reset(ctx context.Context, tx TTx, r request) error {
-	if err := l.escrow.reset(ctx, tx, l.limits[r.name], r); err != nil {
-		return err
-	}
-	return l.store.Delete(ctx, tx, driver.KeyParams{Name: r.name, Key: r.key})
+	return l.store.Reset(ctx, tx, driver.ResetParams{Name: r.name, Key: r.key, Escrow: l.limits[r.name].Escrow})
 }
 
 // Value is ValueTx in a short transaction of its own.
@@ -838,8 +812,9 @@ func (l *Limiter[TTx]) credit(ctx context.Context, tx TTx, r request) error {
 // ErrNotMigrated, whose message names migrations.Up. It returns ErrNoPool
 // when the store has no pool.
 func (l *Limiter[TTx]) Ping(ctx context.Context) error {
-	if err := l.store.Ping(ctx); err != nil {
-		return err
+	var p driver.PingParams
+	for _, c := range l.limits {
+		p.Escrow = p.Escrow || c.Escrow
 	}
-	return l.escrow.ping(ctx, l.limits)
+	return l.store.Ping(ctx, p)
 }

@@ -190,76 +190,20 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 
 func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
 	now := l.now()
-	var locked, escrow []int
+	p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(rs)), Now: now, TimeLocks: obs != nil}
 	for i, r := range rs {
-		if r.config.Escrow && !r.ownTx {
-			escrow = append(escrow, i)
-		} else {
-			locked = append(locked, i)
-		}
+		p.Takes[i] = r.take(now)
 	}
-	out := MultiResult{OK: true, Results: make([]Result, len(rs))}
-	done := make([]bool, len(rs))
-	// Escrow limits first, each in escrow (LimitTx's way), before any row
-	// is locked in tx: their debits, on other connections, never wait for
-	// tx. A grant that the call as a whole does not keep is cancelled
-	// below, and its tokens come back at settlement.
-	var granted []int64
-	for _, i := range escrow {
-		t, err := l.escrow.store.EscrowTake(ctx, tx, rs[i].take(now))
-		if err != nil {
-			return MultiResult{}, err
-		}
-		obs.addLockWait(t.LockWait)
+	all, err := l.store.TakeAll(ctx, tx, p)
+	if err != nil {
+		return MultiResult{}, err
+	}
+	obs.addLockWait(all.LockWait)
+	out := MultiResult{OK: all.OK, Results: make([]Result, len(rs)), At: all.At}
+	for i, t := range all.Results {
 		if out.Results[i], err = rs[i].result(t.Decision, t.At, t.States); err != nil {
 			return MultiResult{}, err
 		}
-		done[i] = true
-		out.At = t.At
-		if !t.Decision.OK {
-			out.OK = false
-			break
-		}
-		granted = append(granted, t.Escrow)
-	}
-	if out.OK && len(locked) > 0 {
-		p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(locked)), Now: now, TimeLocks: obs != nil}
-		for j, i := range locked {
-			p.Takes[j] = rs[i].take(now)
-		}
-		all, err := l.store.TakeAll(ctx, tx, p)
-		if err != nil {
-			return MultiResult{}, err
-		}
-		obs.addLockWait(all.LockWait)
-		out.OK, out.At = all.OK, all.At
-		for j, i := range locked {
-			t := all.Results[j]
-			if out.Results[i], err = rs[i].result(t.Decision, all.At, t.States); err != nil {
-				return MultiResult{}, err
-			}
-			done[i] = true
-		}
-	}
-	if !out.OK {
-		for _, e := range granted {
-			if err := l.escrow.store.EscrowCancel(ctx, tx, e); err != nil {
-				return MultiResult{}, err
-			}
-		}
-		// The limits not taken once one denied: what each alone would
-		// decide now, read without locking or writing, as Check does.
-		for i, r := range rs {
-			if done[i] {
-				continue
-			}
-			var err error
-			if out.Results[i], err = l.check(ctx, tx, r); err != nil {
-				return MultiResult{}, err
-			}
-		}
-	}
-	for i := range rs {
 		if out.Results[i].OK == out.OK {
 			// The longest wait among the denials, or among the
 			// reservations of a grant.

@@ -138,7 +138,7 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) err
 
 // Ping implements driver.Store: it checks that db is PostgreSQL and that
 // the txlimit table is there with every column the library uses.
-func (s *Store) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context, _ driver.PingParams) error {
 	if s.db == nil {
 		return driver.ErrNoPool
 	}
@@ -180,15 +180,18 @@ func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) e
 	return s.mapErr(ctx, tx, s.proto.Credit(ctx, sqlTx{tx}, p))
 }
 
-// Delete implements driver.Store.
-func (s *Store) Delete(ctx context.Context, tx *sql.Tx, p driver.KeyParams) error {
-	return s.mapErr(ctx, tx, s.proto.Delete(ctx, sqlTx{tx}, p))
+// Reset implements driver.Store.
+func (s *Store) Reset(ctx context.Context, tx *sql.Tx, p driver.ResetParams) error {
+	return s.mapErr(ctx, tx, s.proto.Reset(ctx, sqlTx{tx}, p))
 }
 
 // Prune implements driver.Store.
-func (s *Store) Prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneResult, error) {
-	res, err := s.proto.Prune(ctx, sqlTx{tx}, p)
-	return res, s.mapErr(ctx, tx, err)
+func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
+	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
+		res, err = s.proto.Prune(ctx, sqlTx{tx}, p)
+		return s.mapErr(ctx, tx, err)
+	})
+	return res, err
 }
 
 // mapErr adds to err what the user must do about it, keeping err itself

@@ -21,7 +21,7 @@ import (
 // transaction ended and gives the tokens back unless it committed the
 // claim.
 
-var _ driver.Escrower[pgx.Tx] = (*Store)(nil)
+var _ driver.Escrower = (*Store)(nil)
 
 const (
 	// keySettleBatch is the most ended calls of its own key that a call
@@ -29,9 +29,6 @@ const (
 	keySettleBatch = 16
 	// settleBatch is the most calls one statement of Settle examines.
 	settleBatch = 500
-	// backgroundSettleMax is the most calls a background settlement
-	// examines: txlimit.DefaultSettleMax.
-	backgroundSettleMax = 10000
 )
 
 // The debit and the settlement each run as one short transaction sent in a
@@ -58,51 +55,46 @@ func (s *Store) EscrowReady() error {
 	return nil
 }
 
-// EscrowPing checks that the escrow tables are there, on the store's pool.
-func (s *Store) EscrowPing(ctx context.Context) error {
-	if s.pool == nil {
-		return driver.ErrNoPool
-	}
-	return mapErr(queries.ProbeEscrow(ctx, s.pool))
-}
-
-// EscrowTake implements driver.Escrower.
-func (s *Store) EscrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (driver.TakeResult, error) {
-	res, err := s.escrowTake(ctx, tx, p)
-	return res, mapErr(err)
-}
-
-func (s *Store) escrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+// escrowTake takes p's tokens in escrow: a claim in tx and the debit in a
+// short transaction of the store's own that commits at once (a call that
+// would be denied first settles the ended calls of its key that may owe it
+// tokens). The tokens stay taken if and only if tx commits with the claim;
+// otherwise settlement gives them back. claim identifies a granted call for
+// unclaim.
+func (s *Store) escrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (res driver.TakeResult, claim int64, err error) {
 	s.settleInBackground()
 	if s.pool == nil {
-		return driver.TakeResult{}, errors.New("txlimit/pgstore: the store " + escrowPoolError)
+		return driver.TakeResult{}, 0, errors.New("txlimit/pgstore: the store " + escrowPoolError)
 	}
 	if p.Shards != 1 {
-		return driver.TakeResult{}, fmt.Errorf("txlimit/pgstore: an escrow limit has one shard, got %d", p.Shards)
+		return driver.TakeResult{}, 0, fmt.Errorf("txlimit/pgstore: an escrow limit has one shard, got %d", p.Shards)
 	}
-	claim, err := queries.EscrowClaim(ctx, tx)
+	c, err := queries.EscrowClaim(ctx, tx)
 	if err != nil {
-		return driver.TakeResult{}, err
+		return driver.TakeResult{}, 0, err
 	}
 	lt := pgproto.LockTimer{On: p.TimeLocks}
-	res, err := s.escrowDebit(ctx, p, claim, &lt)
+	res, err = s.escrowDebit(ctx, p, c, &lt)
 	if err != nil {
 		// Whether the debit committed is unknown: the claim stays, so
 		// that if tx commits anyway the tokens count as spent (never
 		// over-admit). The caller should roll back on an error.
-		return driver.TakeResult{}, err
+		return driver.TakeResult{}, 0, err
 	}
 	res.LockWait = lt.Total
 	if res.Decision.OK {
-		res.Escrow = claim.ID
-	} else {
-		// Nothing was taken: the claim goes, so that the call leaves no
-		// row behind.
-		if err := queries.EscrowUnclaim(ctx, tx, claim.ID); err != nil {
-			return driver.TakeResult{}, err
-		}
+		return res, c.ID, nil
 	}
-	return res, nil
+	// Nothing was taken: the claim goes, so that the call leaves no row
+	// behind.
+	return res, 0, s.unclaim(ctx, tx, c.ID)
+}
+
+// unclaim undoes the escrow call of claim in tx, as if tx had rolled back
+// to a savepoint taken before it: its tokens go back to the limit at
+// settlement.
+func (s *Store) unclaim(ctx context.Context, tx pgx.Tx, claim int64) error {
+	return queries.EscrowUnclaim(ctx, tx, claim)
 }
 
 // settleInBackground starts a settlement in a goroutine of its own when the
@@ -121,7 +113,7 @@ func (s *Store) settleInBackground() {
 		defer s.settling.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), max(10*s.settleEvery, 30*time.Second))
 		defer cancel()
-		_, _ = s.settle(ctx, driver.SettleParams{Max: backgroundSettleMax})
+		_, _ = s.settle(ctx, driver.SettleParams{Max: driver.DefaultSettleMax})
 	}()
 }
 
@@ -333,17 +325,6 @@ func (s *Store) settleClaims(ctx context.Context, claims []int64) (driver.Settle
 		return driver.SettleResult{}, err
 	}
 	return out, nil
-}
-
-// EscrowCancel implements driver.Escrower: the claim goes, so the call's
-// entry is settled as a rollback's.
-func (s *Store) EscrowCancel(ctx context.Context, tx pgx.Tx, escrow int64) error {
-	return mapErr(queries.EscrowUnclaim(ctx, tx, escrow))
-}
-
-// EscrowDelete implements driver.Escrower.
-func (s *Store) EscrowDelete(ctx context.Context, tx pgx.Tx, p driver.KeyParams) error {
-	return mapErr(queries.EscrowDeleteKey(ctx, tx, pgdb.EscrowDeleteKeyParams{Name: p.Name, Key: p.Key}))
 }
 
 // Settle implements driver.Escrower: first the calls whose claim is

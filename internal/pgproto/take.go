@@ -333,7 +333,8 @@ func (pr Protocol) Credit(ctx context.Context, db DB, p driver.CreditParams) err
 	return pr.store(ctx, db, p.Limit, rows, driver.CreditStates(p, rows, at))
 }
 
-// Delete is driver.Store.Delete.
-func (Protocol) Delete(ctx context.Context, db DB, p driver.KeyParams) error {
+// Reset is driver.Store.Reset, but for escrow: it deletes the rows of
+// (Name, Key).
+func (Protocol) Reset(ctx context.Context, db DB, p driver.ResetParams) error {
 	return queries.DeleteKey(ctx, db, pgdb.DeleteKeyParams{Name: p.Name, Key: p.Key})
 }
