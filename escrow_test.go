@@ -17,6 +17,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
@@ -81,7 +82,7 @@ func TestEscrowRejectedWhereItCannotWork(t *testing.T) {
 	t.Parallel()
 	cfg := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Escrow: true}
 
-	_, err := txlimit.New(sqlitestore.New(openSQLite(t)), map[string]txlimit.Config{"e": cfg}, nil)
+	_, err := txlimit.New(sqlitestore.New(testdb.OpenSQLite(t)), map[string]txlimit.Config{"e": cfg}, nil)
 	var inv *txlimit.InvalidError
 	require.ErrorAs(t, err, &inv)
 	require.Equal(t, "Escrow", inv.Field)
@@ -99,7 +100,7 @@ func TestEscrowRejectedWhereItCannotWork(t *testing.T) {
 	require.Equal(t, "Shards", inv.Field)
 
 	// Inline configs are checked the same way, before anything is done.
-	sl, err := txlimit.New(sqlitestore.New(openSQLite(t)), nil, nil)
+	sl, err := txlimit.New(sqlitestore.New(testdb.OpenSQLite(t)), nil, nil)
 	require.NoError(t, err)
 	_, err = sl.Limit(context.Background(), "e", "k", txlimit.WithConfig(cfg))
 	require.ErrorIs(t, err, txlimit.ErrInvalid)
@@ -116,11 +117,11 @@ func TestEscrowLimitAll(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 2)
-	esc, locked := uniqueName(t, "esc"), uniqueName(t, "locked")
+	esc, locked := storetest.UniqueName(t, "esc"), storetest.UniqueName(t, "locked")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
 		esc:    {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour, Escrow: true},
 		locked: {Kind: txlimit.TokenBucket, Rate: 3, Period: time.Hour},
-	}, func() time.Time { return t0 })
+	}, func() time.Time { return storetest.T0 })
 	all := func(escCount, lockedCount float64) txlimit.MultiResult {
 		t.Helper()
 		tx, err := env.callers.Begin(ctx)
@@ -181,11 +182,11 @@ func TestEscrowLimitAllConcurrentExact(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 8)
-	esc, locked := uniqueName(t, "esc"), uniqueName(t, "locked")
+	esc, locked := storetest.UniqueName(t, "esc"), storetest.UniqueName(t, "locked")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
 		esc:    {Kind: txlimit.TokenBucket, Rate: 100, Period: time.Hour, Escrow: true},
 		locked: {Kind: txlimit.TokenBucket, Rate: 70, Period: time.Hour},
-	}, func() time.Time { return t0 })
+	}, func() time.Time { return storetest.T0 })
 	var committed atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 32)
@@ -238,8 +239,8 @@ func TestEscrowBasics(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			env := newEscrowEnv(t, mode, 4)
-			clk := newClock()
-			name, lockedName := uniqueName(t, "esc"), uniqueName(t, "locked")
+			clk := storetest.NewClock()
+			name, lockedName := storetest.UniqueName(t, "esc"), storetest.UniqueName(t, "locked")
 			base := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 10, Period: time.Minute}
 			esc := base
 			esc.Escrow = true
@@ -336,8 +337,8 @@ func TestEscrowRollbackReturnsTokens(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 2)
-	clk := newClock()
-	name := uniqueName(t, "rollback")
+	clk := storetest.NewClock()
+	name := storetest.UniqueName(t, "rollback")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
 		name: {Kind: txlimit.FixedWindow, Rate: 1, Period: time.Hour, Escrow: true},
 	}, clk.Now)
@@ -438,8 +439,8 @@ func runEscrowConcurrent(t *testing.T, env escrowEnv, iso pgx.TxIsoLevel) {
 // capacity tokens, every fifth grant rolled back.
 func runEscrowConcurrentN(t *testing.T, env escrowEnv, iso pgx.TxIsoLevel, clients, calls, capacity int) {
 	ctx := context.Background()
-	frozen := t0
-	name := uniqueName(t, "hot")
+	frozen := storetest.T0
+	name := storetest.UniqueName(t, "hot")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: float64(capacity), Period: time.Hour, Escrow: true},
 	}, func() time.Time { return frozen })
@@ -519,10 +520,10 @@ func TestEscrowCallerDies(t *testing.T) {
 	_, err := env.callers.Exec(ctx, "CREATE TABLE business (id bigserial PRIMARY KEY, worker int)")
 	require.NoError(t, err)
 	const clients, calls, capacity = 16, 20, 120
-	name := uniqueName(t, "dies")
+	name := storetest.UniqueName(t, "dies")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
 		name: {Kind: txlimit.FixedWindow, Rate: capacity, Period: time.Hour, Escrow: true},
-	}, func() time.Time { return t0 })
+	}, func() time.Time { return storetest.T0 })
 	var killed atomic.Int64
 	var wg sync.WaitGroup
 	for c := range clients {
@@ -587,7 +588,7 @@ func TestEscrowDebitMatchesAlgo(t *testing.T) {
 	ctx := context.Background()
 	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 2)
 	rng := rand.New(rand.NewPCG(15, 1986))
-	now := t0
+	now := storetest.T0
 	for i := range 400 {
 		kind := txlimit.TokenBucket
 		if i%2 == 1 {
@@ -602,14 +603,14 @@ func TestEscrowDebitMatchesAlgo(t *testing.T) {
 			cfg.MaxReserved = []float64{1, 5, 50}[rng.IntN(3)]
 		}
 		if kind == txlimit.FixedWindow {
-			cfg.Start = t0.Add(-time.Duration(rng.IntN(1000)) * time.Millisecond)
+			cfg.Start = storetest.T0.Add(-time.Duration(rng.IntN(1000)) * time.Millisecond)
 		}
-		name := fmt.Sprintf("%s/%d", uniqueName(t, "diff"), i)
+		name := fmt.Sprintf("%s/%d", storetest.UniqueName(t, "diff"), i)
 		l := escrowLimiter(t, env.store, map[string]txlimit.Config{name: cfg}, func() time.Time { return now })
 		nc, _ := l.Config(name)
 		capacity := nc.Capacity
 		value := capacity * (rng.Float64()*1.4 - 0.4)
-		ts := t0.Add(time.Duration(rng.IntN(20_000_000)-10_000_000) * time.Microsecond)
+		ts := storetest.T0.Add(time.Duration(rng.IntN(20_000_000)-10_000_000) * time.Microsecond)
 		if kind == txlimit.FixedWindow {
 			// A window start aligned to Start, as the library writes it.
 			period := nc.Period.Microseconds()
@@ -673,8 +674,8 @@ func TestEscrowPruneAndReset(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 3)
-	clk := newClock()
-	name := uniqueName(t, "prune")
+	clk := storetest.NewClock()
+	name := storetest.UniqueName(t, "prune")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour, Escrow: true},
 	}, clk.Now)
@@ -710,7 +711,7 @@ func TestEscrowNotMigrated(t *testing.T) {
 	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 2)
 	_, err := env.storeDB.Exec(ctx, "DROP TABLE txlimit_escrow")
 	require.NoError(t, err)
-	name := uniqueName(t, "nomig")
+	name := storetest.UniqueName(t, "nomig")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour, Escrow: true},
 	}, nil)
@@ -763,10 +764,10 @@ func TestEscrowLimitInOwnTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 1)
-	name := uniqueName(t, "own")
+	name := storetest.UniqueName(t, "own")
 	l := escrowLimiter(t, pgstore.New(pool), map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: 3, Period: time.Hour, Escrow: true},
-	}, func() time.Time { return t0 })
+	}, func() time.Time { return storetest.T0 })
 	for range 3 {
 		res, err := l.Limit(ctx, name, "k")
 		require.NoError(t, err)
@@ -790,10 +791,10 @@ func TestEscrowSettlesInBackground(t *testing.T) {
 	schema := testdb.Schema(t)
 	storePool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 4)
 	callers := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
-	name := uniqueName(t, "background")
+	name := storetest.UniqueName(t, "background")
 	l := escrowLimiter(t, pgstore.New(storePool, pgstore.EscrowSettleEvery(200*time.Millisecond)), map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: 1000, Period: time.Hour, Escrow: true},
-	}, func() time.Time { return t0 })
+	}, func() time.Time { return storetest.T0 })
 	require.True(t, escrowTx(t, callers, l, name, "quiet", false).OK, "granted, then rolled back")
 	start := time.Now()
 	back := false
@@ -822,10 +823,10 @@ func TestEscrowSettleIsBounded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	env := newEscrowEnv(t, pgx.QueryExecModeCacheStatement, 2)
-	name := uniqueName(t, "cold")
+	name := storetest.UniqueName(t, "cold")
 	l := escrowLimiter(t, env.store, map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Hour, Escrow: true},
-	}, func() time.Time { return t0 })
+	}, func() time.Time { return storetest.T0 })
 	for i := range 30 {
 		require.True(t, escrowTx(t, env.callers, l, name, fmt.Sprint(i), i%3 != 0).OK)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
@@ -113,7 +114,7 @@ func TestFailoverSwitchover(t *testing.T) {
 	// one of the 1,000,000 it starts with.
 	const capacity = 1_000_000
 	frozen := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	name := uniqueName(t, "failover")
+	name := storetest.UniqueName(t, "failover")
 	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: capacity, Period: time.Hour},
 	}, &txlimit.Options{Clock: func() time.Time { return frozen }})

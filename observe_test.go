@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
@@ -47,10 +48,10 @@ func (r *recorder) take() []txlimit.Event {
 func TestObserverSeesEveryDecision(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := openSQLite(t)
+	db := testdb.OpenSQLite(t)
 	rec := &recorder{}
-	clk := newClock()
-	name := uniqueName(t, "observed")
+	clk := storetest.NewClock()
+	name := storetest.UniqueName(t, "observed")
 	l, err := txlimit.New(sqlitestore.New(db), map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Minute, MaxReserved: 1},
 	}, &txlimit.Options{Clock: clk.Now, Observer: rec})
@@ -100,7 +101,7 @@ func TestFailOpen(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
-	name := uniqueName(t, "failopen")
+	name := storetest.UniqueName(t, "failopen")
 	limits := map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour}}
 	closed := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
 	closed.Close()
@@ -207,7 +208,7 @@ func BenchmarkObserver(b *testing.B) {
 	ctx := context.Background()
 	// synchronous(OFF): no fsync per commit, so that the limiter's own CPU
 	// time is not lost in the disk's noise.
-	db, err := sql.Open("sqlite", "file:"+b.TempDir()+"/bench.db"+sqliteDSN+"&_pragma=synchronous(OFF)")
+	db, err := sql.Open("sqlite", "file:"+b.TempDir()+"/bench.db"+testdb.SQLiteDSN+"&_pragma=synchronous(OFF)")
 	require.NoError(b, err)
 	defer db.Close()
 	db.SetMaxOpenConns(1)
@@ -246,7 +247,7 @@ func Example_observer() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+sqliteDSN)
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
 	if err != nil {
 		log.Fatal(err)
 	}
