@@ -3,7 +3,6 @@ package txlimit_test
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -72,30 +71,4 @@ func TestNotMigrated(t *testing.T) {
 		require.NoError(t, err)
 		require.ErrorIs(t, l.Ping(ctx), txlimit.ErrNoPool)
 	})
-}
-
-// pgx's default exec mode caches prepared statements per connection; behind
-// PgBouncer in transaction mode the server connection changes under it and
-// the statement is gone. DEALLOCATE ALL does to the connection what the
-// pooler does: the error then names the exec modes that work.
-func TestPostgresLostPreparedStatement(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 1)
-	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
-		"l": {Kind: txlimit.TokenBucket, Rate: 100, Period: time.Second},
-	}, nil)
-	require.NoError(t, err)
-	_, err = l.Limit(ctx, "l", "k")
-	require.NoError(t, err)
-	_, err = l.Limit(ctx, "l", "k") // every statement of the path is prepared now
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, "DEALLOCATE ALL")
-	require.NoError(t, err)
-	_, err = l.Limit(ctx, "l", "k")
-	require.Error(t, err)
-	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "%v", err)
-	require.Equal(t, "26000", pgErr.Code)
-	require.Contains(t, err.Error(), "QueryExecModeExec")
 }

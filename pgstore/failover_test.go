@@ -1,4 +1,4 @@
-package txlimit_test
+package pgstore_test
 
 // A switchover under load on a real pg_auto_failover formation (a monitor,
 // a primary and a synchronous standby, brought up by scripts/failover.sh):
@@ -67,14 +67,14 @@ func TestFailoverSwitchover(t *testing.T) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if out, err := exec.CommandContext(ctx, "scripts/failover.sh", "down", dir).CombinedOutput(); err != nil {
+		if out, err := exec.CommandContext(ctx, "../scripts/failover.sh", "down", dir).CombinedOutput(); err != nil {
 			t.Logf("failover.sh down: %v\n%s", err, out)
 		}
 		if t.Failed() {
 			// The monitor's state changes say whether the primary ran
 			// without its synchronous standby (wait_primary) at some point:
 			// commits acknowledged then live on the primary alone.
-			if out, err := exec.Command("scripts/failover.sh", "events", dir).CombinedOutput(); err == nil {
+			if out, err := exec.Command("../scripts/failover.sh", "events", dir).CombinedOutput(); err == nil {
 				t.Logf("--- monitor events\n%s", out)
 			}
 			for _, f := range []string{"monitor.log", "node1.log", "node2.log", "switchover.log"} {
@@ -90,7 +90,7 @@ func TestFailoverSwitchover(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
 	defer cancel()
 	began := time.Now()
-	out, err := exec.CommandContext(ctx, "scripts/failover.sh", append([]string{"up", dir}, ports...)...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, "../scripts/failover.sh", append([]string{"up", dir}, ports...)...).CombinedOutput()
 	require.NoError(t, err, "failover.sh up:\n%s", out)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	dsn := lines[len(lines)-1]
@@ -232,7 +232,7 @@ func TestFailoverSwitchover(t *testing.T) {
 	}
 	waitAcks(300)
 	switchStart, acksBefore := time.Now(), acks.Load()
-	out, err = exec.CommandContext(ctx, "scripts/failover.sh", "switchover", dir).CombinedOutput()
+	out, err = exec.CommandContext(ctx, "../scripts/failover.sh", "switchover", dir).CombinedOutput()
 	switchTook, acksDuring := time.Since(switchStart), acks.Load()-acksBefore
 	if err != nil {
 		draining.Store(true)

@@ -1,4 +1,4 @@
-package txlimit_test
+package pgstore_test
 
 // CockroachDB keeps the row locks a transaction took after a savepoint when
 // it rolls back to that savepoint; PostgreSQL lets them go. The sharded fast

@@ -1,4 +1,4 @@
-package txlimit_test
+package pgstore_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package txlimit_test
+package pgstore_test
 
 // Fault injection against a real PostgreSQL: every failure returns an error
 // the caller can classify, leaves the state exactly as committed, and leaks
@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/observertest"
 	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/pgstore"
@@ -271,4 +272,46 @@ func TestRetryableClassification(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, pgstore.Retryable(tc.err), "%v", tc.err)
 	}
+}
+
+// LockWait covers the time a call waited for a row another transaction held:
+// at least from when PostgreSQL showed it waiting until the holder committed.
+func TestObserverLockWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newFaultEnv(t, 4)
+	rec := &observertest.Recorder{}
+	l, err := txlimit.New(pgstore.New(e.pool), map[string]txlimit.Config{
+		e.name: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Hour},
+	}, &txlimit.Options{Observer: rec})
+	require.NoError(t, err)
+	e.spend(t, 1)
+
+	holder, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = l.LimitTx(ctx, holder, e.name, "k")
+	require.NoError(t, err)
+	rec.Take()
+
+	waiter, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.LimitTx(ctx, waiter, e.name, "k")
+		done <- err
+	}()
+	e.waitUntilBlocked(t, waiter.Conn().PgConn().PID())
+	blockedAt := time.Now()
+	time.Sleep(20 * time.Millisecond) // keep it waiting a little
+	require.NoError(t, holder.Commit(ctx))
+	heldFor := time.Since(blockedAt)
+	require.NoError(t, <-done)
+	require.NoError(t, waiter.Commit(ctx))
+
+	events := rec.Take()
+	require.Len(t, events, 1)
+	require.Equal(t, "allowed", events[0].Outcome())
+	require.GreaterOrEqual(t, events[0].LockWait, heldFor-time.Millisecond,
+		"the lock statement began before the wait was seen and ended after the commit")
+	require.GreaterOrEqual(t, events[0].Duration, events[0].LockWait)
 }

@@ -1,4 +1,4 @@
-package txlimit_test
+package pgstore_test
 
 // pgstore's behaviour beyond the conformance suite (internal/storetest):
 // row locks held until commit, strict isolation levels, a missing or closed
@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
-	_ "modernc.org/sqlite"
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/storetest"
@@ -144,4 +143,60 @@ func TestPostgresPoolErrors(t *testing.T) {
 	require.Error(t, err)
 	_, err = l.Value(ctx, name, "k")
 	require.Error(t, err)
+}
+
+// LimitAll, the form with its own transaction, needs the pool.
+func TestMultiOwnTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4)
+	a, b := storetest.UniqueName(t, "a"), storetest.UniqueName(t, "b")
+	limits := map[string]txlimit.Config{
+		a: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour},
+		b: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour},
+	}
+	l, err := txlimit.New(pgstore.New(pool), limits, nil)
+	require.NoError(t, err)
+	res, err := l.LimitAll(ctx, txlimit.Req(a, "k"), txlimit.Req(b, "k"))
+	require.NoError(t, err)
+	require.True(t, res.OK)
+	res, err = l.LimitAll(ctx, txlimit.Req(a, "k"), txlimit.Req(b, "k"))
+	require.NoError(t, err)
+	require.False(t, res.OK)
+	require.Len(t, res.Denied(), 1)
+	require.Equal(t, b, res.Denied()[0].Name)
+	snap, err := l.Value(ctx, a, "k")
+	require.NoError(t, err)
+	require.InDelta(t, 1, snap.Value, 0.01, "the denied call took nothing from a")
+
+	noPool, err := txlimit.New(pgstore.New(nil), limits, nil)
+	require.NoError(t, err)
+	_, err = noPool.LimitAll(ctx, txlimit.Req(a, "k"))
+	require.ErrorIs(t, err, txlimit.ErrNoPool)
+}
+
+// pgx's default exec mode caches prepared statements per connection; behind
+// PgBouncer in transaction mode the server connection changes under it and
+// the statement is gone. DEALLOCATE ALL does to the connection what the
+// pooler does: the error then names the exec modes that work.
+func TestPostgresLostPreparedStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 1)
+	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
+		"l": {Kind: txlimit.TokenBucket, Rate: 100, Period: time.Second},
+	}, nil)
+	require.NoError(t, err)
+	_, err = l.Limit(ctx, "l", "k")
+	require.NoError(t, err)
+	_, err = l.Limit(ctx, "l", "k") // every statement of the path is prepared now
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "DEALLOCATE ALL")
+	require.NoError(t, err)
+	_, err = l.Limit(ctx, "l", "k")
+	require.Error(t, err)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.Equal(t, "26000", pgErr.Code)
+	require.Contains(t, err.Error(), "QueryExecModeExec")
 }
