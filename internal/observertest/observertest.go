@@ -2,7 +2,7 @@
 // scenario of real calls whose every outcome is known, the counts it must
 // produce, and the databases it runs on (a SQLite file in the test's temp
 // dir; PostgreSQL through internal/testdb, which fails under CI=true when
-// there is none).
+// there is none), and a Recorder that keeps every Event.
 package observertest
 
 import (
