@@ -1,4 +1,4 @@
-package txlimit_test
+package storetest
 
 import (
 	"context"
@@ -9,45 +9,42 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/internal/testdb"
-	"github.com/txlimit/txlimit/pgstore"
 )
 
-// runMulti is the suite of LimitAll, run against every store.
-func runMulti[TTx any](t *testing.T, h harness[TTx]) {
+// runLimitAll is the suite's topic for LimitAll: all or nothing over
+// several limits, in any order, with reservations, under concurrency.
+func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := context.Background()
-	newLimiter := func(t *testing.T, limits map[string]txlimit.Config, clk *testClock) *txlimit.Limiter[TTx] {
+	newLimiter := func(t *testing.T, limits map[string]txlimit.Config, clk *Clock) *txlimit.Limiter[TTx] {
 		t.Helper()
-		l, err := txlimit.New(h.store, limits, &txlimit.Options{Clock: clk.Now})
+		l, err := txlimit.New(h.Store, limits, &txlimit.Options{Clock: clk.Now})
 		require.NoError(t, err)
 		return l
 	}
 	// limitAll runs LimitAllTx in a transaction of the harness and commits.
 	limitAll := func(t *testing.T, l *txlimit.Limiter[TTx], reqs ...txlimit.Request) txlimit.MultiResult {
 		t.Helper()
-		tx := h.begin(t)
+		tx := h.Begin(t)
 		res, err := l.LimitAllTx(ctx, tx, reqs...)
 		require.NoError(t, err)
-		require.NoError(t, h.commit(tx))
+		require.NoError(t, h.Commit(tx))
 		return res
 	}
 	value := func(t *testing.T, l *txlimit.Limiter[TTx], name, key string) float64 {
 		t.Helper()
-		tx := h.begin(t)
-		defer h.rollback(tx)
+		tx := h.Begin(t)
+		defer h.Rollback(tx)
 		snap, err := l.ValueTx(ctx, tx, name, key)
 		require.NoError(t, err)
 		return snap.Value
 	}
 
 	t.Run("GrantsAllAndReportsEach", func(t *testing.T) {
-		a, b, c := uniqueName(t, "a"), uniqueName(t, "b"), uniqueName(t, "c")
-		clk := newClock()
+		a, b, c := UniqueName(t, "a"), UniqueName(t, "b"), UniqueName(t, "c")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{
 			a: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Minute},
 			b: {Kind: txlimit.FixedWindow, Rate: 5, Period: time.Hour, Shards: 4},
@@ -73,24 +70,24 @@ func runMulti[TTx any](t *testing.T, h harness[TTx]) {
 		require.InDelta(t, 7, value(t, l, a, "k"), 1e-9)
 		require.InDelta(t, 3, value(t, l, b, "k"), 1e-9)
 		require.InDelta(t, 1, value(t, l, c, "k"), 1e-9)
-		require.Len(t, h.rows(t, b, "k"), 4, "every shard of a sharded limit is created")
+		require.Len(t, h.Rows(t, b, "k"), 4, "every shard of a sharded limit is created")
 	})
 
 	t.Run("DenialInLastLimitLeavesTheOthersUntouched", func(t *testing.T) {
 		for _, fresh := range []bool{false, true} {
 			t.Run(fmt.Sprintf("fresh=%v", fresh), func(t *testing.T) {
-				a, b, c := uniqueName(t, "a"), uniqueName(t, "b"), uniqueName(t, "c")
-				clk := newClock()
+				a, b, c := UniqueName(t, "a"), UniqueName(t, "b"), UniqueName(t, "c")
+				clk := NewClock()
 				l := newLimiter(t, map[string]txlimit.Config{
 					a: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Minute},
-					b: {Kind: txlimit.FixedWindow, Rate: 6, Period: time.Hour, Shards: 3, Start: t0},
+					b: {Kind: txlimit.FixedWindow, Rate: 6, Period: time.Hour, Shards: 3, Start: T0},
 					c: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Second},
 				}, clk)
 				if !fresh {
 					require.True(t, limitAll(t, l, txlimit.Req(a, "k"), txlimit.Req(b, "k")).OK)
 				}
 				require.True(t, limitAll(t, l, txlimit.Req(c, "k", txlimit.Count(2))).OK)
-				beforeA, beforeB, beforeC := h.rows(t, a, "k"), h.rows(t, b, "k"), h.rows(t, c, "k")
+				beforeA, beforeB, beforeC := h.Rows(t, a, "k"), h.Rows(t, b, "k"), h.Rows(t, c, "k")
 				require.Equal(t, fresh, len(beforeA) == 0)
 
 				clk.Advance(100 * time.Millisecond) // c holds 0.2
@@ -114,16 +111,16 @@ func runMulti[TTx any](t *testing.T, h harness[TTx]) {
 				require.Equal(t, c, rl.Name)
 				require.Equal(t, 400*time.Millisecond, rl.RetryAfter)
 
-				require.Equal(t, beforeA, h.rows(t, a, "k"))
-				require.Equal(t, beforeB, h.rows(t, b, "k"))
-				require.Equal(t, beforeC, h.rows(t, c, "k"))
+				require.Equal(t, beforeA, h.Rows(t, a, "k"))
+				require.Equal(t, beforeB, h.Rows(t, b, "k"))
+				require.Equal(t, beforeC, h.Rows(t, c, "k"))
 			})
 		}
 	})
 
 	t.Run("RetryAfterIsTheLongestDenial", func(t *testing.T) {
-		a, b := uniqueName(t, "a"), uniqueName(t, "b")
-		clk := newClock()
+		a, b := UniqueName(t, "a"), UniqueName(t, "b")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{
 			a: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second},
 			b: {Kind: txlimit.TokenBucket, Rate: 1, Period: 3 * time.Second},
@@ -143,8 +140,8 @@ func runMulti[TTx any](t *testing.T, h harness[TTx]) {
 	})
 
 	t.Run("Reservations", func(t *testing.T) {
-		a, b := uniqueName(t, "a"), uniqueName(t, "b")
-		clk := newClock()
+		a, b := UniqueName(t, "a"), UniqueName(t, "b")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{
 			a: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Capacity: 2, MaxReserved: 3},
 			b: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Second},
@@ -159,35 +156,35 @@ func runMulti[TTx any](t *testing.T, h harness[TTx]) {
 		require.InDelta(t, -2, res.Results[0].Remaining, 1e-9)
 		require.InDelta(t, 9, res.Results[1].Remaining, 1e-9)
 		// Beyond MaxReserved a denies, and b keeps its tokens.
-		before := h.rows(t, b, "k")
+		before := h.Rows(t, b, "k")
 		res = limitAll(t, l, txlimit.Req(a, "k", txlimit.Count(2), txlimit.Reserve()), txlimit.Req(b, "k"))
 		require.False(t, res.OK)
 		require.Equal(t, []string{a}, names(res.Denied()))
-		require.Equal(t, before, h.rows(t, b, "k"))
+		require.Equal(t, before, h.Rows(t, b, "k"))
 	})
 
 	t.Run("RollbackGivesEveryLimitBack", func(t *testing.T) {
-		a, b := uniqueName(t, "a"), uniqueName(t, "b")
-		clk := newClock()
+		a, b := UniqueName(t, "a"), UniqueName(t, "b")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{
 			a: {Kind: txlimit.TokenBucket, Rate: 3, Period: time.Hour},
 			b: {Kind: txlimit.FixedWindow, Rate: 3, Period: time.Hour, Shards: 2},
 		}, clk)
 		require.True(t, limitAll(t, l, txlimit.Req(a, "k"), txlimit.Req(b, "k")).OK)
-		beforeA, beforeB := h.rows(t, a, "k"), h.rows(t, b, "k")
-		tx := h.begin(t)
+		beforeA, beforeB := h.Rows(t, a, "k"), h.Rows(t, b, "k")
+		tx := h.Begin(t)
 		res, err := l.LimitAllTx(ctx, tx, txlimit.Req(b, "k", txlimit.Count(2)), txlimit.Req(a, "k", txlimit.Count(2)))
 		require.NoError(t, err)
 		require.True(t, res.OK)
-		h.rollback(tx)
-		require.Equal(t, beforeA, h.rows(t, a, "k"))
-		require.Equal(t, beforeB, h.rows(t, b, "k"))
+		h.Rollback(tx)
+		require.Equal(t, beforeA, h.Rows(t, a, "k"))
+		require.Equal(t, beforeB, h.Rows(t, b, "k"))
 		require.True(t, limitAll(t, l, txlimit.Req(a, "k", txlimit.Count(2)), txlimit.Req(b, "k", txlimit.Count(2))).OK)
 	})
 
 	t.Run("BadInputIsAnErrorAndWritesNothing", func(t *testing.T) {
-		a, b := uniqueName(t, "a"), uniqueName(t, "b")
-		clk := newClock()
+		a, b := UniqueName(t, "a"), UniqueName(t, "b")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{
 			a: {Kind: txlimit.TokenBucket, Rate: 3, Period: time.Hour},
 			b: {Kind: txlimit.TokenBucket, Rate: 3, Period: time.Hour},
@@ -205,21 +202,21 @@ func runMulti[TTx any](t *testing.T, h harness[TTx]) {
 		}
 		for _, tc := range cases {
 			t.Run(tc.desc, func(t *testing.T) {
-				tx := h.begin(t)
+				tx := h.Begin(t)
 				_, err := l.LimitAllTx(ctx, tx, tc.reqs...)
 				require.ErrorIs(t, err, txlimit.ErrInvalid)
 				var inv *txlimit.InvalidError
 				require.ErrorAs(t, err, &inv)
 				require.Equal(t, tc.field, inv.Field)
-				require.NoError(t, h.commit(tx))
-				require.Empty(t, h.rows(t, a, "k"))
-				require.Empty(t, h.rows(t, b, "k"))
+				require.NoError(t, h.Commit(tx))
+				require.Empty(t, h.Rows(t, a, "k"))
+				require.Empty(t, h.Rows(t, b, "k"))
 			})
 		}
 		// The same key under two names is two limits, not a duplicate.
 		require.True(t, limitAll(t, l, txlimit.Req(a, "k"), txlimit.Req(b, "k")).OK)
 		// Inline configs work as in LimitTx.
-		inline := uniqueName(t, "inline")
+		inline := UniqueName(t, "inline")
 		res := limitAll(t, l, txlimit.Req(inline, "k", txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})))
 		require.True(t, res.OK)
 		require.False(t, limitAll(t, l, txlimit.Req(inline, "k", txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour}))).OK)
@@ -229,8 +226,8 @@ func runMulti[TTx any](t *testing.T, h harness[TTx]) {
 		const workers, callsEach = 16, 4
 		// The names sort as a < b < c; half the workers ask for a, b, c and
 		// half for c, b, a. b binds: 24 calls get through.
-		a, b, c := uniqueName(t, "a"), uniqueName(t, "b"), uniqueName(t, "c")
-		clk := newClock()
+		a, b, c := UniqueName(t, "a"), UniqueName(t, "b"), UniqueName(t, "c")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{
 			a: {Kind: txlimit.TokenBucket, Rate: 40, Period: time.Hour},
 			b: {Kind: txlimit.FixedWindow, Rate: 24, Period: time.Hour, Shards: 4},
@@ -241,7 +238,7 @@ func runMulti[TTx any](t *testing.T, h harness[TTx]) {
 		var admitted, denied atomic.Int64
 		var wg sync.WaitGroup
 		errs := make(chan error, workers*callsEach)
-		sem := make(chan struct{}, h.conns)
+		sem := make(chan struct{}, h.Conns)
 		for w := range workers {
 			reqs := forward
 			if w%2 == 1 {
@@ -256,12 +253,12 @@ func runMulti[TTx any](t *testing.T, h harness[TTx]) {
 						// Deferred: a failed begin ends this goroutine, and
 						// its slot must not be lost with it.
 						defer func() { <-sem }()
-						tx := h.begin(t)
+						tx := h.Begin(t)
 						res, err := l.LimitAllTx(ctx, tx, reqs...)
 						if err == nil {
-							err = h.commit(tx)
+							err = h.Commit(tx)
 						} else {
-							h.rollback(tx)
+							h.Rollback(tx)
 						}
 						return res, err
 					}()
@@ -281,8 +278,9 @@ func runMulti[TTx any](t *testing.T, h harness[TTx]) {
 		wg.Wait()
 		close(errs)
 		for err := range errs {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+			// PostgreSQL's drivers (pgx, lib/pq) expose the SQLSTATE so.
+			var coded interface{ SQLState() string }
+			if errors.As(err, &coded) && coded.SQLState() == "40P01" {
 				t.Errorf("deadlock: %v", err)
 				continue
 			}
@@ -296,110 +294,11 @@ func runMulti[TTx any](t *testing.T, h harness[TTx]) {
 	})
 }
 
+// names are the names of rs, in order.
 func names(rs []txlimit.Result) []string {
 	out := make([]string, len(rs))
 	for i, r := range rs {
 		out[i] = r.Name
 	}
 	return out
-}
-
-// LimitAll, the form with its own transaction, needs the pool.
-func TestMultiOwnTransaction(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4)
-	a, b := uniqueName(t, "a"), uniqueName(t, "b")
-	limits := map[string]txlimit.Config{
-		a: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour},
-		b: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour},
-	}
-	l, err := txlimit.New(pgstore.New(pool), limits, nil)
-	require.NoError(t, err)
-	res, err := l.LimitAll(ctx, txlimit.Req(a, "k"), txlimit.Req(b, "k"))
-	require.NoError(t, err)
-	require.True(t, res.OK)
-	res, err = l.LimitAll(ctx, txlimit.Req(a, "k"), txlimit.Req(b, "k"))
-	require.NoError(t, err)
-	require.False(t, res.OK)
-	require.Equal(t, []string{b}, names(res.Denied()))
-	snap, err := l.Value(ctx, a, "k")
-	require.NoError(t, err)
-	require.InDelta(t, 1, snap.Value, 0.01, "the denied call took nothing from a")
-
-	noPool, err := txlimit.New(pgstore.New(nil), limits, nil)
-	require.NoError(t, err)
-	_, err = noPool.LimitAll(ctx, txlimit.Req(a, "k"))
-	require.ErrorIs(t, err, txlimit.ErrNoPool)
-}
-
-// runRemaining checks Result.Remaining and NextToken on every path a call
-// can take: one row, a sharded limit's one free shard (PostgreSQL), the lock
-// of every shard, a denial from the unlocked read, Check, a reservation.
-func runRemaining[TTx any](t *testing.T, h harness[TTx]) {
-	ctx := context.Background()
-	one, sharded, fw := uniqueName(t, "one"), uniqueName(t, "sharded"), uniqueName(t, "fw")
-	clk := newClock()
-	l, err := txlimit.New(h.store, map[string]txlimit.Config{
-		one:     {Kind: txlimit.TokenBucket, Rate: 10, Period: 10 * time.Second},
-		sharded: {Kind: txlimit.TokenBucket, Rate: 16, Period: 16 * time.Second, Shards: 4},
-		fw:      {Kind: txlimit.FixedWindow, Rate: 5, Period: time.Minute, Start: t0.Add(-20 * time.Second)},
-	}, &txlimit.Options{Clock: clk.Now})
-	require.NoError(t, err)
-	callKey := func(check bool, name, key string, opts ...txlimit.Option) txlimit.Result {
-		t.Helper()
-		tx := h.begin(t)
-		f := l.LimitTx
-		if check {
-			f = l.CheckTx
-		}
-		res, err := f(ctx, tx, name, key, opts...)
-		require.NoError(t, err)
-		require.NoError(t, h.commit(tx))
-		return res
-	}
-	call := func(check bool, name string, opts ...txlimit.Option) txlimit.Result {
-		t.Helper()
-		return callKey(check, name, "k", opts...)
-	}
-	type want struct {
-		ok        bool
-		remaining float64
-		next      time.Duration
-	}
-	got := func(r txlimit.Result) want { return want{r.OK, r.Remaining, r.NextToken} }
-
-	// A token a second. 10 - 3 = 7; the 8th token is a second away.
-	require.Equal(t, want{true, 7, time.Second}, got(call(false, one, txlimit.Count(3))))
-	// A full limit gains nothing: NextToken is 0.
-	require.Equal(t, want{true, 10, 0}, got(callKey(true, one, "unused", txlimit.Count(0))))
-	clk.Advance(500 * time.Millisecond)
-	require.Equal(t, want{true, 7.5, 500 * time.Millisecond}, got(call(true, one)), "Check takes nothing")
-	require.Equal(t, want{false, 7.5, 500 * time.Millisecond}, got(call(false, one, txlimit.Count(8))))
-
-	// 16 tokens in 4 shards of 4, a token a second.
-	require.Equal(t, want{true, 15, time.Second}, got(call(false, sharded)), "first call: every shard created")
-	require.Equal(t, want{true, 14, time.Second}, got(call(false, sharded, txlimit.WithRemaining())),
-		"one free shard on PostgreSQL, the others read in the same statement")
-	res := call(false, sharded)
-	if h.skipsLocked {
-		// Every shard holds at least 2.75: the one free shard grants, and
-		// without WithRemaining the others are not read.
-		require.Equal(t, txlimit.Result{Name: sharded, Key: "k", Count: 1, OK: true, At: res.At, Partial: true}, res)
-	} else {
-		require.Equal(t, want{true, 13, time.Second}, got(res))
-		require.False(t, res.Partial)
-	}
-	require.Equal(t, want{true, 8, time.Second}, got(call(false, sharded, txlimit.Count(5))), "above a shard: every shard locked")
-	require.Equal(t, want{true, 8, time.Second}, got(call(true, sharded)))
-	require.Equal(t, want{false, 8, time.Second}, got(call(false, sharded, txlimit.Count(9))), "denied")
-	res = call(false, sharded, txlimit.Count(10), txlimit.Reserve())
-	require.Equal(t, want{true, -2, 3 * time.Second}, got(res), "2 in debt; 1 whole token in 3s")
-	require.Equal(t, 2*time.Second, res.RetryAfter)
-	require.False(t, res.Partial)
-
-	// Windows start at :40 and the clock reads 12:00:00.5; 5 tokens a
-	// window.
-	require.Equal(t, want{true, 3, 39500 * time.Millisecond}, got(call(false, fw, txlimit.Count(2))))
-	require.Equal(t, want{false, 3, 39500 * time.Millisecond}, got(call(false, fw, txlimit.Count(4))))
 }

@@ -1,12 +1,7 @@
-package txlimit_test
-
-// The conformance suite: every scenario here runs against every store, on a
-// real database (PostgreSQL in each pgx exec mode, and SQLite). A store is
-// done when it passes it.
+package storetest
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"math"
@@ -17,84 +12,33 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/internal/testdb"
-	"github.com/txlimit/txlimit/migrations"
-	"github.com/txlimit/txlimit/pgstore"
-	"github.com/txlimit/txlimit/sqlitestore"
-	_ "modernc.org/sqlite"
 )
 
-// harness adapts one store to the suite.
-type harness[TTx any] struct {
-	store txlimit.Store[TTx]
-	// begin opens a transaction on its own connection.
-	begin    func(t *testing.T) TTx
-	commit   func(tx TTx) error
-	rollback func(tx TTx)
-	// rows returns the stored rows of (name, key) as text, in shard order,
-	// exactly enough to tell whether anything was written.
-	rows func(t *testing.T, name, key string) []string
-	// conns is how many transactions may be open at once.
-	conns int
-	// skipsLocked is set for a store that serves a sharded limit from one
-	// shard no other transaction holds (PostgreSQL's SKIP LOCKED).
-	skipsLocked bool
-}
-
-// testClock is an injectable clock that only moves when told to.
-type testClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-
-func newClock() *testClock { return &testClock{t: t0} }
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-var limitSeq atomic.Int64
-
-// uniqueName gives every test its own limit names in the shared table.
-func uniqueName(t *testing.T, base string) string {
-	return fmt.Sprintf("%s#%d/%s", t.Name(), limitSeq.Add(1), base)
-}
-
-func runConformance[TTx any](t *testing.T, h harness[TTx]) {
+// runLimits is the suite's topic for the core: both kinds of limit, what a
+// denial, a rollback, a credit, a clock and bad input do to the stored
+// state, and concurrent callers on one hot limit.
+func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := context.Background()
 
-	newLimiter := func(t *testing.T, limits map[string]txlimit.Config, clk *testClock) *txlimit.Limiter[TTx] {
+	newLimiter := func(t *testing.T, limits map[string]txlimit.Config, clk *Clock) *txlimit.Limiter[TTx] {
 		t.Helper()
 		var opts *txlimit.Options
 		if clk != nil {
 			opts = &txlimit.Options{Clock: clk.Now}
 		}
-		l, err := txlimit.New(h.store, limits, opts)
+		l, err := txlimit.New(h.Store, limits, opts)
 		require.NoError(t, err)
 		return l
 	}
 	// inTx runs fn in a transaction of the harness and commits it.
 	inTx := func(t *testing.T, fn func(tx TTx)) {
 		t.Helper()
-		tx := h.begin(t)
+		tx := h.Begin(t)
 		fn(tx)
-		require.NoError(t, h.commit(tx))
+		require.NoError(t, h.Commit(tx))
 	}
 	limitTx := func(t *testing.T, l *txlimit.Limiter[TTx], name, key string, opts ...txlimit.Option) txlimit.Result {
 		t.Helper()
@@ -108,8 +52,8 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 	}
 
 	t.Run("TokenBucket", func(t *testing.T) {
-		name := uniqueName(t, "tb")
-		clk := newClock()
+		name := UniqueName(t, "tb")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Minute}}, clk)
 		for i := range 10 {
 			res := limitTx(t, l, name, "u1")
@@ -150,9 +94,9 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 	})
 
 	t.Run("FixedWindow", func(t *testing.T) {
-		name := uniqueName(t, "fw")
-		clk := newClock()
-		start := t0.Add(-30 * time.Minute) // windows start at :30
+		name := UniqueName(t, "fw")
+		clk := NewClock()
+		start := T0.Add(-30 * time.Minute) // windows start at :30
 		l := newLimiter(t, map[string]txlimit.Config{name: {
 			Kind: txlimit.FixedWindow, Rate: 100, Period: time.Hour, Capacity: 150, Start: start,
 		}}, clk)
@@ -173,8 +117,8 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 	})
 
 	t.Run("FixedWindowPhaseIsStablePerKey", func(t *testing.T) {
-		name := uniqueName(t, "phase")
-		clk := newClock()
+		name := UniqueName(t, "phase")
+		clk := NewClock()
 		cfg := txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Period: time.Hour}
 		l := newLimiter(t, map[string]txlimit.Config{name: cfg}, clk)
 		retries := map[time.Duration]bool{}
@@ -210,55 +154,55 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 	})
 
 	t.Run("DeniedCallWritesNothing", func(t *testing.T) {
-		name := uniqueName(t, "deny")
-		clk := newClock()
+		name := UniqueName(t, "deny")
+		clk := NewClock()
 		for _, shards := range []int{1, 4} {
 			l := newLimiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 4, Period: time.Hour, Shards: shards}}, clk)
 			key := fmt.Sprint("shards", shards)
 			require.True(t, limitTx(t, l, name, key, txlimit.Count(3)).OK)
-			before := h.rows(t, name, key)
+			before := h.Rows(t, name, key)
 			require.Len(t, before, shards)
 			clk.Advance(time.Second)
 			res := limitTx(t, l, name, key, txlimit.Count(2))
 			require.False(t, res.OK)
-			require.Equal(t, before, h.rows(t, name, key))
+			require.Equal(t, before, h.Rows(t, name, key))
 		}
 	})
 
 	t.Run("RollbackRestoresState", func(t *testing.T) {
-		name := uniqueName(t, "rollback")
-		clk := newClock()
+		name := UniqueName(t, "rollback")
+		clk := NewClock()
 		for _, shards := range []int{1, 4} {
 			l := newLimiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 4, Period: time.Hour, Shards: shards}}, clk)
 			key := fmt.Sprint("shards", shards)
 			// A rollback of the first call leaves no row at all.
-			tx := h.begin(t)
+			tx := h.Begin(t)
 			res, err := l.LimitTx(ctx, tx, name, key, txlimit.Count(4))
 			require.NoError(t, err)
 			require.True(t, res.OK)
-			h.rollback(tx)
-			require.Empty(t, h.rows(t, name, key))
+			h.Rollback(tx)
+			require.Empty(t, h.Rows(t, name, key))
 
 			require.True(t, limitTx(t, l, name, key, txlimit.Count(1)).OK)
-			before := h.rows(t, name, key)
+			before := h.Rows(t, name, key)
 			clk.Advance(time.Minute)
-			tx = h.begin(t)
+			tx = h.Begin(t)
 			res, err = l.LimitTx(ctx, tx, name, key, txlimit.Count(3))
 			require.NoError(t, err)
 			require.True(t, res.OK)
 			require.NoError(t, l.CreditTx(ctx, tx, name, key, 1))
 			require.NoError(t, l.ResetTx(ctx, tx, name, key+"-other"))
-			h.rollback(tx)
-			require.Equal(t, before, h.rows(t, name, key))
+			h.Rollback(tx)
+			require.Equal(t, before, h.Rows(t, name, key))
 			// The tokens came back: 3 of the 4 are there (1 was spent).
 			require.True(t, limitTx(t, l, name, key, txlimit.Count(3)).OK)
 		}
 	})
 
 	t.Run("Reservations", func(t *testing.T) {
-		name := uniqueName(t, "reserve")
-		capped := uniqueName(t, "capped")
-		clk := newClock()
+		name := UniqueName(t, "reserve")
+		capped := UniqueName(t, "capped")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{
 			name:   {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second},
 			capped: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, MaxReserved: 2},
@@ -277,25 +221,25 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 			require.True(t, res.OK)
 			require.Equal(t, time.Duration(i)*time.Second, res.RetryAfter)
 		}
-		before := h.rows(t, capped, "k")
+		before := h.Rows(t, capped, "k")
 		res := limitTx(t, l, capped, "k", txlimit.Reserve())
 		require.False(t, res.OK)
 		require.Equal(t, time.Second, res.RetryAfter, "in 1s the debt is 1 and one more fits under MaxReserved")
-		require.Equal(t, before, h.rows(t, capped, "k"))
+		require.Equal(t, before, h.Rows(t, capped, "k"))
 		// A rolled-back reservation frees its tokens.
-		tx := h.begin(t)
+		tx := h.Begin(t)
 		res, err := l.LimitTx(ctx, tx, name, "rb", txlimit.Count(5), txlimit.Reserve())
 		require.NoError(t, err)
 		require.Equal(t, 4*time.Second, res.RetryAfter)
-		h.rollback(tx)
+		h.Rollback(tx)
 		res = limitTx(t, l, name, "rb")
 		require.True(t, res.OK)
 		require.Zero(t, res.RetryAfter)
 	})
 
 	t.Run("CreditIsCappedAtCapacity", func(t *testing.T) {
-		name := uniqueName(t, "credit")
-		clk := newClock()
+		name := UniqueName(t, "credit")
+		clk := NewClock()
 		for _, shards := range []int{1, 4} {
 			l := newLimiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 8, Period: time.Hour, Shards: shards}}, clk)
 			key := fmt.Sprint("shards", shards)
@@ -324,8 +268,8 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 	})
 
 	t.Run("ValueIsSummedOverShards", func(t *testing.T) {
-		name := uniqueName(t, "value")
-		clk := newClock()
+		name := UniqueName(t, "value")
+		clk := NewClock()
 		cfg := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 60, Period: time.Minute, Capacity: 64, Shards: 16}
 		l := newLimiter(t, map[string]txlimit.Config{name: cfg}, clk)
 		var snap txlimit.Snapshot
@@ -358,21 +302,21 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 	})
 
 	t.Run("ResetDeletesAllShards", func(t *testing.T) {
-		name := uniqueName(t, "reset")
-		clk := newClock()
+		name := UniqueName(t, "reset")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 4, Period: time.Hour, Shards: 4}}, clk)
 		require.True(t, limitTx(t, l, name, "k", txlimit.Count(4)).OK)
 		require.True(t, limitTx(t, l, name, "other", txlimit.Count(4)).OK)
-		require.Len(t, h.rows(t, name, "k"), 4)
+		require.Len(t, h.Rows(t, name, "k"), 4)
 		inTx(t, func(tx TTx) { require.NoError(t, l.ResetTx(ctx, tx, name, "k")) })
-		require.Empty(t, h.rows(t, name, "k"))
-		require.Len(t, h.rows(t, name, "other"), 4)
+		require.Empty(t, h.Rows(t, name, "k"))
+		require.Len(t, h.Rows(t, name, "other"), 4)
 		require.True(t, limitTx(t, l, name, "k", txlimit.Count(4)).OK)
 	})
 
 	t.Run("CheckWritesNothing", func(t *testing.T) {
-		name := uniqueName(t, "check")
-		clk := newClock()
+		name := UniqueName(t, "check")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Second}}, clk)
 		var res txlimit.Result
 		inTx(t, func(tx TTx) {
@@ -381,9 +325,9 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 			require.NoError(t, err)
 		})
 		require.True(t, res.OK)
-		require.Empty(t, h.rows(t, name, "k"))
+		require.Empty(t, h.Rows(t, name, "k"))
 		require.True(t, limitTx(t, l, name, "k", txlimit.Count(2)).OK)
-		before := h.rows(t, name, "k")
+		before := h.Rows(t, name, "k")
 		inTx(t, func(tx TTx) {
 			var err error
 			res, err = l.CheckTx(ctx, tx, name, "k")
@@ -391,12 +335,12 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 		})
 		require.False(t, res.OK)
 		require.Equal(t, 500*time.Millisecond, res.RetryAfter)
-		require.Equal(t, before, h.rows(t, name, "k"))
+		require.Equal(t, before, h.Rows(t, name, "k"))
 	})
 
 	t.Run("ClockSteppingBackAddsNothing", func(t *testing.T) {
-		name := uniqueName(t, "backwards")
-		clk := newClock()
+		name := UniqueName(t, "backwards")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Capacity: 5}}, clk)
 		require.True(t, limitTx(t, l, name, "k", txlimit.Count(5)).OK)
 		clk.Advance(-time.Hour)
@@ -409,7 +353,7 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 	})
 
 	t.Run("DatabaseClockByDefault", func(t *testing.T) {
-		name := uniqueName(t, "dbclock")
+		name := UniqueName(t, "dbclock")
 		l := newLimiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour}}, nil)
 		res := limitTx(t, l, name, "k")
 		require.True(t, res.OK)
@@ -420,9 +364,9 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 	})
 
 	t.Run("BadInputIsAnErrorAndWritesNothing", func(t *testing.T) {
-		name := uniqueName(t, "bad")
+		name := UniqueName(t, "bad")
 		cfg := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 5, Period: time.Minute, MaxReserved: 5}
-		l := newLimiter(t, map[string]txlimit.Config{name: cfg}, newClock())
+		l := newLimiter(t, map[string]txlimit.Config{name: cfg}, NewClock())
 		cases := []struct {
 			desc  string
 			name  string
@@ -445,7 +389,7 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 			{"negative capacity", name, "k", "Capacity", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Capacity: -1})}},
 			{"too many shards", name, "k", "Shards", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Shards: txlimit.MaxShards + 1})}},
 			{"no kind", name, "k", "Kind", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Rate: 1, Period: time.Second})}},
-			{"start on a token bucket", name, "k", "Start", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Start: t0})}},
+			{"start on a token bucket", name, "k", "Start", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Start: T0})}},
 		}
 		for _, tc := range cases {
 			t.Run(tc.desc, func(t *testing.T) {
@@ -460,13 +404,13 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 					require.ErrorIs(t, err, txlimit.ErrInvalid)
 				})
 				if utf8.ValidString(tc.key) && !strings.ContainsRune(tc.key, 0) {
-					require.Empty(t, h.rows(t, tc.name, tc.key))
+					require.Empty(t, h.Rows(t, tc.name, tc.key))
 				}
 			})
 		}
 		_, err := l.Check(ctx, "no-such-limit", "k")
 		require.ErrorIs(t, err, txlimit.ErrUnknownLimit)
-		_, err = txlimit.New(h.store, map[string]txlimit.Config{"x": {Kind: txlimit.FixedWindow, Rate: 1}}, nil)
+		_, err = txlimit.New(h.Store, map[string]txlimit.Config{"x": {Kind: txlimit.FixedWindow, Rate: 1}}, nil)
 		var inv *txlimit.InvalidError
 		require.ErrorAs(t, err, &inv)
 		require.Equal(t, "x", inv.Limit)
@@ -474,18 +418,18 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 	})
 
 	t.Run("CancelledContextLeavesStateAlone", func(t *testing.T) {
-		name := uniqueName(t, "cancel")
-		clk := newClock()
+		name := UniqueName(t, "cancel")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 4, Period: time.Hour}}, clk)
 		require.True(t, limitTx(t, l, name, "k").OK)
-		before := h.rows(t, name, "k")
+		before := h.Rows(t, name, "k")
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		tx := h.begin(t)
+		tx := h.Begin(t)
 		_, err := l.LimitTx(cctx, tx, name, "k")
 		require.ErrorIs(t, err, context.Canceled)
-		h.rollback(tx)
-		require.Equal(t, before, h.rows(t, name, "k"))
+		h.Rollback(tx)
+		require.Equal(t, before, h.Rows(t, name, "k"))
 	})
 
 	t.Run("ConcurrentCallsAdmitExactly", func(t *testing.T) {
@@ -498,8 +442,8 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 			{txlimit.TokenBucket, 4}, {txlimit.FixedWindow, 8},
 		} {
 			t.Run(fmt.Sprintf("%v/shards=%d", tc.kind, tc.shards), func(t *testing.T) {
-				name := uniqueName(t, "hot")
-				clk := newClock()
+				name := UniqueName(t, "hot")
+				clk := NewClock()
 				const capacity = 40
 				l := newLimiter(t, map[string]txlimit.Config{name: {
 					Kind: tc.kind, Rate: capacity, Period: time.Hour, Shards: tc.shards,
@@ -507,7 +451,7 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 				var admitted, denied atomic.Int64
 				var wg sync.WaitGroup
 				errs := make(chan error, workers*callsEach)
-				sem := make(chan struct{}, h.conns)
+				sem := make(chan struct{}, h.Conns)
 				for range workers {
 					wg.Add(1)
 					go func() {
@@ -518,14 +462,14 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 								// Deferred: a failed begin ends this goroutine,
 								// and its slot must not be lost with it.
 								defer func() { <-sem }()
-								tx := h.begin(t)
+								tx := h.Begin(t)
 								res, err := l.LimitTx(ctx, tx, name, "hot")
 								if err != nil {
-									h.rollback(tx)
+									h.Rollback(tx)
 									errs <- err
 									return
 								}
-								if err := h.commit(tx); err != nil {
+								if err := h.Commit(tx); err != nil {
 									errs <- err
 								} else if res.OK {
 									admitted.Add(1)
@@ -556,29 +500,29 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 
 	t.Run("ConcurrentReservationsStackExactly", func(t *testing.T) {
 		const workers = 24
-		name := uniqueName(t, "stack")
-		clk := newClock()
+		name := UniqueName(t, "stack")
+		clk := NewClock()
 		l := newLimiter(t, map[string]txlimit.Config{name: {
 			Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Capacity: 4, MaxReserved: 10, Shards: 2,
 		}}, clk)
 		var mu sync.Mutex
 		var retries []time.Duration
 		var wg sync.WaitGroup
-		sem := make(chan struct{}, h.conns)
+		sem := make(chan struct{}, h.Conns)
 		for range workers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				sem <- struct{}{}
 				defer func() { <-sem }()
-				tx := h.begin(t)
+				tx := h.Begin(t)
 				res, err := l.LimitTx(ctx, tx, name, "k", txlimit.Reserve())
 				if err != nil {
-					h.rollback(tx)
+					h.Rollback(tx)
 					t.Error(err)
 					return
 				}
-				if err := h.commit(tx); err != nil {
+				if err := h.Commit(tx); err != nil {
 					t.Error(err)
 					return
 				}
@@ -601,207 +545,4 @@ func runConformance[TTx any](t *testing.T, h harness[TTx]) {
 			require.Equal(t, 1, seen[time.Duration(i)*time.Second], "one reservation at %ds", i)
 		}
 	})
-}
-
-// --- PostgreSQL ---
-
-func pgHarness(t *testing.T, pool *pgxpool.Pool, opts ...pgstore.Option) harness[pgx.Tx] {
-	return harness[pgx.Tx]{
-		store: pgstore.New(pool, opts...),
-		begin: func(t *testing.T) pgx.Tx {
-			tx, err := pool.Begin(context.Background())
-			require.NoError(t, err)
-			// A failed assertion must not leak the connection.
-			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-			return tx
-		},
-		commit:   func(tx pgx.Tx) error { return tx.Commit(context.Background()) },
-		rollback: func(tx pgx.Tx) { _ = tx.Rollback(context.Background()) },
-		rows: func(t *testing.T, name, key string) []string {
-			rows, err := pool.Query(context.Background(),
-				`SELECT format('%s %s %s %s', ctid, shard, value, ts) FROM txlimit WHERE name = $1 AND key = $2 ORDER BY shard`,
-				name, key)
-			require.NoError(t, err)
-			out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			require.NoError(t, err)
-			return out
-		},
-		conns:       int(pool.Config().MaxConns) - 1,
-		skipsLocked: true,
-	}
-}
-
-func TestPostgresLockIsHeldUntilCommit(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4)
-	name := uniqueName(t, "held")
-	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
-		name: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Minute},
-	}, nil)
-	require.NoError(t, err)
-
-	tx1, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx1.Rollback(ctx)
-	res, err := l.LimitTx(ctx, tx1, name, "k")
-	require.NoError(t, err)
-	require.True(t, res.OK)
-
-	// While tx1 is open, another transaction cannot take the row.
-	tx2, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx2.Rollback(ctx)
-	_, err = tx2.Exec(ctx, "SET LOCAL lock_timeout = '50ms'")
-	require.NoError(t, err)
-	_, err = l.LimitTx(ctx, tx2, name, "k")
-	var pgErr *pgconn.PgError
-	require.ErrorAs(t, err, &pgErr)
-	require.Equal(t, "55P03", pgErr.Code, "lock_not_available")
-	require.NoError(t, tx2.Rollback(ctx))
-
-	require.NoError(t, tx1.Commit(ctx))
-	res, err = l.Limit(ctx, name, "k")
-	require.NoError(t, err)
-	require.True(t, res.OK)
-	snap, err := l.Value(ctx, name, "k")
-	require.NoError(t, err)
-	require.InDelta(t, 8, snap.Value, 0.5, "two spent, a little refilled")
-}
-
-// Under REPEATABLE READ and SERIALIZABLE a concurrent update of the same
-// limit is a serialization failure, retryable; retrying admits exactly.
-func TestPostgresStrictIsolation(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 20)
-	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
-		t.Run(string(iso), func(t *testing.T) {
-			name := uniqueName(t, "iso")
-			clk := newClock()
-			l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
-				name: {Kind: txlimit.TokenBucket, Rate: 20, Period: time.Hour},
-			}, &txlimit.Options{Clock: clk.Now})
-			require.NoError(t, err)
-			var admitted, denied, retries atomic.Int64
-			var wg sync.WaitGroup
-			for range 16 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for range 2 {
-						for {
-							var res txlimit.Result
-							err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: iso}, func(tx pgx.Tx) (err error) {
-								res, err = l.LimitTx(ctx, tx, name, "k")
-								return err
-							})
-							var pgErr *pgconn.PgError
-							if errors.As(err, &pgErr) && pgErr.Code == "40001" {
-								retries.Add(1)
-								continue
-							}
-							if err != nil {
-								t.Error(err)
-								return
-							}
-							if res.OK {
-								admitted.Add(1)
-							} else {
-								denied.Add(1)
-							}
-							break
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			require.EqualValues(t, 20, admitted.Load())
-			require.EqualValues(t, 12, denied.Load())
-			t.Logf("%s: %d serialization failures retried", iso, retries.Load())
-		})
-	}
-}
-
-func TestPostgresPoolErrors(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	schema := testdb.Schema(t)
-	name := uniqueName(t, "pool")
-	limits := map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Minute}}
-
-	// Without a pool only the Tx forms work.
-	l, err := txlimit.New(pgstore.New(nil), limits, nil)
-	require.NoError(t, err)
-	_, err = l.Limit(ctx, name, "k")
-	require.ErrorIs(t, err, txlimit.ErrNoPool)
-	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	res, err := l.LimitTx(ctx, tx, name, "k")
-	require.NoError(t, err)
-	require.True(t, res.OK)
-	require.NoError(t, tx.Rollback(ctx))
-
-	// A closed pool is an error, not a panic.
-	closed := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
-	closed.Close()
-	l, err = txlimit.New(pgstore.New(closed), limits, nil)
-	require.NoError(t, err)
-	_, err = l.Limit(ctx, name, "k")
-	require.Error(t, err)
-	_, err = l.Value(ctx, name, "k")
-	require.Error(t, err)
-}
-
-// --- SQLite ---
-
-// sqliteDSN is the configuration sqlitestore documents: WAL, a busy timeout
-// and BEGIN IMMEDIATE.
-const sqliteDSN = "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
-
-func openSQLite(t *testing.T) *sql.DB {
-	t.Helper()
-	return openSQLiteDSN(t, sqliteDSN)
-}
-
-// openSQLiteDSN is openSQLite with another DSN suffix.
-func openSQLiteDSN(t *testing.T, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+testdb.SQLitePath(t)+dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	db.SetMaxOpenConns(16)
-	db.SetMaxIdleConns(16) // not database/sql's 2: no reopening under concurrency
-	require.NoError(t, migrations.Up(context.Background(), db, migrations.SQLite))
-	return db
-}
-
-func sqliteHarness(t *testing.T, db *sql.DB) harness[*sql.Tx] {
-	return harness[*sql.Tx]{
-		store: sqlitestore.New(db),
-		begin: func(t *testing.T) *sql.Tx {
-			tx, err := db.Begin()
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = tx.Rollback() })
-			return tx
-		},
-		commit:   func(tx *sql.Tx) error { return tx.Commit() },
-		rollback: func(tx *sql.Tx) { _ = tx.Rollback() },
-		rows: func(t *testing.T, name, key string) []string {
-			rows, err := db.Query(`SELECT printf('%d %!.17g %d %s', shard, value, ts, typeof(value))
-				FROM txlimit WHERE name = ? AND key = ? ORDER BY shard`, name, key)
-			require.NoError(t, err)
-			defer rows.Close()
-			var out []string
-			for rows.Next() {
-				var s string
-				require.NoError(t, rows.Scan(&s))
-				out = append(out, s)
-			}
-			require.NoError(t, rows.Err())
-			return out
-		},
-		conns: 15,
-	}
 }

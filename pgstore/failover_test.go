@@ -1,4 +1,4 @@
-package txlimit_test
+package pgstore_test
 
 // A switchover under load on a real pg_auto_failover formation (a monitor,
 // a primary and a synchronous standby, brought up by scripts/failover.sh):
@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
@@ -66,14 +67,14 @@ func TestFailoverSwitchover(t *testing.T) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if out, err := exec.CommandContext(ctx, "scripts/failover.sh", "down", dir).CombinedOutput(); err != nil {
+		if out, err := exec.CommandContext(ctx, "../scripts/failover.sh", "down", dir).CombinedOutput(); err != nil {
 			t.Logf("failover.sh down: %v\n%s", err, out)
 		}
 		if t.Failed() {
 			// The monitor's state changes say whether the primary ran
 			// without its synchronous standby (wait_primary) at some point:
 			// commits acknowledged then live on the primary alone.
-			if out, err := exec.Command("scripts/failover.sh", "events", dir).CombinedOutput(); err == nil {
+			if out, err := exec.Command("../scripts/failover.sh", "events", dir).CombinedOutput(); err == nil {
 				t.Logf("--- monitor events\n%s", out)
 			}
 			for _, f := range []string{"monitor.log", "node1.log", "node2.log", "switchover.log"} {
@@ -89,7 +90,7 @@ func TestFailoverSwitchover(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
 	defer cancel()
 	began := time.Now()
-	out, err := exec.CommandContext(ctx, "scripts/failover.sh", append([]string{"up", dir}, ports...)...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, "../scripts/failover.sh", append([]string{"up", dir}, ports...)...).CombinedOutput()
 	require.NoError(t, err, "failover.sh up:\n%s", out)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	dsn := lines[len(lines)-1]
@@ -113,7 +114,7 @@ func TestFailoverSwitchover(t *testing.T) {
 	// one of the 1,000,000 it starts with.
 	const capacity = 1_000_000
 	frozen := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	name := uniqueName(t, "failover")
+	name := storetest.UniqueName(t, "failover")
 	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: capacity, Period: time.Hour},
 	}, &txlimit.Options{Clock: func() time.Time { return frozen }})
@@ -231,7 +232,7 @@ func TestFailoverSwitchover(t *testing.T) {
 	}
 	waitAcks(300)
 	switchStart, acksBefore := time.Now(), acks.Load()
-	out, err = exec.CommandContext(ctx, "scripts/failover.sh", "switchover", dir).CombinedOutput()
+	out, err = exec.CommandContext(ctx, "../scripts/failover.sh", "switchover", dir).CombinedOutput()
 	switchTook, acksDuring := time.Since(switchStart), acks.Load()-acksBefore
 	if err != nil {
 		draining.Store(true)

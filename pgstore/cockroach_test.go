@@ -1,4 +1,4 @@
-package txlimit_test
+package pgstore_test
 
 // CockroachDB keeps the row locks a transaction took after a savepoint when
 // it rolls back to that savepoint; PostgreSQL lets them go. The sharded fast
@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/pgstore"
 )
@@ -111,10 +112,10 @@ func TestShardedKeepsLocksAfterRollbackToSavepoint(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 13)
-	name := uniqueName(t, "kept")
+	name := storetest.UniqueName(t, "kept")
 	// 16 tokens a shard: after five takes each shard lacks the tokens.
 	const capacity, count, clients = 64, 3, 12
-	frozen := t0
+	frozen := storetest.T0
 	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: capacity, Period: time.Hour, Shards: 4},
 	}, &txlimit.Options{Clock: func() time.Time { return frozen }})

@@ -1,37 +1,30 @@
-package txlimit_test
+package storetest
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/internal/testdb"
-	"github.com/txlimit/txlimit/pgstore"
-	"github.com/txlimit/txlimit/sqlitestore"
 )
 
 // runEdges is the suite's topic for what happens around the core: keys at
 // and past their bound, limits redeployed with another Shards, and the
 // Observer on every operation.
-func runEdges[TTx any](t *testing.T, h harness[TTx]) {
+func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := context.Background()
-	clk := newClock()
+	clk := NewClock()
 	opts := &txlimit.Options{Clock: clk.Now}
 
 	t.Run("key and name length", func(t *testing.T) {
-		l, err := txlimit.New(h.store, nil, opts)
+		l, err := txlimit.New(h.Store, nil, opts)
 		require.NoError(t, err)
 		cfg := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})
-		name := uniqueName(t, "long")
+		name := UniqueName(t, "long")
 		longest := strings.Repeat("0123456789abcdef", txlimit.MaxKeyLen/16)
 		res, err := l.Limit(ctx, name, longest, cfg)
 		require.NoError(t, err, "a key of MaxKeyLen bytes works on every store")
@@ -45,7 +38,7 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 		require.ErrorAs(t, err, &invalid)
 		require.Equal(t, "key", invalid.Field)
 		require.Contains(t, err.Error(), "SHA-256", "the error says what to do")
-		require.Empty(t, h.rows(t, name, longest+"x"), "nothing written")
+		require.Empty(t, h.Rows(t, name, longest+"x"), "nothing written")
 
 		_, err = l.Limit(ctx, strings.Repeat("n", txlimit.MaxNameLen+1), "k", cfg)
 		require.ErrorAs(t, err, &invalid)
@@ -57,17 +50,17 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 			from, to int
 			kind     txlimit.Kind
 		}{{1, 4, txlimit.TokenBucket}, {4, 1, txlimit.TokenBucket}, {3, 5, txlimit.FixedWindow}, {8, 2, txlimit.FixedWindow}} {
-			name := uniqueName(t, "reshard")
+			name := UniqueName(t, "reshard")
 			cfg := func(shards int) txlimit.Option {
-				return txlimit.WithConfig(txlimit.Config{Kind: tc.kind, Rate: 20, Period: time.Hour, Shards: shards, Start: fwStart(tc.kind)})
+				return txlimit.WithConfig(txlimit.Config{Kind: tc.kind, Rate: 20, Period: time.Hour, Shards: shards, Start: roundHourStart(tc.kind)})
 			}
-			l, err := txlimit.New(h.store, nil, opts)
+			l, err := txlimit.New(h.Store, nil, opts)
 			require.NoError(t, err)
 			// Drain to 5 of 20 under the old Shards, at one instant.
 			res, err := l.Limit(ctx, name, "k", cfg(tc.from), txlimit.Count(15))
 			require.NoError(t, err)
 			require.True(t, res.OK)
-			require.Len(t, h.rows(t, name, "k"), tc.from)
+			require.Len(t, h.Rows(t, name, "k"), tc.from)
 
 			snap, err := l.Value(ctx, name, "k", cfg(tc.to))
 			require.NoError(t, err)
@@ -79,7 +72,7 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 			require.NoError(t, err)
 			require.True(t, res.OK, "%d -> %d shards: none disappear", tc.from, tc.to)
 			require.InDelta(t, 0, res.Remaining, 1e-9)
-			require.Len(t, h.rows(t, name, "k"), tc.to)
+			require.Len(t, h.Rows(t, name, "k"), tc.to)
 
 			// And back, through LimitAll, in debt.
 			res, err = l.Limit(ctx, name, "k", cfg(tc.to), txlimit.Count(2), txlimit.Reserve())
@@ -89,30 +82,30 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 			require.NoError(t, err)
 			require.True(t, m.OK)
 			require.InDelta(t, -2, m.Results[0].Remaining, 1e-9, "the debt moves with the tokens")
-			require.Len(t, h.rows(t, name, "k"), tc.from)
+			require.Len(t, h.Rows(t, name, "k"), tc.from)
 		}
 	})
 
 	t.Run("sharded refill is not lost", func(t *testing.T) {
 		// The reproduction: Rate 2/s, Capacity 4, Shards 2. On
-		// PostgreSQL the take at t0+2s is served from one shard, which is
-		// then stamped t0+2s while the other stays at t0; the take at
-		// t0+1s (a clock that stepped back, or one read before the locks
+		// PostgreSQL the take at T0+2s is served from one shard, which is
+		// then stamped T0+2s while the other stays at T0; the take at
+		// T0+1s (a clock that stepped back, or one read before the locks
 		// were held) pools the shards. It must credit the shard that was
-		// behind with its refill up to t0+2s, as the unsharded limit has
-		// it, rather than project it to t0+1s and stamp it t0+2s.
+		// behind with its refill up to T0+2s, as the unsharded limit has
+		// it, rather than project it to T0+1s and stamp it T0+2s.
 		for _, kind := range []txlimit.Kind{txlimit.TokenBucket, txlimit.FixedWindow} {
 			holds := map[int]float64{}
 			for _, shards := range []int{1, 2} {
-				name := uniqueName(t, "refill")
-				c := newClock()
+				name := UniqueName(t, "refill")
+				c := NewClock()
 				cfg := txlimit.Config{Kind: kind, Rate: 2, Period: time.Second, Capacity: 4, Shards: shards}
 				if kind == txlimit.FixedWindow {
 					// Windows of 1s, each adding 2: the same totals at
 					// whole seconds.
-					cfg.Start = t0
+					cfg.Start = T0
 				}
-				l, err := txlimit.New(h.store, map[string]txlimit.Config{name: cfg}, &txlimit.Options{Clock: c.Now})
+				l, err := txlimit.New(h.Store, map[string]txlimit.Config{name: cfg}, &txlimit.Options{Clock: c.Now})
 				require.NoError(t, err)
 				res, err := l.Limit(ctx, name, "k", txlimit.Count(4))
 				require.NoError(t, err)
@@ -124,7 +117,7 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 				c.Advance(-time.Second)
 				res, err = l.Limit(ctx, name, "k", txlimit.Count(2))
 				require.NoError(t, err)
-				require.True(t, res.OK, "%v, %d shards: the limit holds 3 (as of t0+2s)", kind, shards)
+				require.True(t, res.OK, "%v, %d shards: the limit holds 3 (as of T0+2s)", kind, shards)
 				c.Advance(time.Second)
 				snap, err := l.Value(ctx, name, "k")
 				require.NoError(t, err)
@@ -143,28 +136,28 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 	})
 
 	t.Run("waits beyond MaxWait", func(t *testing.T) {
-		c := newClock()
-		l, err := txlimit.New(h.store, nil, &txlimit.Options{Clock: c.Now})
+		c := NewClock()
+		l, err := txlimit.New(h.Store, nil, &txlimit.Options{Clock: c.Now})
 		require.NoError(t, err)
 		var invalid *txlimit.InvalidError
 
 		// A reservation 3e6 hours (342 years) away cannot be represented:
 		// refused as bad input by every form, nothing written.
 		hourly := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})
-		name := uniqueName(t, "far")
+		name := UniqueName(t, "far")
 		far := []txlimit.Option{hourly, txlimit.Count(3e6), txlimit.Reserve()}
 		calls := map[string]func() error{
 			"Limit": func() error { _, err := l.Limit(ctx, name, "k", far...); return err },
 			"LimitTx": func() error {
-				tx := h.begin(t)
-				defer h.rollback(tx)
+				tx := h.Begin(t)
+				defer h.Rollback(tx)
 				_, err := l.LimitTx(ctx, tx, name, "k", far...)
 				return err
 			},
 			"Check": func() error { _, err := l.Check(ctx, name, "k", far...); return err },
 			"CheckTx": func() error {
-				tx := h.begin(t)
-				defer h.rollback(tx)
+				tx := h.Begin(t)
+				defer h.Rollback(tx)
 				_, err := l.CheckTx(ctx, tx, name, "k", far...)
 				return err
 			},
@@ -178,21 +171,21 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 			require.ErrorAs(t, err, &invalid, form)
 			require.Equal(t, "Count", invalid.Field, form)
 			require.Contains(t, err.Error(), "MaxReserved", "%s: the error names the fix", form)
-			require.Empty(t, h.rows(t, name, "k"), "%s: nothing written", form)
-			require.Empty(t, h.rows(t, name, "other"), "%s: nothing written for any limit of the call", form)
+			require.Empty(t, h.Rows(t, name, "k"), "%s: nothing written", form)
+			require.Empty(t, h.Rows(t, name, "other"), "%s: nothing written for any limit of the call", form)
 		}
 		// With the limit in use, the refusal leaves its rows alone.
 		res, err := l.Limit(ctx, name, "k", hourly, txlimit.Count(3), txlimit.Reserve())
 		require.NoError(t, err)
 		require.True(t, res.Reserved())
 		require.Equal(t, 2*time.Hour, res.RetryAfter)
-		before := h.rows(t, name, "k")
+		before := h.Rows(t, name, "k")
 		_, err = l.Limit(ctx, name, "k", far...)
 		require.ErrorAs(t, err, &invalid)
-		require.Equal(t, before, h.rows(t, name, "k"))
+		require.Equal(t, before, h.Rows(t, name, "k"))
 		// MaxReserved caps the debt: then the same count is a plain denial.
 		capped := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, MaxReserved: 10})
-		_, err = l.Limit(ctx, uniqueName(t, "capped"), "k", capped, txlimit.Count(3e6), txlimit.Reserve())
+		_, err = l.Limit(ctx, UniqueName(t, "capped"), "k", capped, txlimit.Count(3e6), txlimit.Reserve())
 		require.ErrorAs(t, err, &invalid, "above Capacity+MaxReserved: still bad input")
 
 		// Denials whose wait is beyond MaxWait say MaxWait, never less
@@ -200,9 +193,9 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 		for _, cfg := range []txlimit.Config{
 			{Kind: txlimit.TokenBucket, Rate: 1e-300, Period: time.Second, Capacity: 1},
 			{Kind: txlimit.TokenBucket, Rate: 1, Period: 100 * 365 * 24 * time.Hour, Capacity: 2},
-			{Kind: txlimit.FixedWindow, Rate: 1, Period: 100 * 365 * 24 * time.Hour, Capacity: 2, Start: t0},
+			{Kind: txlimit.FixedWindow, Rate: 1, Period: 100 * 365 * 24 * time.Hour, Capacity: 2, Start: T0},
 		} {
-			name := uniqueName(t, "slow")
+			name := UniqueName(t, "slow")
 			opt := txlimit.WithConfig(cfg)
 			count := txlimit.Count(cfg.Capacity)
 			res, err := l.Limit(ctx, name, "k", opt, count)
@@ -241,13 +234,13 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 	})
 
 	t.Run("state stays finite", func(t *testing.T) {
-		c := newClock()
-		l, err := txlimit.New(h.store, nil, &txlimit.Options{Clock: c.Now})
+		c := NewClock()
+		l, err := txlimit.New(h.Store, nil, &txlimit.Options{Clock: c.Now})
 		require.NoError(t, err)
 		var invalid *txlimit.InvalidError
 		finite := func(t *testing.T, name string) {
 			t.Helper()
-			for _, row := range h.rows(t, name, "k") {
+			for _, row := range h.Rows(t, name, "k") {
 				require.NotContains(t, strings.ToLower(row), "inf", row)
 				require.NotContains(t, strings.ToLower(row), "nan", row)
 			}
@@ -257,16 +250,16 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 			// first reservation is representable, a second would take the
 			// value to -Inf.
 			opt := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1e300, Period: time.Microsecond, Capacity: 1, Shards: shards})
-			name := uniqueName(t, "huge")
+			name := UniqueName(t, "huge")
 			res, err := l.Limit(ctx, name, "k", opt, txlimit.Count(1e308), txlimit.Reserve())
 			require.NoError(t, err)
 			require.True(t, res.Reserved(), "%+v", res)
 			require.Equal(t, 100*time.Second, res.RetryAfter)
-			before := h.rows(t, name, "k")
+			before := h.Rows(t, name, "k")
 			_, err = l.Limit(ctx, name, "k", opt, txlimit.Count(1e308), txlimit.Reserve())
 			require.ErrorAs(t, err, &invalid)
 			require.Equal(t, "Count", invalid.Field)
-			require.Equal(t, before, h.rows(t, name, "k"), "nothing written")
+			require.Equal(t, before, h.Rows(t, name, "k"), "nothing written")
 			finite(t, name)
 			snap, err := l.Value(ctx, name, "k", opt)
 			require.NoError(t, err)
@@ -282,11 +275,11 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 		}
 		// With an hourly rate, the Count(1e308) is refused at once:
 		// its wait is beyond MaxWait.
-		name := uniqueName(t, "hourly")
+		name := UniqueName(t, "hourly")
 		_, err = l.Limit(ctx, name, "k", txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour}),
 			txlimit.Count(1e308), txlimit.Reserve())
 		require.ErrorAs(t, err, &invalid)
-		require.Empty(t, h.rows(t, name, "k"))
+		require.Empty(t, h.Rows(t, name, "k"))
 	})
 
 	t.Run("observer sees every operation", func(t *testing.T) {
@@ -304,8 +297,8 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 			}
 			ops = append(ops, e.Op.String()+":"+outcome)
 		})
-		name := uniqueName(t, "observed")
-		l, err := txlimit.New(h.store, map[string]txlimit.Config{
+		name := UniqueName(t, "observed")
+		l, err := txlimit.New(h.Store, map[string]txlimit.Config{
 			name: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour},
 		}, &txlimit.Options{Clock: clk.Now, Observer: obs})
 		require.NoError(t, err)
@@ -323,93 +316,11 @@ func runEdges[TTx any](t *testing.T, h harness[TTx]) {
 	})
 }
 
-// fwStart aligns fixed windows to a round hour so that a frozen clock sits
-// in one window.
-func fwStart(kind txlimit.Kind) time.Time {
+// roundHourStart aligns fixed windows to a round hour so that a frozen
+// clock sits in one window.
+func roundHourStart(kind txlimit.Kind) time.Time {
 	if kind == txlimit.FixedWindow {
-		return t0.Add(-time.Hour)
+		return T0.Add(-time.Hour)
 	}
 	return time.Time{}
-}
-
-// A database without txlimit's table answers every call with an error that
-// names migrations.Up, Ping reports it at startup, and FailOpen does not turn
-// it into a grant: the limiter is misconfigured, not the database down.
-func TestNotMigrated(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	check := func(t *testing.T, l interface {
-		Ping(context.Context) error
-		Limit(context.Context, string, string, ...txlimit.Option) (txlimit.Result, error)
-		Check(context.Context, string, string, ...txlimit.Option) (txlimit.Result, error)
-	}) {
-		for _, err := range []error{
-			l.Ping(ctx),
-			func() error { _, err := l.Limit(ctx, "l", "k"); return err }(),
-			func() error { _, err := l.Check(ctx, "l", "k"); return err }(),
-		} {
-			require.ErrorIs(t, err, txlimit.ErrNotMigrated)
-			require.Contains(t, err.Error(), "migrations.Up")
-		}
-	}
-	limits := map[string]txlimit.Config{"l": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}
-	failOpen := &txlimit.Options{FailOpen: true}
-
-	t.Run("postgres", func(t *testing.T) {
-		pool := testdb.Pool(t, "txlimit_not_migrated_"+strings.ToLower(strings.ReplaceAll(t.Name(), "/", "_")), pgx.QueryExecModeCacheStatement, 2)
-		l, err := txlimit.New(pgstore.New(pool), limits, failOpen)
-		require.NoError(t, err)
-		check(t, l)
-		var pgErr *pgconn.PgError
-		require.ErrorAs(t, l.Ping(ctx), &pgErr, "the driver's error stays reachable")
-		require.Equal(t, "42P01", pgErr.Code)
-
-		migrated := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 2)
-		l, err = txlimit.New(pgstore.New(migrated), limits, failOpen)
-		require.NoError(t, err)
-		require.NoError(t, l.Ping(ctx))
-	})
-	t.Run("sqlite", func(t *testing.T) {
-		db, err := sql.Open("sqlite", "file:"+testdb.SQLitePath(t)+sqliteDSN)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
-		l, err := txlimit.New(sqlitestore.New(db), limits, failOpen)
-		require.NoError(t, err)
-		check(t, l)
-
-		l, err = txlimit.New(sqlitestore.New(openSQLite(t)), limits, failOpen)
-		require.NoError(t, err)
-		require.NoError(t, l.Ping(ctx))
-	})
-	t.Run("no pool", func(t *testing.T) {
-		l, err := txlimit.New(pgstore.New(nil), limits, nil)
-		require.NoError(t, err)
-		require.ErrorIs(t, l.Ping(ctx), txlimit.ErrNoPool)
-	})
-}
-
-// pgx's default exec mode caches prepared statements per connection; behind
-// PgBouncer in transaction mode the server connection changes under it and
-// the statement is gone. DEALLOCATE ALL does to the connection what the
-// pooler does: the error then names the exec modes that work.
-func TestPostgresLostPreparedStatement(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 1)
-	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
-		"l": {Kind: txlimit.TokenBucket, Rate: 100, Period: time.Second},
-	}, nil)
-	require.NoError(t, err)
-	_, err = l.Limit(ctx, "l", "k")
-	require.NoError(t, err)
-	_, err = l.Limit(ctx, "l", "k") // every statement of the path is prepared now
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, "DEALLOCATE ALL")
-	require.NoError(t, err)
-	_, err = l.Limit(ctx, "l", "k")
-	require.Error(t, err)
-	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "%v", err)
-	require.Equal(t, "26000", pgErr.Code)
-	require.Contains(t, err.Error(), "QueryExecModeExec")
 }

@@ -1,4 +1,4 @@
-package txlimit_test
+package pgsqltest
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
@@ -17,17 +16,16 @@ import (
 	"github.com/txlimit/txlimit/pgsqlstore"
 )
 
-// TestDatabaseSQLRetryableConnectErrors connects through database/sql, with
-// pgx's driver and (under internal/sqldrivers) lib/pq, in ways that fail,
-// and checks which failures pgsqlstore.Retryable calls transient: the same
-// as pgstore's TestRetryableConnectErrors. Each failure is seen three ways:
-// from the limiter's own transaction (Limit), from RunTx (which gives up
-// after RunTxAttempts runs only when the failure is retryable), and, with
-// pgx, from the application's own db.BeginTx, where pgx's
-// *pgconn.ConnectError alone says that the connection failed.
-func TestDatabaseSQLRetryableConnectErrors(t *testing.T) {
-	t.Parallel()
-	var _ = stdlib.GetDefaultDriver() // registers "pgx"
+// RetryableConnectErrors connects through database/sql, with each of
+// drivers, in ways that fail, and checks which failures
+// pgsqlstore.Retryable calls transient: the same as pgstore's
+// TestRetryableConnectErrors. Each failure is seen three ways: from the
+// limiter's own transaction (Limit), from RunTx (which gives up after
+// RunTxAttempts runs only when the failure is retryable), and, with pgx,
+// from the application's own db.BeginTx, where pgx's *pgconn.ConnectError
+// alone says that the connection failed. The subtests are parallel, named
+// driver name/case.
+func RetryableConnectErrors(t *testing.T, drivers []Driver) {
 	ctx := context.Background()
 	base, err := url.Parse(testdb.URL(t))
 	require.NoError(t, err)
@@ -44,7 +42,7 @@ func TestDatabaseSQLRetryableConnectErrors(t *testing.T) {
 		{"NoSuchDatabase", func(u *url.URL) { u.Path = "/txlimit_no_such_database" }, false},
 		{"NoSuchRole", func(u *url.URL) { u.User = url.User("txlimit_no_such_role") }, false},
 	} {
-		for _, driverName := range sqlPostgresDriverNames() {
+		for _, driverName := range driverNames(drivers) {
 			t.Run(driverName+"/"+c.name, func(t *testing.T) {
 				t.Parallel()
 				u := *base
@@ -85,12 +83,12 @@ func TestDatabaseSQLRetryableConnectErrors(t *testing.T) {
 	}
 }
 
-// sqlPostgresDriverNames are the database/sql PostgreSQL drivers linked in.
-func sqlPostgresDriverNames() []string {
+// driverNames are the database/sql driver names of drivers, each once.
+func driverNames(drivers []Driver) []string {
 	var out []string
-	for _, d := range sqlPostgresDrivers() {
-		if len(out) == 0 || out[len(out)-1] != d.name {
-			out = append(out, d.name)
+	for _, d := range drivers {
+		if len(out) == 0 || out[len(out)-1] != d.Name {
+			out = append(out, d.Name)
 		}
 	}
 	return out

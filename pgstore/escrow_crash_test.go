@@ -1,4 +1,4 @@
-package txlimit_test
+package pgstore_test
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
@@ -129,7 +130,7 @@ func TestEscrowPostgresCrash(t *testing.T) {
 	name := "crash"
 	l := escrowLimiter(t, pgstore.New(storePool, pgstore.EscrowSettleEvery(0)), map[string]txlimit.Config{
 		name: {Kind: txlimit.FixedWindow, Rate: capacity, Period: time.Hour, Escrow: true},
-	}, func() time.Time { return t0 })
+	}, func() time.Time { return storetest.T0 })
 
 	var acknowledged, attempts atomic.Int64
 	// up is open (not closed) from the crash until the restarted cluster

@@ -1,4 +1,4 @@
-package txlimit_test
+package pgstore_test
 
 // Fault injection against a real PostgreSQL: every failure returns an error
 // the caller can classify, leaves the state exactly as committed, and leaks
@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/observertest"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/pgstore"
 )
@@ -26,7 +28,7 @@ type faultEnv struct {
 	admin *pgxpool.Pool
 	l     *txlimit.Limiter[pgx.Tx]
 	name  string
-	h     harness[pgx.Tx]
+	h     storetest.Harness[pgx.Tx]
 }
 
 func newFaultEnv(t *testing.T, maxConns int32) faultEnv {
@@ -34,12 +36,12 @@ func newFaultEnv(t *testing.T, maxConns int32) faultEnv {
 	schema := testdb.Schema(t)
 	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, maxConns)
 	admin := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
-	name := uniqueName(t, "fault")
+	name := storetest.UniqueName(t, "fault")
 	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Hour},
 	}, nil)
 	require.NoError(t, err)
-	return faultEnv{pool: pool, admin: admin, l: l, name: name, h: pgHarness(t, admin)}
+	return faultEnv{pool: pool, admin: admin, l: l, name: name, h: testdb.PgxHarness(admin, pgstore.New(admin))}
 }
 
 // settled asserts that nothing is left behind: no connection of the pool
@@ -94,7 +96,7 @@ func TestFaultBackendKilledMidTransaction(t *testing.T) {
 	ctx := context.Background()
 	e := newFaultEnv(t, 4)
 	e.spend(t, 1)
-	before := e.h.rows(t, e.name, "k")
+	before := e.h.Rows(t, e.name, "k")
 
 	tx, err := e.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -114,7 +116,7 @@ func TestFaultBackendKilledMidTransaction(t *testing.T) {
 	require.True(t, pgstore.Retryable(err), "a killed backend before commit is retryable: %v", err)
 	_ = tx.Rollback(ctx)
 
-	require.Equal(t, before, e.h.rows(t, e.name, "k"))
+	require.Equal(t, before, e.h.Rows(t, e.name, "k"))
 	e.settled(t)
 	e.spend(t, 9) // all 9 remaining tokens are still there
 }
@@ -124,7 +126,7 @@ func TestFaultLockAndStatementTimeouts(t *testing.T) {
 	ctx := context.Background()
 	e := newFaultEnv(t, 4)
 	e.spend(t, 1)
-	before := e.h.rows(t, e.name, "k")
+	before := e.h.Rows(t, e.name, "k")
 
 	holder, err := e.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -149,7 +151,7 @@ func TestFaultLockAndStatementTimeouts(t *testing.T) {
 		})
 	}
 	require.NoError(t, holder.Rollback(ctx))
-	require.Equal(t, before, e.h.rows(t, e.name, "k"))
+	require.Equal(t, before, e.h.Rows(t, e.name, "k"))
 	e.settled(t)
 }
 
@@ -204,7 +206,7 @@ func TestFaultPoolExhausted(t *testing.T) {
 	for _, tx := range held {
 		require.NoError(t, tx.Rollback(ctx))
 	}
-	require.Empty(t, e.h.rows(t, e.name, "k"))
+	require.Empty(t, e.h.Rows(t, e.name, "k"))
 	e.settled(t)
 	e.spend(t, 10)
 }
@@ -217,7 +219,7 @@ func TestFaultAllConnectionsDropped(t *testing.T) {
 	ctx := context.Background()
 	e := newFaultEnv(t, 3)
 	e.spend(t, 3)
-	before := e.h.rows(t, e.name, "k")
+	before := e.h.Rows(t, e.name, "k")
 
 	var pids []uint32
 	var conns []*pgxpool.Conn
@@ -240,7 +242,7 @@ func TestFaultAllConnectionsDropped(t *testing.T) {
 		res, err := e.l.Limit(ctx, e.name, "k", txlimit.Count(2))
 		if err != nil {
 			require.True(t, pgstore.Retryable(err) || errors.Is(err, pgx.ErrTxClosed), "unclassifiable: %v", err)
-			require.Equal(t, before, e.h.rows(t, e.name, "k"), "a failed call changed the state")
+			require.Equal(t, before, e.h.Rows(t, e.name, "k"), "a failed call changed the state")
 			continue
 		}
 		require.True(t, res.OK)
@@ -270,4 +272,46 @@ func TestRetryableClassification(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, pgstore.Retryable(tc.err), "%v", tc.err)
 	}
+}
+
+// LockWait covers the time a call waited for a row another transaction held:
+// at least from when PostgreSQL showed it waiting until the holder committed.
+func TestObserverLockWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newFaultEnv(t, 4)
+	rec := &observertest.Recorder{}
+	l, err := txlimit.New(pgstore.New(e.pool), map[string]txlimit.Config{
+		e.name: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Hour},
+	}, &txlimit.Options{Observer: rec})
+	require.NoError(t, err)
+	e.spend(t, 1)
+
+	holder, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = l.LimitTx(ctx, holder, e.name, "k")
+	require.NoError(t, err)
+	rec.Take()
+
+	waiter, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.LimitTx(ctx, waiter, e.name, "k")
+		done <- err
+	}()
+	e.waitUntilBlocked(t, waiter.Conn().PgConn().PID())
+	blockedAt := time.Now()
+	time.Sleep(20 * time.Millisecond) // keep it waiting a little
+	require.NoError(t, holder.Commit(ctx))
+	heldFor := time.Since(blockedAt)
+	require.NoError(t, <-done)
+	require.NoError(t, waiter.Commit(ctx))
+
+	events := rec.Take()
+	require.Len(t, events, 1)
+	require.Equal(t, "allowed", events[0].Outcome())
+	require.GreaterOrEqual(t, events[0].LockWait, heldFor-time.Millisecond,
+		"the lock statement began before the wait was seen and ended after the commit")
+	require.GreaterOrEqual(t, events[0].Duration, events[0].LockWait)
 }

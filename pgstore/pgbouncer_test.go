@@ -1,10 +1,8 @@
-package txlimit_test
+package pgstore_test
 
 import (
 	"context"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
@@ -54,13 +53,13 @@ func TestLimitThroughPgBouncer(t *testing.T) {
 				pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 				require.NoError(t, err)
 				defer pool.Close()
-				name := uniqueName(t, "pgbouncer")
+				name := storetest.UniqueName(t, "pgbouncer")
 				l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
 					name: {Kind: txlimit.TokenBucket, Rate: capacity, Period: time.Hour},
 				}, &txlimit.Options{Clock: func() time.Time { return frozen }})
 				require.NoError(t, err)
 
-				requireExactAdmission(t, l, name, clients, calls, capacity, func() (res txlimit.Result, err error) {
+				storetest.RequireExactAdmission(t, l, name, clients, calls, capacity, func() (res txlimit.Result, err error) {
 					if !inTx {
 						return l.Limit(context.Background(), name, "k")
 					}
@@ -73,39 +72,4 @@ func TestLimitThroughPgBouncer(t *testing.T) {
 			})
 		}
 	}
-}
-
-// requireExactAdmission runs clients goroutines, each making calls calls of
-// call, and requires that no call errs, that exactly capacity of them are
-// granted, and that limit name of l holds nothing afterwards.
-func requireExactAdmission[TTx any](t *testing.T, l *txlimit.Limiter[TTx], name string, clients, calls, capacity int, call func() (txlimit.Result, error)) {
-	t.Helper()
-	var granted, denied atomic.Int64
-	errs := make(chan error, clients*calls)
-	var wg sync.WaitGroup
-	for range clients {
-		wg.Go(func() {
-			for range calls {
-				res, err := call()
-				switch {
-				case err != nil:
-					errs <- err
-				case res.OK:
-					granted.Add(1)
-				default:
-					denied.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	require.EqualValues(t, capacity, granted.Load())
-	require.EqualValues(t, clients*calls-capacity, denied.Load())
-	snap, err := l.Value(context.Background(), name, "k")
-	require.NoError(t, err)
-	require.Zero(t, snap.Value)
 }

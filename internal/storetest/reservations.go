@@ -1,4 +1,4 @@
-package txlimit_test
+package storetest
 
 // Reservations on every store: how stacked reservations are spaced, how
 // MaxReserved bounds them, and how rollback and CreditTx give their tokens
@@ -33,21 +33,21 @@ func fixedWindowDebtWait(windowStart, now time.Time, debt, rate float64, period 
 	return windowStart.Add(period * time.Duration(math.Ceil(debt/rate))).Sub(now)
 }
 
-func runReservations[TTx any](t *testing.T, h harness[TTx]) {
+func runReservations[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := context.Background()
-	newLimiter := func(t *testing.T, name string, cfg txlimit.Config, clk *testClock) *txlimit.Limiter[TTx] {
+	newLimiter := func(t *testing.T, name string, cfg txlimit.Config, clk *Clock) *txlimit.Limiter[TTx] {
 		t.Helper()
-		l, err := txlimit.New(h.store, map[string]txlimit.Config{name: cfg}, &txlimit.Options{Clock: clk.Now})
+		l, err := txlimit.New(h.Store, map[string]txlimit.Config{name: cfg}, &txlimit.Options{Clock: clk.Now})
 		require.NoError(t, err)
 		return l
 	}
 	// limit runs LimitTx in a transaction of its own and commits it.
 	limit := func(t *testing.T, l *txlimit.Limiter[TTx], name, key string, opts ...txlimit.Option) txlimit.Result {
 		t.Helper()
-		tx := h.begin(t)
+		tx := h.Begin(t)
 		res, err := l.LimitTx(ctx, tx, name, key, opts...)
 		require.NoError(t, err)
-		require.NoError(t, h.commit(tx))
+		require.NoError(t, h.Commit(tx))
 		return res
 	}
 	// reserve runs a committed reservation of count that must be granted,
@@ -61,9 +61,9 @@ func runReservations[TTx any](t *testing.T, h harness[TTx]) {
 	}
 	credit := func(t *testing.T, l *txlimit.Limiter[TTx], name, key string, count float64) {
 		t.Helper()
-		tx := h.begin(t)
+		tx := h.Begin(t)
 		require.NoError(t, l.CreditTx(ctx, tx, name, key, count))
-		require.NoError(t, h.commit(tx))
+		require.NoError(t, h.Commit(tx))
 	}
 	value := func(t *testing.T, l *txlimit.Limiter[TTx], name, key string) float64 {
 		t.Helper()
@@ -84,18 +84,18 @@ func runReservations[TTx any](t *testing.T, h harness[TTx]) {
 	}
 	tbWait := func(debt float64) time.Duration { return tokenBucketDebtWait(debt, tbRate, tbPeriod) }
 
-	// 2 tokens per minute, windows starting at 15 s before t0 and every
+	// 2 tokens per minute, windows starting at 15 s before T0 and every
 	// minute from there.
 	const fwRate, fwPeriod = 2.0, time.Minute
-	fwStart := t0.Add(-15 * time.Second)
+	fwStart := T0.Add(-15 * time.Second)
 	fixedWindow := func(shards int) txlimit.Config {
 		return txlimit.Config{Kind: txlimit.FixedWindow, Rate: fwRate, Period: fwPeriod, Start: fwStart, Shards: shards}
 	}
 
 	t.Run("StackedTokenBucket", func(t *testing.T) {
 		perShards(t, func(t *testing.T, shards int) {
-			name := uniqueName(t, "stack-tb")
-			clk := newClock()
+			name := UniqueName(t, "stack-tb")
+			clk := NewClock()
 			l := newLimiter(t, name, tokenBucket(shards), clk)
 			res := limit(t, l, name, "k", txlimit.Count(tbRate))
 			require.True(t, res.OK)
@@ -121,26 +121,26 @@ func runReservations[TTx any](t *testing.T, h harness[TTx]) {
 
 			// CheckTx with Reserve predicts the next reservation and
 			// writes nothing.
-			before := h.rows(t, name, "k")
-			tx := h.begin(t)
+			before := h.Rows(t, name, "k")
+			tx := h.Begin(t)
 			chk, err := l.CheckTx(ctx, tx, name, "k", txlimit.Reserve())
 			require.NoError(t, err)
-			require.NoError(t, h.commit(tx))
+			require.NoError(t, h.Commit(tx))
 			require.True(t, chk.Reserved())
 			require.Equal(t, tbWait(8.5), chk.RetryAfter)
-			require.Equal(t, before, h.rows(t, name, "k"))
+			require.Equal(t, before, h.Rows(t, name, "k"))
 			require.Equal(t, tbWait(8.5), reserve(t, l, name, "k", 1))
 		})
 	})
 
 	t.Run("StackedFixedWindow", func(t *testing.T) {
 		perShards(t, func(t *testing.T, shards int) {
-			name := uniqueName(t, "stack-fw")
-			clk := newClock()
+			name := UniqueName(t, "stack-fw")
+			clk := NewClock()
 			l := newLimiter(t, name, fixedWindow(shards), clk)
 			require.True(t, limit(t, l, name, "k", txlimit.Count(fwRate)).OK)
 
-			// The window that contains t0 began at fwStart. Reservations
+			// The window that contains T0 began at fwStart. Reservations
 			// are due at the start of the first window whose tokens cover
 			// them: two per window.
 			var got []time.Duration
@@ -154,10 +154,10 @@ func runReservations[TTx any](t *testing.T, h harness[TTx]) {
 			// starts in 45 s, the one after that in 105 s.
 			require.Equal(t, []time.Duration{45 * time.Second, 45 * time.Second, 105 * time.Second, 105 * time.Second}, got)
 
-			// The next window (at t0+45s) adds Rate: debt 4 → 2. A
+			// The next window (at T0+45s) adds Rate: debt 4 → 2. A
 			// reservation now makes it 3, due in two windows.
 			clk.Advance(45 * time.Second)
-			windowStart := t0.Add(45 * time.Second)
+			windowStart := T0.Add(45 * time.Second)
 			next := reserve(t, l, name, "k", 1)
 			require.Equal(t, fixedWindowDebtWait(windowStart, clk.Now(), 3, fwRate, fwPeriod), next)
 			require.Equal(t, 120*time.Second, next)
@@ -174,15 +174,15 @@ func runReservations[TTx any](t *testing.T, h harness[TTx]) {
 
 	t.Run("MaxReservedRefusesAndWritesNothing", func(t *testing.T) {
 		perShards(t, func(t *testing.T, shards int) {
-			name := uniqueName(t, "cap")
-			clk := newClock()
+			name := UniqueName(t, "cap")
+			clk := NewClock()
 			cfg := tokenBucket(shards)
 			cfg.MaxReserved = 2
 			l := newLimiter(t, name, cfg, clk)
 			require.True(t, limit(t, l, name, "k", txlimit.Count(tbRate)).OK)
 			require.Equal(t, tbWait(1), reserve(t, l, name, "k", 1))
 			require.Equal(t, tbWait(2), reserve(t, l, name, "k", 1))
-			before := h.rows(t, name, "k")
+			before := h.Rows(t, name, "k")
 			require.Len(t, before, shards)
 
 			// A third token would put the limit 3 deep: refused, with the
@@ -191,21 +191,21 @@ func runReservations[TTx any](t *testing.T, h harness[TTx]) {
 			require.False(t, res.OK)
 			require.Equal(t, tbWait(1), res.RetryAfter)
 			require.ErrorIs(t, res.Err(), txlimit.ErrRateLimited)
-			require.Equal(t, before, h.rows(t, name, "k"), "a refused reservation writes nothing")
+			require.Equal(t, before, h.Rows(t, name, "k"), "a refused reservation writes nothing")
 
 			res = limit(t, l, name, "k", txlimit.Reserve(), txlimit.Count(3))
 			require.False(t, res.OK)
 			require.Equal(t, tbWait(3), res.RetryAfter)
-			require.Equal(t, before, h.rows(t, name, "k"))
+			require.Equal(t, before, h.Rows(t, name, "k"))
 
 			// More than Capacity+MaxReserved can never be reserved: bad
 			// input, not a denial.
-			tx := h.begin(t)
+			tx := h.Begin(t)
 			_, err := l.LimitTx(ctx, tx, name, "k", txlimit.Reserve(), txlimit.Count(tbRate+3))
 			require.ErrorIs(t, err, txlimit.ErrInvalid)
 			require.ErrorContains(t, err, "MaxReserved")
-			h.rollback(tx)
-			require.Equal(t, before, h.rows(t, name, "k"))
+			h.Rollback(tx)
+			require.Equal(t, before, h.Rows(t, name, "k"))
 
 			// Once a token has refilled, the reservation fits again.
 			clk.Advance(tbWait(1))
@@ -215,20 +215,20 @@ func runReservations[TTx any](t *testing.T, h harness[TTx]) {
 
 	t.Run("RolledBackReservationFreesTokens", func(t *testing.T) {
 		perShards(t, func(t *testing.T, shards int) {
-			name := uniqueName(t, "rollback")
-			clk := newClock()
+			name := UniqueName(t, "rollback")
+			clk := NewClock()
 			l := newLimiter(t, name, tokenBucket(shards), clk)
 			require.True(t, limit(t, l, name, "k", txlimit.Count(tbRate)).OK)
 			require.Equal(t, tbWait(1), reserve(t, l, name, "k", 1))
-			before := h.rows(t, name, "k")
+			before := h.Rows(t, name, "k")
 
-			tx := h.begin(t)
+			tx := h.Begin(t)
 			res, err := l.LimitTx(ctx, tx, name, "k", txlimit.Reserve(), txlimit.Count(3))
 			require.NoError(t, err)
 			require.True(t, res.Reserved())
 			require.Equal(t, tbWait(4), res.RetryAfter)
-			h.rollback(tx)
-			require.Equal(t, before, h.rows(t, name, "k"))
+			h.Rollback(tx)
+			require.Equal(t, before, h.Rows(t, name, "k"))
 
 			// The next reservation is spaced as if the rolled-back one had
 			// never been made.
@@ -238,8 +238,8 @@ func runReservations[TTx any](t *testing.T, h harness[TTx]) {
 
 	t.Run("CreditNeverAboveCapacity", func(t *testing.T) {
 		perShards(t, func(t *testing.T, shards int) {
-			name := uniqueName(t, "credit-cap")
-			clk := newClock()
+			name := UniqueName(t, "credit-cap")
+			clk := NewClock()
 			l := newLimiter(t, name, tokenBucket(shards), clk)
 
 			// A key never used is full; a credit keeps it full.
@@ -267,8 +267,8 @@ func runReservations[TTx any](t *testing.T, h harness[TTx]) {
 	t.Run("CreditRestoresRetryAfter", func(t *testing.T) {
 		perShards(t, func(t *testing.T, shards int) {
 			t.Run("TokenBucket", func(t *testing.T) {
-				name := uniqueName(t, "credit-tb")
-				clk := newClock()
+				name := UniqueName(t, "credit-tb")
+				clk := NewClock()
 				l := newLimiter(t, name, tokenBucket(shards), clk)
 				require.True(t, limit(t, l, name, "k", txlimit.Count(tbRate)).OK)
 				require.Equal(t, tbWait(1), reserve(t, l, name, "k", 1))
@@ -280,18 +280,18 @@ func runReservations[TTx any](t *testing.T, h harness[TTx]) {
 
 				// A reservation and its credit in one transaction leave
 				// the limit where it was.
-				tx := h.begin(t)
+				tx := h.Begin(t)
 				res, err := l.LimitTx(ctx, tx, name, "k", txlimit.Reserve(), txlimit.Count(2))
 				require.NoError(t, err)
 				require.Equal(t, tbWait(4), res.RetryAfter)
 				require.NoError(t, l.CreditTx(ctx, tx, name, "k", 2))
-				require.NoError(t, h.commit(tx))
+				require.NoError(t, h.Commit(tx))
 				require.Equal(t, -2.0, value(t, l, name, "k"))
 				require.Equal(t, tbWait(3), reserve(t, l, name, "k", 1))
 			})
 			t.Run("FixedWindow", func(t *testing.T) {
-				name := uniqueName(t, "credit-fw")
-				clk := newClock()
+				name := UniqueName(t, "credit-fw")
+				clk := NewClock()
 				l := newLimiter(t, name, fixedWindow(shards), clk)
 				require.True(t, limit(t, l, name, "k", txlimit.Count(fwRate)).OK)
 				wait := func(debt float64) time.Duration {
