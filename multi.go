@@ -76,21 +76,7 @@ func (m MultiResult) Err() error {
 // Options.FailOpen, a failure of the store grants the call (see Options):
 // the MultiResult is OK with FailedOpen set on every Result.
 func (l *Limiter[TTx]) LimitAll(ctx context.Context, reqs ...Request) (MultiResult, error) {
-	obs := l.observe()
-	rs, err := l.newRequests(reqs)
-	var res MultiResult
-	if err == nil {
-		// Escrow limits are taken like the others here, as Limit takes
-		// them: their rows are held only for this short transaction.
-		for i := range rs {
-			rs[i].ownTx = true
-		}
-		err = l.store.InTx(ctx, false, func(tx TTx) (err error) {
-			res, err = l.limitAll(ctx, tx, rs, obs)
-			return err
-		})
-	}
-	return l.finishAll(ctx, obs, rs, res, err, true)
+	return l.limitAllIn(ctx, nil, reqs)
 }
 
 // finishAll ends a LimitAll call as finish ends a Limit call: FailOpen for
@@ -153,13 +139,22 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, obs *observation, rs []req
 // instead of two requests. Bad input in any request is an *InvalidError
 // before anything is read or written.
 func (l *Limiter[TTx]) LimitAllTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
+	return l.limitAllIn(ctx, &tx, reqs)
+}
+
+func (l *Limiter[TTx]) limitAllIn(ctx context.Context, tx *TTx, reqs []Request) (MultiResult, error) {
 	obs := l.observe()
 	rs, err := l.newRequests(reqs)
 	var res MultiResult
 	if err == nil {
-		res, err = l.limitAll(ctx, tx, rs, obs)
+		// LimitAll takes escrow limits like the others, as Limit does:
+		// their rows are held only for its short transaction.
+		for i := range rs {
+			rs[i].ownTx = tx == nil
+		}
+		res, err = in(ctx, l, tx, false, func(tx TTx) (MultiResult, error) { return l.limitAll(ctx, tx, rs, obs) })
 	}
-	return l.finishAll(ctx, obs, rs, res, err, false)
+	return l.finishAll(ctx, obs, rs, res, err, tx == nil)
 }
 
 // newRequests validates every request of a LimitAll call.
@@ -170,7 +165,7 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 	rs := make([]request, len(reqs))
 	seen := make(map[driver.KeyRef]int, len(reqs))
 	for i, q := range reqs {
-		r, err := l.newRequest(q.Name, q.Key, q.Options)
+		r, err := l.newRequest(q.Name, q.Key, q.Options, nil)
 		if err == nil {
 			err = r.checkCount()
 		}
