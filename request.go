@@ -149,4 +149,3 @@ func (l *Limiter[TTx]) keyRequest(name, key string) (request, error) {
 	}
 	return r, validText("key", name, key)
 }
-
