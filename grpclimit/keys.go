@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/internal/clientip"
+	"github.com/txlimit/txlimit/clientip"
 )
 
 // PeerKey keys a call by the IP address of its peer (the other end of the
@@ -54,32 +54,13 @@ func PeerPrefixKey(ipv6Bits int) (KeyFunc, error) {
 	}, nil
 }
 
-// ClientIP configures the KeyFunc ClientIPKey returns. Its fields are
-// httplimit.ClientIP's and mean the same for the metadata of a call: a
-// server that answers HTTP and gRPC behind the same proxies converts one to
-// the other, grpclimit.ClientIP(httpClientIP). The zero value keys by the
-// peer's address, as PeerKey does.
-type ClientIP struct {
-	// TrustedProxies are the networks of the proxies (an L7 load
-	// balancer, Envoy) in front of the server, whose additions to Header
-	// are believed. A call whose peer is in none of them is keyed by the
-	// peer, and its metadata is ignored, so a client that reaches the
-	// server directly cannot choose its key by sending the metadata
-	// itself. Write IPv4 networks in IPv4 form. Defaults to none.
-	TrustedProxies []netip.Prefix
-	// Header is the metadata key the proxies append their peer's address
-	// to, as they would the HTTP header field: "X-Forwarded-For" (a
-	// comma-separated list of addresses) or "Forwarded" (RFC 7239, the
-	// for= parameter of each element), in any case (gRPC metadata keys
-	// are lower case). Name the one your proxies write: the other one is
-	// whatever the client sent. Defaults to "X-Forwarded-For".
-	Header string
-	// IPv6Prefix is the length of the prefix an IPv6 client is keyed by:
-	// every address in one prefix of that length shares one limit. It must
-	// be between 1 and 128; 128 keys every address apart. IPv4 addresses
-	// are keyed one by one. Defaults to 64.
-	IPv6Prefix int
-}
+// ClientIP configures the KeyFunc ClientIPKey returns, as it does
+// httplimit.ClientIPKey for HTTP (see clientip.Config for the fields): it
+// is the same type, so a server that answers HTTP and gRPC behind the same
+// proxies configures both with one value. For gRPC, Header names the
+// metadata key the proxies write (in any case: gRPC metadata keys are lower
+// case). The zero value keys by the peer's address, as PeerKey does.
+type ClientIP = clientip.Config
 
 // ClientIPKey returns a KeyFunc that keys a call by the IP address of its
 // client behind the trusted proxies in front of the server, as
@@ -93,7 +74,7 @@ type ClientIP struct {
 // names the field; an entry a trusted proxy wrote that is not an IP address
 // is an error, answered with codes.Internal.
 func ClientIPKey(c ClientIP) (KeyFunc, error) {
-	keyer, err := clientip.NewKeyer(clientip.Config(c))
+	keyer, err := clientip.NewKeyer(c)
 	if err != nil {
 		return nil, fmt.Errorf("grpclimit: %w", err)
 	}

@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 
-	"github.com/txlimit/txlimit/internal/clientip"
+	"github.com/txlimit/txlimit/clientip"
 )
 
 // KeyFunc returns the limit key of a request. An error stops the request:
@@ -26,29 +26,11 @@ func RemoteAddrKey(r *http.Request) (string, error) {
 
 var remoteAddrKey, _ = ClientIPKey(ClientIP{})
 
-// ClientIP configures the KeyFunc ClientIPKey returns. The zero value keys
-// by the peer's address, as RemoteAddrKey does.
-type ClientIP struct {
-	// TrustedProxies are the networks of the reverse proxies (load
-	// balancers, CDNs) in front of the server, whose additions to Header
-	// are believed: 10.0.0.0/8, say, or a CDN's published ranges. A
-	// request whose peer is in none of them is keyed by the peer, and its
-	// Header is ignored, so a client that reaches the server directly
-	// cannot choose its key by sending the header itself. Write IPv4
-	// networks in IPv4 form. Defaults to none.
-	TrustedProxies []netip.Prefix
-	// Header is the field the proxies append their peer's address to:
-	// "X-Forwarded-For" (a comma-separated list of addresses) or
-	// "Forwarded" (RFC 7239, the for= parameter of each element). Name the
-	// one your proxies write: the other one is whatever the client sent.
-	// Defaults to "X-Forwarded-For".
-	Header string
-	// IPv6Prefix is the length of the prefix an IPv6 client is keyed by:
-	// every address in one prefix of that length shares one limit. It must
-	// be between 1 and 128; 128 keys every address apart. IPv4 addresses
-	// are keyed one by one. Defaults to 64.
-	IPv6Prefix int
-}
+// ClientIP configures the KeyFunc ClientIPKey returns: the trusted proxies,
+// the header they write and the IPv6 prefix a client is keyed by (see
+// clientip.Config for the fields). grpclimit.ClientIP is the same type. The
+// zero value keys by the peer's address, as RemoteAddrKey does.
+type ClientIP = clientip.Config
 
 // ClientIPKey returns a KeyFunc that keys a request by the IP address of its
 // client, found through the trusted proxies in front of the server.
@@ -71,7 +53,7 @@ type ClientIP struct {
 //
 // An invalid ClientIP is an error that names the field.
 func ClientIPKey(c ClientIP) (KeyFunc, error) {
-	keyer, err := clientip.NewKeyer(clientip.Config(c))
+	keyer, err := clientip.NewKeyer(c)
 	if err != nil {
 		return nil, fmt.Errorf("httplimit: %w", err)
 	}

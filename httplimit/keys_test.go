@@ -13,7 +13,7 @@ import (
 
 // TestClientIPKey: the key function reads the peer from r.RemoteAddr and
 // the addresses from the header field it was configured with. The walk
-// through the proxies and the checks of a ClientIP are internal/clientip's,
+// through the proxies and the checks of a ClientIP are clientip's,
 // tested there.
 func TestClientIPKey(t *testing.T) {
 	t.Parallel()

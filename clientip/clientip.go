@@ -1,14 +1,12 @@
 // Package clientip finds the IP address of a client behind trusted reverse
-// proxies and turns it into a limit key, for httplimit.ClientIPKey and
-// grpclimit.ClientIPKey (and httplimit.RemoteAddrKey and grpclimit.PeerKey,
-// which key an address alone). The two middlewares read the peer and the
-// forwarded addresses from their own requests; what the proxies wrote is
-// walked here, once. httplimit.ClientIP documents the rules.
-//
-// grpclimit is a module of its own: a published grpclimit builds against
-// this package as it is in the txlimit version it requires, or any later
-// one, so a change to this API must keep released grpclimits compiling (or
-// ship with a grpclimit that requires the new txlimit).
+// proxies and turns it into a limit key: the rules behind
+// httplimit.ClientIPKey and grpclimit.ClientIPKey (and httplimit.RemoteAddrKey
+// and grpclimit.PeerKey, which key an address alone). The two middlewares
+// read the peer and the forwarded addresses from their own requests (an HTTP
+// header, gRPC metadata); what the proxies wrote is walked here, once, under
+// one Config, which httplimit.ClientIP and grpclimit.ClientIP are names of,
+// so that a server answering HTTP and gRPC behind the same proxies
+// configures both with one value.
 package clientip
 
 import (
@@ -18,13 +16,29 @@ import (
 	"strings"
 )
 
-// Config is httplimit.ClientIP and grpclimit.ClientIP, field for field: each
-// converts to it, so the three cannot drift apart. The public types document
-// the fields.
+// Config says which proxies are trusted and how clients are keyed. The zero
+// value keys by the peer's address.
 type Config struct {
+	// TrustedProxies are the networks of the reverse proxies (load
+	// balancers, CDNs, Envoy) in front of the server, whose additions to
+	// Header are believed: 10.0.0.0/8, say, or a CDN's published ranges. A
+	// request whose peer is in none of them is keyed by the peer, and its
+	// Header is ignored, so a client that reaches the server directly
+	// cannot choose its key by sending the header itself. Write IPv4
+	// networks in IPv4 form. Defaults to none.
 	TrustedProxies []netip.Prefix
-	Header         string
-	IPv6Prefix     int
+	// Header is the field (for gRPC, the metadata key, in any case) the
+	// proxies append their peer's address to: "X-Forwarded-For" (a
+	// comma-separated list of addresses) or "Forwarded" (RFC 7239, the
+	// for= parameter of each element). Name the one your proxies write:
+	// the other one is whatever the client sent. Defaults to
+	// "X-Forwarded-For".
+	Header string
+	// IPv6Prefix is the length of the prefix an IPv6 client is keyed by:
+	// every address in one prefix of that length shares one limit. It must
+	// be between 1 and 128; 128 keys every address apart. IPv4 addresses
+	// are keyed one by one. Defaults to 64.
+	IPv6Prefix int
 }
 
 // Keyer keys a client by its address behind the trusted proxies of a

@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/txlimit/txlimit/internal/clientip"
+	"github.com/txlimit/txlimit/clientip"
 )
 
 func keyer(t *testing.T, c clientip.Config) clientip.Keyer {
