@@ -30,6 +30,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgsqlstore"
@@ -311,7 +312,7 @@ func runSerial(b *testing.B, subjects []serialSubject) map[string]float64 {
 func BenchmarkSQLiteLimitTx(b *testing.B) {
 	const conns = 8
 	ctx := context.Background()
-	db, err := sql.Open("sqlite", "file:"+testdb.SQLitePath(b)+sqliteDSN)
+	db, err := sql.Open("sqlite", "file:"+testdb.SQLitePath(b)+testdb.SQLiteDSN)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(conns)
@@ -467,7 +468,7 @@ func TestRoundTrips(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 
-	clk := newClock()
+	clk := storetest.NewClock()
 	cfgs := map[string]txlimit.Config{
 		"unsharded": benchConfig(1),
 		"sharded":   benchConfig(16),

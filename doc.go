@@ -55,7 +55,7 @@
 // # Waits
 //
 // RetryAfter and NextToken are never negative and never more than MaxWait,
-// half the range of time.Duration, so that ReadyAt, Jitter and the
+// half the range of time.Duration, so that ReadyAt, jitter.Spread and the
 // Retry-After of package httplimit never overflow. A denial whose wait is
 // longer (a Rate of 1e-300, a Period of a century and a large count) reports
 // MaxWait.
@@ -162,5 +162,4 @@
 // only when its context does. Inside a transaction, use the …Tx forms.
 package txlimit
 
-//go:generate go run ./pgsqlstore/internal/queries/gen
 //go:generate bash scripts/sqlc.sh generate

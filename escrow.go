@@ -7,55 +7,31 @@ import (
 	"github.com/txlimit/txlimit/driver"
 )
 
-// escrowSupport is the Limiter's view of its store's escrow mode.
-type escrowSupport[TTx any] struct {
-	store driver.Escrower[TTx] // nil when the store has no escrow mode
+// escrowStore is the Limiter's store's escrow mode, or nil when it has
+// none.
+func escrowStore[TTx any](store Store[TTx]) driver.Escrower {
+	e, _ := any(store).(driver.Escrower)
+	return e
 }
 
-func newEscrowSupport[TTx any](store Store[TTx]) escrowSupport[TTx] {
-	e, _ := any(store).(driver.Escrower[TTx])
-	return escrowSupport[TTx]{store: e}
-}
-
-// check rejects an Escrow config that the store cannot serve.
-func (e escrowSupport[TTx]) check(name string, c Config) error {
+// checkEscrow rejects an Escrow config that the store e cannot serve.
+func checkEscrow(e driver.Escrower, name string, c Config) error {
 	if !c.Escrow {
 		return nil
 	}
-	if e.store == nil {
+	if e == nil {
 		return &InvalidError{Limit: name, Field: "Escrow", Problem: "is not supported by this store: escrow mode " +
 			"needs PostgreSQL through pgstore; leave Escrow off (and give a hot limit Shards instead)"}
 	}
-	if err := e.store.EscrowReady(); err != nil {
+	if err := e.EscrowReady(); err != nil {
 		return &InvalidError{Limit: name, Field: "Escrow", Problem: "needs a store that can debit outside the caller's transaction, but the store " + err.Error()}
-	}
-	return nil
-}
-
-// reset detaches the pending calls of an escrow limit's key, in tx.
-func (e escrowSupport[TTx]) reset(ctx context.Context, tx TTx, c Config, r request) error {
-	if !c.Escrow || e.store == nil {
-		return nil
-	}
-	return e.store.EscrowDelete(ctx, tx, driver.KeyParams{Name: r.name, Key: r.key})
-}
-
-// ping checks the escrow tables when one of limits is in escrow mode.
-func (e escrowSupport[TTx]) ping(ctx context.Context, limits map[string]Config) error {
-	if e.store == nil {
-		return nil
-	}
-	for _, c := range limits {
-		if c.Escrow {
-			return e.store.EscrowPing(ctx)
-		}
 	}
 	return nil
 }
 
 // DefaultSettleMax is the number of pending calls one Settle examines when
 // SettleOptions.Max is 0.
-const DefaultSettleMax = 10000
+const DefaultSettleMax = driver.DefaultSettleMax
 
 // SettleOptions configures Settle. A nil *SettleOptions is the zero value,
 // which is ready to use.
@@ -67,27 +43,7 @@ type SettleOptions struct {
 }
 
 // SettleResult reports what Settle did.
-type SettleResult struct {
-	// Spent is the number of calls whose transaction committed: their
-	// tokens stay taken, and their rows were deleted.
-	Spent int
-	// Refunded is the number of calls whose transaction rolled back (or
-	// rolled back to a savepoint around the call, or died): their tokens,
-	// Tokens in all, went back to their limits.
-	Refunded int
-	Tokens   float64
-	// Dropped is the number of refunds to a limit whose state is gone
-	// (reset, or pruned as full): a missing row is full, so there was
-	// nothing to give back.
-	Dropped int
-	// Orphans is the number of claims deleted that had no call: those of a
-	// call that failed (or was reset) in a transaction that committed.
-	Orphans int
-	// Pending is the number of escrow calls still pending when Settle
-	// ended: those whose transaction is still open, those another
-	// settler or a lock held, and those past Max.
-	Pending int64
-}
+type SettleResult = driver.SettleResult
 
 // Settle settles the calls that escrow limits (Config.Escrow) took in
 // transactions that have ended since: the tokens of a committed call stay
@@ -123,11 +79,8 @@ func (l *Limiter[TTx]) Settle(ctx context.Context, opts *SettleOptions) (SettleR
 	if o.Max == 0 {
 		o.Max = DefaultSettleMax
 	}
-	if l.escrow.store == nil {
+	if l.escrow == nil {
 		return SettleResult{}, &InvalidError{Field: "store", Problem: "has no escrow mode, so there is nothing to settle: only pgstore has one"}
 	}
-	r, err := l.escrow.store.Settle(ctx, driver.SettleParams{Max: o.Max})
-	return SettleResult{
-		Spent: r.Spent, Refunded: r.Refunded, Tokens: r.Tokens, Dropped: r.Dropped, Orphans: r.Orphans, Pending: r.Pending,
-	}, err
+	return l.escrow.Settle(ctx, driver.SettleParams{Max: o.Max})
 }

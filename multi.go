@@ -76,21 +76,7 @@ func (m MultiResult) Err() error {
 // Options.FailOpen, a failure of the store grants the call (see Options):
 // the MultiResult is OK with FailedOpen set on every Result.
 func (l *Limiter[TTx]) LimitAll(ctx context.Context, reqs ...Request) (MultiResult, error) {
-	obs := l.observe()
-	rs, err := l.newRequests(reqs)
-	var res MultiResult
-	if err == nil {
-		// Escrow limits are taken like the others here, as Limit takes
-		// them: their rows are held only for this short transaction.
-		for i := range rs {
-			rs[i].ownTx = true
-		}
-		err = l.store.InTx(ctx, false, func(tx TTx) (err error) {
-			res, err = l.limitAll(ctx, tx, rs, obs)
-			return err
-		})
-	}
-	return l.finishAll(ctx, obs, rs, res, err, true)
+	return l.limitAllIn(ctx, nil, reqs)
 }
 
 // finishAll ends a LimitAll call as finish ends a Limit call: FailOpen for
@@ -153,13 +139,22 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, obs *observation, rs []req
 // instead of two requests. Bad input in any request is an *InvalidError
 // before anything is read or written.
 func (l *Limiter[TTx]) LimitAllTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
+	return l.limitAllIn(ctx, &tx, reqs)
+}
+
+func (l *Limiter[TTx]) limitAllIn(ctx context.Context, tx *TTx, reqs []Request) (MultiResult, error) {
 	obs := l.observe()
 	rs, err := l.newRequests(reqs)
 	var res MultiResult
 	if err == nil {
-		res, err = l.limitAll(ctx, tx, rs, obs)
+		// LimitAll takes escrow limits like the others, as Limit does:
+		// their rows are held only for its short transaction.
+		for i := range rs {
+			rs[i].ownTx = tx == nil
+		}
+		res, err = in(ctx, l, tx, false, func(tx TTx) (MultiResult, error) { return l.limitAll(ctx, tx, rs, obs) })
 	}
-	return l.finishAll(ctx, obs, rs, res, err, false)
+	return l.finishAll(ctx, obs, rs, res, err, tx == nil)
 }
 
 // newRequests validates every request of a LimitAll call.
@@ -170,7 +165,7 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 	rs := make([]request, len(reqs))
 	seen := make(map[driver.KeyRef]int, len(reqs))
 	for i, q := range reqs {
-		r, err := l.newRequest(q.Name, q.Key, q.Options)
+		r, err := l.newRequest(q.Name, q.Key, q.Options, nil)
 		if err == nil {
 			err = r.checkCount()
 		}
@@ -190,76 +185,20 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 
 func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
 	now := l.now()
-	var locked, escrow []int
+	p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(rs)), Now: now, TimeLocks: obs != nil}
 	for i, r := range rs {
-		if r.config.Escrow && !r.ownTx {
-			escrow = append(escrow, i)
-		} else {
-			locked = append(locked, i)
-		}
+		p.Takes[i] = r.take(now)
 	}
-	out := MultiResult{OK: true, Results: make([]Result, len(rs))}
-	done := make([]bool, len(rs))
-	// Escrow limits first, each in escrow (LimitTx's way), before any row
-	// is locked in tx: their debits, on other connections, never wait for
-	// tx. A grant that the call as a whole does not keep is cancelled
-	// below, and its tokens come back at settlement.
-	var granted []int64
-	for _, i := range escrow {
-		t, err := l.escrow.store.EscrowTake(ctx, tx, rs[i].take(now))
-		if err != nil {
-			return MultiResult{}, err
-		}
-		obs.addLockWait(t.LockWait)
+	all, err := l.store.TakeAll(ctx, tx, p)
+	if err != nil {
+		return MultiResult{}, err
+	}
+	obs.addLockWait(all.LockWait)
+	out := MultiResult{OK: all.OK, Results: make([]Result, len(rs)), At: all.At}
+	for i, t := range all.Results {
 		if out.Results[i], err = rs[i].result(t.Decision, t.At, t.States); err != nil {
 			return MultiResult{}, err
 		}
-		done[i] = true
-		out.At = t.At
-		if !t.Decision.OK {
-			out.OK = false
-			break
-		}
-		granted = append(granted, t.Escrow)
-	}
-	if out.OK && len(locked) > 0 {
-		p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(locked)), Now: now, TimeLocks: obs != nil}
-		for j, i := range locked {
-			p.Takes[j] = rs[i].take(now)
-		}
-		all, err := l.store.TakeAll(ctx, tx, p)
-		if err != nil {
-			return MultiResult{}, err
-		}
-		obs.addLockWait(all.LockWait)
-		out.OK, out.At = all.OK, all.At
-		for j, i := range locked {
-			t := all.Results[j]
-			if out.Results[i], err = rs[i].result(t.Decision, all.At, t.States); err != nil {
-				return MultiResult{}, err
-			}
-			done[i] = true
-		}
-	}
-	if !out.OK {
-		for _, e := range granted {
-			if err := l.escrow.store.EscrowCancel(ctx, tx, e); err != nil {
-				return MultiResult{}, err
-			}
-		}
-		// The limits not taken once one denied: what each alone would
-		// decide now, read without locking or writing, as Check does.
-		for i, r := range rs {
-			if done[i] {
-				continue
-			}
-			var err error
-			if out.Results[i], err = l.check(ctx, tx, r); err != nil {
-				return MultiResult{}, err
-			}
-		}
-	}
-	for i := range rs {
 		if out.Results[i].OK == out.OK {
 			// The longest wait among the denials, or among the
 			// reservations of a grant.

@@ -18,39 +18,21 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/observertest"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
 )
 
-// recorder is an Observer that keeps every Event.
-type recorder struct {
-	mu     sync.Mutex
-	events []txlimit.Event
-}
-
-func (r *recorder) Observe(_ context.Context, e txlimit.Event) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.events = append(r.events, e)
-}
-
-func (r *recorder) take() []txlimit.Event {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.events
-	r.events = nil
-	return out
-}
-
 func TestObserverSeesEveryDecision(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := openSQLite(t)
-	rec := &recorder{}
-	clk := newClock()
-	name := uniqueName(t, "observed")
+	db := testdb.OpenSQLite(t)
+	rec := &observertest.Recorder{}
+	clk := storetest.NewClock()
+	name := storetest.UniqueName(t, "observed")
 	l, err := txlimit.New(sqlitestore.New(db), map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Minute, MaxReserved: 1},
 	}, &txlimit.Options{Clock: clk.Now, Observer: rec})
@@ -76,7 +58,7 @@ func TestObserverSeesEveryDecision(t *testing.T) {
 	require.False(t, multi.OK)
 
 	var got []string
-	for _, e := range rec.take() {
+	for _, e := range rec.Take() {
 		got = append(got, fmt.Sprintf("%s %s %s %v", e.Op, e.Key, e.Outcome(), e.Count))
 		require.GreaterOrEqual(t, e.Duration, e.LockWait)
 		if e.Err == nil {
@@ -100,7 +82,7 @@ func TestFailOpen(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
-	name := uniqueName(t, "failopen")
+	name := storetest.UniqueName(t, "failopen")
 	limits := map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour}}
 	closed := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
 	closed.Close()
@@ -111,7 +93,7 @@ func TestFailOpen(t *testing.T) {
 	_, err = strict.Limit(ctx, name, "k")
 	require.Error(t, err)
 
-	rec := &recorder{}
+	rec := &observertest.Recorder{}
 	open, err := txlimit.New(pgstore.New(closed), limits, &txlimit.Options{FailOpen: true, Observer: rec})
 	require.NoError(t, err)
 	res, err := open.Limit(ctx, name, "k", txlimit.Count(0.5))
@@ -128,7 +110,7 @@ func TestFailOpen(t *testing.T) {
 	require.True(t, multi.OK)
 	require.True(t, multi.Results[1].FailedOpen)
 
-	events := rec.take()
+	events := rec.Take()
 	require.Len(t, events, 4)
 	for _, e := range events {
 		require.Equal(t, "failed_open", e.Outcome())
@@ -157,48 +139,6 @@ func TestFailOpen(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 }
 
-// LockWait covers the time a call waited for a row another transaction held:
-// at least from when PostgreSQL showed it waiting until the holder committed.
-func TestObserverLockWait(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newFaultEnv(t, 4)
-	rec := &recorder{}
-	l, err := txlimit.New(pgstore.New(e.pool), map[string]txlimit.Config{
-		e.name: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Hour},
-	}, &txlimit.Options{Observer: rec})
-	require.NoError(t, err)
-	e.spend(t, 1)
-
-	holder, err := e.pool.Begin(ctx)
-	require.NoError(t, err)
-	_, err = l.LimitTx(ctx, holder, e.name, "k")
-	require.NoError(t, err)
-	rec.take()
-
-	waiter, err := e.pool.Begin(ctx)
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() {
-		_, err := l.LimitTx(ctx, waiter, e.name, "k")
-		done <- err
-	}()
-	e.waitUntilBlocked(t, waiter.Conn().PgConn().PID())
-	blockedAt := time.Now()
-	time.Sleep(20 * time.Millisecond) // keep it waiting a little
-	require.NoError(t, holder.Commit(ctx))
-	heldFor := time.Since(blockedAt)
-	require.NoError(t, <-done)
-	require.NoError(t, waiter.Commit(ctx))
-
-	events := rec.take()
-	require.Len(t, events, 1)
-	require.Equal(t, "allowed", events[0].Outcome())
-	require.GreaterOrEqual(t, events[0].LockWait, heldFor-time.Millisecond,
-		"the lock statement began before the wait was seen and ended after the commit")
-	require.GreaterOrEqual(t, events[0].Duration, events[0].LockWait)
-}
-
 // BenchmarkObserver measures what an Observer costs per call, against no
 // Observer, on the same SQLite database in the same run:
 //
@@ -207,7 +147,7 @@ func BenchmarkObserver(b *testing.B) {
 	ctx := context.Background()
 	// synchronous(OFF): no fsync per commit, so that the limiter's own CPU
 	// time is not lost in the disk's noise.
-	db, err := sql.Open("sqlite", "file:"+b.TempDir()+"/bench.db"+sqliteDSN+"&_pragma=synchronous(OFF)")
+	db, err := sql.Open("sqlite", "file:"+b.TempDir()+"/bench.db"+testdb.SQLiteDSN+"&_pragma=synchronous(OFF)")
 	require.NoError(b, err)
 	defer db.Close()
 	db.SetMaxOpenConns(1)
@@ -246,7 +186,7 @@ func Example_observer() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+sqliteDSN)
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
 	if err != nil {
 		log.Fatal(err)
 	}

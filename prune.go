@@ -1,13 +1,10 @@
 package txlimit
 
 import (
-	"time"
-
 	"context"
 	"fmt"
 	"sync"
 
-	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
 )
 
@@ -90,22 +87,19 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 	if o.MaxBatches < 0 {
 		return PruneResult{}, &InvalidError{Field: "PruneOptions.MaxBatches", Problem: fmt.Sprintf("must be >= 0 (0 means no limit), got %d", o.MaxBatches)}
 	}
-	configs := l.limits
-	if len(o.Limits) > 0 {
-		configs = make(map[string]Config, len(l.limits)+len(o.Limits))
-		for name, c := range l.limits {
-			configs[name] = c
+	limits := make(map[string]driver.LimitConfig, len(l.limits)+len(o.Limits))
+	for name, c := range l.limits {
+		limits[name] = c.stored()
+	}
+	for name, c := range o.Limits {
+		if err := validName(name); err != nil {
+			return PruneResult{}, err
 		}
-		for name, c := range o.Limits {
-			if err := validName(name); err != nil {
-				return PruneResult{}, err
-			}
-			nc, err := c.normalized(name)
-			if err != nil {
-				return PruneResult{}, err
-			}
-			configs[name] = nc
+		nc, err := c.normalized(name)
+		if err != nil {
+			return PruneResult{}, err
 		}
+		limits[name] = nc.stored()
 	}
 
 	l.prune.mu.Lock()
@@ -121,19 +115,8 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		p := driver.PruneParams{
-			After: after, Max: o.BatchSize, Now: l.now(),
-			Known: func(name string) bool { _, ok := configs[name]; return ok },
-			Full: func(name, key string, rows []driver.Row, now time.Time) bool {
-				return isFull(configs[name], name, key, rows, now.UnixMicro())
-			},
-		}
 		obs := l.observe()
-		var batch driver.PruneResult
-		err := l.store.InTx(ctx, false, func(tx TTx) (err error) {
-			batch, err = l.store.Prune(ctx, tx, p)
-			return err
-		})
+		batch, err := l.store.Prune(ctx, driver.PruneParams{After: after, Max: o.BatchSize, Now: l.now(), Limits: limits})
 		l.report(ctx, obs, OpPrune, request{count: float64(batch.Deleted)}, Result{}, err, false)
 		if err != nil {
 			return res, err
@@ -150,23 +133,4 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 		after = batch.Last
 	}
 	return res, nil
-}
-
-// isFull reports whether the rows of (name, key) are, at now, the same as no
-// row: every shard the config has (rows of another Shards resharded, as every
-// call reads them) projects to exactly what a missing shard projects to
-// (algo.Full, which driver.Limit.States puts in its place). Once equal, the two stay equal at every later instant, since Project
-// of a full state depends only on the window origin; a row whose time lies
-// after now (a clock that stepped back) is not equal, and is kept.
-func isFull(c Config, name, key string, rows []driver.Row, now int64) bool {
-	l := c.limit(name, key)
-	shard := l.Shard(l.Shards)
-	empty := algo.Project(shard, l.Full(), now)
-	states, _ := l.States(rows, now)
-	for _, s := range states {
-		if algo.Project(shard, s, now) != empty {
-			return false
-		}
-	}
-	return true
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/pgsqlstore"
 	"github.com/txlimit/txlimit/pgstore"
@@ -99,8 +100,8 @@ func tracedConfig(t *testing.T, log *statementLog) *pgx.ConnConfig {
 // created for another are deleted again), and Prune deleting full rows.
 func singleKeyWorkload[TTx any](t *testing.T, store txlimit.Store[TTx]) {
 	ctx := context.Background()
-	clock := newClock()
-	a, b, c := uniqueName(t, "a"), uniqueName(t, "b"), uniqueName(t, "c")
+	clock := storetest.NewClock()
+	a, b, c := storetest.UniqueName(t, "a"), storetest.UniqueName(t, "b"), storetest.UniqueName(t, "c")
 	l, err := txlimit.New(store, map[string]txlimit.Config{
 		a: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour},
 		b: {Kind: txlimit.TokenBucket, Rate: 8, Period: time.Hour, Shards: 4},

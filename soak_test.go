@@ -28,8 +28,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/pgstore"
+	"github.com/txlimit/txlimit/sqlitestore"
 )
 
 const soakPhases = 4
@@ -54,7 +56,7 @@ type soakLimit struct {
 }
 
 func soakLimits(t *testing.T) []soakLimit {
-	start := t0.Add(-time.Minute) // fixed windows aligned to the phases
+	start := storetest.T0.Add(-time.Minute) // fixed windows aligned to the phases
 	ls := []soakLimit{
 		{name: "tb", cfg: txlimit.Config{Kind: txlimit.TokenBucket, Rate: 30, Period: time.Hour}},
 		{name: "tb-shards", cfg: txlimit.Config{Kind: txlimit.TokenBucket, Rate: 40, Period: time.Hour, Shards: 8}},
@@ -63,7 +65,7 @@ func soakLimits(t *testing.T) []soakLimit {
 		{name: "reserve", cfg: txlimit.Config{Kind: txlimit.TokenBucket, Rate: 20, Period: time.Hour, MaxReserved: 10}, reserve: true},
 	}
 	for i := range ls {
-		ls[i].name = uniqueName(t, ls[i].name)
+		ls[i].name = storetest.UniqueName(t, ls[i].name)
 		ls[i].want = int(ls[i].cfg.Rate)*soakPhases + int(ls[i].cfg.MaxReserved)
 	}
 	return ls
@@ -71,8 +73,8 @@ func soakLimits(t *testing.T) []soakLimit {
 
 // soakStore is what the soak needs from a database beyond the limiter.
 type soakStore[TTx any] struct {
-	h harness[TTx]
-	// begin opens a transaction; unlike h.begin it returns its error, for
+	h storetest.Harness[TTx]
+	// begin opens a transaction; unlike h.Begin it returns its error, for
 	// the workers' goroutines (which must not end the test) and for
 	// connections killed under them.
 	begin func(ctx context.Context) (TTx, error)
@@ -88,13 +90,13 @@ type soakStore[TTx any] struct {
 
 func runSoak[TTx any](t *testing.T, s soakStore[TTx], workers int) {
 	ctx := context.Background()
-	clk := newClock()
+	clk := storetest.NewClock()
 	limits := soakLimits(t)
 	cfgs := map[string]txlimit.Config{}
 	for _, sl := range limits {
 		cfgs[sl.name] = sl.cfg
 	}
-	l, err := txlimit.New(s.h.store, cfgs, &txlimit.Options{Clock: clk.Now})
+	l, err := txlimit.New(s.h.Store, cfgs, &txlimit.Options{Clock: clk.Now})
 	require.NoError(t, err)
 
 	var committed, rolledBack, denied, failed atomic.Int64
@@ -118,23 +120,23 @@ func runSoak[TTx any](t *testing.T, s soakStore[TTx], workers int) {
 		}
 		switch {
 		case err != nil:
-			s.h.rollback(tx)
+			s.h.Rollback(tx)
 			if !s.retryable(err) {
 				t.Errorf("unexpected error: %v", err)
 			}
 			failed.Add(1)
 		case !res.OK:
-			s.h.rollback(tx)
+			s.h.Rollback(tx)
 			denied.Add(1)
 			// Once the limits are drained, a phase is all denials: a caller
 			// pauses after one, as a client would, instead of spinning (on
 			// SQLite, 40,000 denials a second and most of the soak's CPU).
 			time.Sleep(time.Millisecond)
 		case rng.IntN(4) == 0:
-			s.h.rollback(tx) // the business transaction fails after LimitTx
+			s.h.Rollback(tx) // the business transaction fails after LimitTx
 			rolledBack.Add(1)
 		default:
-			if err := s.h.commit(tx); err != nil {
+			if err := s.h.Commit(tx); err != nil {
 				// A COMMIT that failed on a killed connection may or may not
 				// have happened; the business rows tell, at the end.
 				if !s.retryable(err) {
@@ -154,7 +156,7 @@ func runSoak[TTx any](t *testing.T, s soakStore[TTx], workers int) {
 			if err == nil {
 				var snap txlimit.Snapshot
 				snap, err = l.ValueTx(ctx, tx, sl.name, "")
-				s.h.rollback(tx)
+				s.h.Rollback(tx)
 				if err == nil {
 					return snap.Value
 				}
@@ -236,7 +238,7 @@ func TestSoakPostgres(t *testing.T) {
 	_, err := admin.Exec(ctx, `CREATE TABLE soak_events (id bigserial PRIMARY KEY, limit_name text NOT NULL)`)
 	require.NoError(t, err)
 	runSoak(t, soakStore[pgx.Tx]{
-		h:     pgHarness(t, pool),
+		h:     testdb.PgxHarness(pool, pgstore.New(pool)),
 		begin: func(ctx context.Context) (pgx.Tx, error) { return pool.Begin(ctx) },
 		insert: func(ctx context.Context, tx pgx.Tx, limit string) error {
 			_, err := tx.Exec(ctx, `INSERT INTO soak_events (limit_name) VALUES ($1)`, limit)
@@ -269,12 +271,12 @@ func TestSoakSQLite(t *testing.T) {
 	// 10 s (SQLITE_BUSY at BEGIN, seen under -race). The soak is about
 	// what is admitted, not about SQLite's fairness: it waits up to a
 	// minute.
-	require.Contains(t, sqliteDSN, "busy_timeout(10000)")
-	db := openSQLiteDSN(t, strings.Replace(sqliteDSN, "busy_timeout(10000)", "busy_timeout(60000)", 1))
+	require.Contains(t, testdb.SQLiteDSN, "busy_timeout(10000)")
+	db := testdb.OpenSQLiteDSN(t, strings.Replace(testdb.SQLiteDSN, "busy_timeout(10000)", "busy_timeout(60000)", 1))
 	_, err := db.Exec(`CREATE TABLE soak_events (id INTEGER PRIMARY KEY, limit_name TEXT NOT NULL)`)
 	require.NoError(t, err)
 	runSoak(t, soakStore[*sql.Tx]{
-		h:     sqliteHarness(t, db),
+		h:     testdb.SQLiteHarness(db, sqlitestore.New(db)),
 		begin: func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
 		insert: func(ctx context.Context, tx *sql.Tx, limit string) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO soak_events (limit_name) VALUES (?)`, limit)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/txlimit/txlimit/jitter"
 )
 
 // Wait blocks until the limit name grants key its tokens, then returns the
@@ -14,7 +16,7 @@ import (
 // Each attempt is a Limit call: a short transaction of its own that holds its
 // locks only for that call. After a denial Wait sleeps, holding no transaction
 // and no connection, for the denial's RetryAfter plus a random extra drawn
-// uniformly from [0, spread) (see Jitter), where spread is the time the limit
+// uniformly from [0, spread) (see jitter.Spread), where spread is the time the limit
 // takes to add the count (count × Period/Rate), at most Period. Callers that
 // wait on one key then come back spread over about the time one grant's worth
 // of tokens takes to arrive, rather than all at once, and a token that
@@ -84,7 +86,7 @@ func (l *Limiter[TTx]) wait(ctx context.Context, sleep func(context.Context, tim
 			}
 			spread = min(spread, left-res.RetryAfter)
 		}
-		if err := sleep(ctx, Jitter(res.RetryAfter, spread)); err != nil {
+		if err := sleep(ctx, jitter.Spread(res.RetryAfter, spread)); err != nil {
 			return res, err
 		}
 	}

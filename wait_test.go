@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
@@ -25,7 +26,7 @@ func TestWaitPostgres(t *testing.T) {
 
 func TestWaitSQLite(t *testing.T) {
 	t.Parallel()
-	runWait(t, sqlitestore.New(openSQLite(t)))
+	runWait(t, sqlitestore.New(testdb.OpenSQLite(t)))
 }
 
 // virtualTime is a clock for the limiter and a sleep for Wait that together
@@ -48,7 +49,7 @@ type sleeper struct {
 }
 
 func newVirtualTime(waiters int) *virtualTime {
-	v := &virtualTime{now: t0, waiters: waiters}
+	v := &virtualTime{now: storetest.T0, waiters: waiters}
 	v.cond = sync.NewCond(&v.mu)
 	return v
 }
@@ -107,22 +108,22 @@ func runWait[TTx any](t *testing.T, store txlimit.Store[TTx]) {
 	ctx := context.Background()
 
 	// Workers call Wait in a loop on one key of a token bucket of 5 tokens
-	// refilled at 10 a second. Over the span [t0, end] the limit can grant
-	// the 5 it holds plus one per 100ms: 5 + 20 by t0+2s. The last of those
-	// arrives at t0+2s and is granted within the jitter's spread (100ms,
+	// refilled at 10 a second. Over the span [T0, end] the limit can grant
+	// the 5 it holds plus one per 100ms: 5 + 20 by T0+2s. The last of those
+	// arrives at T0+2s and is granted within the jitter's spread (100ms,
 	// the time one token takes), so it is granted by end, just before the
 	// 21st refill. Whatever the jitter draws, exactly 25 grants fall in the
 	// span, and the i-th is never before its token.
 	for _, workers := range []int{1, 8} {
 		t.Run("WorkersGetExactlyTheRate/"+strconv.Itoa(workers), func(t *testing.T) {
-			name := uniqueName(t, "wait")
+			name := storetest.UniqueName(t, "wait")
 			v := newVirtualTime(workers)
 			l, err := txlimit.New(store, map[string]txlimit.Config{
 				name: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Second, Capacity: 5},
 			}, &txlimit.Options{Clock: v.Now})
 			require.NoError(t, err)
 			const tokenTime = 100 * time.Millisecond
-			end := t0.Add(2*time.Second + tokenTime - time.Microsecond)
+			end := storetest.T0.Add(2*time.Second + tokenTime - time.Microsecond)
 			wctx, cancel := context.WithCancel(ctx)
 			var (
 				mu     sync.Mutex
@@ -157,7 +158,7 @@ func runWait[TTx any](t *testing.T, store txlimit.Store[TTx]) {
 			slices.SortFunc(grants, time.Time.Compare)
 			require.Len(t, grants, 25, "grants: %v", grants)
 			for i, at := range grants {
-				earliest := t0.Add(time.Duration(max(0, i-4)) * tokenTime)
+				earliest := storetest.T0.Add(time.Duration(max(0, i-4)) * tokenTime)
 				require.False(t, at.Before(earliest), "grant %d at %v, before its token at %v", i, at, earliest)
 				require.False(t, at.After(end))
 			}
@@ -166,10 +167,10 @@ func runWait[TTx any](t *testing.T, store txlimit.Store[TTx]) {
 	}
 
 	t.Run("FrozenClockWaitsUntilTheContextEnds", func(t *testing.T) {
-		name := uniqueName(t, "frozen")
-		clk := newClock()
+		name := storetest.UniqueName(t, "frozen")
+		clk := storetest.NewClock()
 		l, err := txlimit.New(store, map[string]txlimit.Config{
-			name: {Kind: txlimit.FixedWindow, Rate: 2, Period: time.Minute, Start: t0.Add(-10 * time.Second)},
+			name: {Kind: txlimit.FixedWindow, Rate: 2, Period: time.Minute, Start: storetest.T0.Add(-10 * time.Second)},
 		}, &txlimit.Options{Clock: clk.Now})
 		require.NoError(t, err)
 		for range 2 {
@@ -209,10 +210,10 @@ func runWait[TTx any](t *testing.T, store txlimit.Store[TTx]) {
 	t.Run("WaitBeyondMaxWaitSleepsMaxWait", func(t *testing.T) {
 		// A wait no Duration holds: Wait sleeps MaxWait (plus a jitter of
 		// at most Period), never a negative or wrapped-around duration.
-		name := uniqueName(t, "glacial")
+		name := storetest.UniqueName(t, "glacial")
 		l, err := txlimit.New(store, map[string]txlimit.Config{
 			name: {Kind: txlimit.TokenBucket, Rate: 1e-300, Period: time.Second, Capacity: 1},
-		}, &txlimit.Options{Clock: newClock().Now})
+		}, &txlimit.Options{Clock: storetest.NewClock().Now})
 		require.NoError(t, err)
 		res, err := l.Wait(ctx, name, "k")
 		require.NoError(t, err)
@@ -233,10 +234,10 @@ func runWait[TTx any](t *testing.T, store txlimit.Store[TTx]) {
 	})
 
 	t.Run("DeadlineBeforeRetryAfterReturnsAtOnce", func(t *testing.T) {
-		name := uniqueName(t, "deadline")
+		name := storetest.UniqueName(t, "deadline")
 		l, err := txlimit.New(store, map[string]txlimit.Config{
 			name: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour},
-		}, &txlimit.Options{Clock: newClock().Now})
+		}, &txlimit.Options{Clock: storetest.NewClock().Now})
 		require.NoError(t, err)
 		_, err = l.Limit(ctx, name, "k")
 		require.NoError(t, err)
@@ -271,7 +272,7 @@ func runWait[TTx any](t *testing.T, store txlimit.Store[TTx]) {
 	})
 
 	t.Run("BadInputIsAnErrorAtOnce", func(t *testing.T) {
-		name := uniqueName(t, "bad")
+		name := storetest.UniqueName(t, "bad")
 		l, err := txlimit.New(store, map[string]txlimit.Config{
 			name: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, Capacity: 3},
 		}, nil)
@@ -294,7 +295,7 @@ func runWait[TTx any](t *testing.T, store txlimit.Store[TTx]) {
 	// limit took exactly one token per grant. (How long it took is not
 	// asserted: the machine is shared.)
 	t.Run("RealClock", func(t *testing.T) {
-		name := uniqueName(t, "real")
+		name := storetest.UniqueName(t, "real")
 		l, err := txlimit.New(store, map[string]txlimit.Config{
 			name: {Kind: txlimit.TokenBucket, Rate: 50, Period: time.Second, Capacity: 2},
 		}, &txlimit.Options{Clock: time.Now})

@@ -56,7 +56,7 @@ func TestWrongDatabaseIsNamed(t *testing.T) {
 	limits := map[string]txlimit.Config{"n": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}
 
 	t.Run("pgsqlstore on SQLite", func(t *testing.T) {
-		db := openSQLite(t)
+		db := testdb.OpenSQLite(t)
 		l, err := txlimit.New(pgsqlstore.New(db), limits, nil)
 		require.NoError(t, err)
 		err = l.Ping(ctx)

@@ -71,6 +71,16 @@ func Decide(p TakeParams, rows []Row, now time.Time) (next []algo.State, d algo.
 	return next, d, d.OK || resharded
 }
 
+// Check is the decision of Take on the rows a store read without locking
+// them, which takes nothing: what Check reports, and what TakeAll reports
+// for a limit it did not take once another denied.
+func Check(p TakeParams, read ReadResult) TakeResult {
+	at := read.At.UnixMicro()
+	states, _ := p.States(read.Rows, at)
+	_, d := algo.TakeShards(p.Shard(p.Shards), states, at, p.Count, p.Reserve)
+	return TakeResult{Decision: d, At: read.At, States: states}
+}
+
 // DecideOne is the decision of Take on one shard of a sharded limit, the
 // only row the store holds: it grants only when that shard alone has the
 // tokens, never as a reservation (a store falls back to Decide on every row
@@ -172,4 +182,46 @@ func Granted(c algo.Config, next algo.State, now int64) algo.Decision {
 		return algo.Decision{OK: true, RetryAfter: algo.RetryAfter(c, next, now)}
 	}
 	return algo.Decision{OK: true}
+}
+
+// Fresh is what p leaves of a missing row, which is full (Limit.Full), and
+// whether it grants: a one-statement take (InSQL) writes it when the key has
+// no row. Neither depends on the clock (a full row refills to nothing more),
+// only the row's time does, which the statement sets from the clock.
+func Fresh(p TakeParams) (algo.State, bool) {
+	full := p.Full()
+	next, d := algo.Take(p.Shard(1), full, full.TS, p.Count, p.Reserve)
+	return next, d.OK
+}
+
+// IsFull reports whether rows, every row l's key has, are at now the same as
+// no row: every shard the config has (rows of another Shards resharded, as
+// every call reads them) projects to exactly what a missing shard projects
+// to (Full, which States puts in its place). Once equal, the two stay equal
+// at every later instant, since Project of a full state depends only on
+// the window origin; a row whose time lies after now (a clock that stepped
+// back) is not equal, and is kept. Prune deletes the rows of such a key.
+func (l Limit) IsFull(rows []Row, now int64) bool {
+	shard := l.Shard(l.Shards)
+	empty := algo.Project(shard, l.Full(), now)
+	states, _ := l.States(rows, now)
+	for _, s := range states {
+		if algo.Project(shard, s, now) != empty {
+			return false
+		}
+	}
+	return true
+}
+
+// Known reports whether p judges the keys of the limit name.
+func (p PruneParams) Known(name string) bool {
+	_, ok := p.Limits[name]
+	return ok
+}
+
+// Full reports whether rows, every row (name, key) has, are full at now
+// (Limit.IsFull) under name's config; false for a name p does not know.
+func (p PruneParams) Full(name, key string, rows []Row, now time.Time) bool {
+	c, ok := p.Limits[name]
+	return ok && c.Limit(name, key).IsFull(rows, now.UnixMicro())
 }

@@ -21,6 +21,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"hash/fnv"
 	"time"
 
 	"github.com/txlimit/txlimit/algo"
@@ -48,13 +49,17 @@ type Store[TTx any] interface {
 	// Take takes p.Count tokens from one limit under the decision of
 	// algo.TakeShards (through Decide or DecideOne), writing the new state
 	// when it grants. A denial writes nothing a later call could tell from
-	// the state before it.
+	// the state before it. With p.Escrow (a store with escrow mode only) it
+	// takes in escrow: TakeResult.States is the row after the call.
 	Take(ctx context.Context, tx TTx, p TakeParams) (TakeResult, error)
 
 	// TakeAll takes from several limits, all or none (DecideAll), locking
 	// every row of every limit in the canonical order (name, then key,
 	// byte by byte, then shard), whatever the order of p.Takes, so that two
-	// callers can never deadlock on them.
+	// callers can never deadlock on them. The takes with Escrow are taken
+	// first, in escrow, before any row is locked, and cancelled in tx when
+	// another limit denies; a limit not taken once one denied gets the
+	// decision Read and algo would give it, taking nothing.
 	TakeAll(ctx context.Context, tx TTx, p TakeAllParams) (TakeAllResult, error)
 
 	// Read returns the rows of (Name, Key) as the transaction sees them,
@@ -65,20 +70,24 @@ type Store[TTx any] interface {
 	// locking every row of it.
 	Credit(ctx context.Context, tx TTx, p CreditParams) error
 
-	// Delete deletes every row of (Name, Key).
-	Delete(ctx context.Context, tx TTx, p KeyParams) error
+	// Reset deletes every row of (Name, Key) and, with p.Escrow, detaches
+	// the key's pending escrow calls, so that a call that rolls back later
+	// does not credit tokens taken before the reset to the fresh limit.
+	Reset(ctx context.Context, tx TTx, p ResetParams) error
 
-	// Prune examines up to p.Max keys after p.After, in the store's own key
-	// order, and deletes the rows of those that p.Full says are full,
-	// without waiting for rows that other transactions hold where the
-	// database allows it.
-	Prune(ctx context.Context, tx TTx, p PruneParams) (PruneResult, error)
+	// Prune runs one batch of Prune in a short transaction of its own on
+	// the store's pool: it examines up to p.Max keys after p.After, in the
+	// store's own key order, and deletes the rows of those that are full
+	// (Limit.IsFull) under their name's config in p.Limits, leaving the
+	// names p.Limits lacks alone, without waiting for rows that other
+	// transactions hold where the database allows it.
+	Prune(ctx context.Context, p PruneParams) (PruneResult, error)
 
 	// Ping checks, on the store's pool, that the database answers and that
-	// the txlimit table is there with every column the library uses. It
-	// returns an error matching ErrNotMigrated when it is not, and
-	// ErrNoPool without a pool.
-	Ping(ctx context.Context) error
+	// the txlimit table is there with every column the library uses, and
+	// with p.Escrow the escrow tables too. It returns an error matching
+	// ErrNotMigrated when one is not, and ErrNoPool without a pool.
+	Ping(ctx context.Context, p PingParams) error
 }
 
 // Limit is one limit of one key, as a store sees it.
@@ -93,6 +102,36 @@ type Limit struct {
 	// Origin is the instant (µs) the windows of a fixed window are aligned
 	// to; unused for a token bucket.
 	Origin int64
+}
+
+// LimitConfig is the configuration of a named limit, whatever the key.
+type LimitConfig struct {
+	// Config is the whole limit's: Rate, Capacity and MaxReserved in
+	// total, not per shard.
+	Config algo.Config
+	Shards int
+	// Start, when Aligned, is the instant (µs) the windows of a fixed
+	// window are aligned to. Otherwise each (name, key) gets a stable phase
+	// in [0, Period) from a hash of the two, which spreads the resets of
+	// many keys over the period (txlimit.Config.Start).
+	Start   int64
+	Aligned bool
+}
+
+// Limit is c's limit for (name, key).
+func (c LimitConfig) Limit(name, key string) Limit {
+	l := Limit{Name: name, Key: key, Config: c.Config, Shards: c.Shards}
+	if c.Config.Kind == algo.FixedWindow {
+		l.Origin = c.Start
+		if !c.Aligned {
+			h := fnv.New64a()
+			h.Write([]byte(name))
+			h.Write([]byte{0})
+			h.Write([]byte(key))
+			l.Origin = int64(h.Sum64() % uint64(c.Config.Period))
+		}
+	}
+	return l
 }
 
 // Shard returns the configuration of one of m shards of l.
@@ -115,12 +154,6 @@ type Row struct {
 	TS    time.Time
 }
 
-// KeyParams names the rows of one (name, key).
-type KeyParams struct {
-	Name string
-	Key  string
-}
-
 // TakeParams is one Take.
 type TakeParams struct {
 	Limit
@@ -134,6 +167,9 @@ type TakeParams struct {
 	Now *time.Time
 	// TimeLocks asks the store to measure TakeResult.LockWait.
 	TimeLocks bool
+	// Escrow takes the tokens in escrow (txlimit.Config.Escrow, in a
+	// transaction the caller owns), on a store with escrow mode.
+	Escrow bool
 }
 
 // TakeResult is what Take decided.
@@ -149,9 +185,6 @@ type TakeResult struct {
 	// LockWait is the time spent in the statements that lock the limit's
 	// rows, when TakeParams.TimeLocks was set.
 	LockWait time.Duration
-	// Escrow identifies a granted escrow call (Escrower.EscrowTake), for
-	// Escrower.EscrowCancel; 0 otherwise.
-	Escrow int64
 }
 
 // TakeAllParams is one TakeAll. The (Name, Key) pairs of Takes are
@@ -199,6 +232,21 @@ type KeyRef struct {
 	Key  string
 }
 
+// ResetParams is one Reset.
+type ResetParams struct {
+	Name string
+	Key  string
+	// Escrow is set when the limit is in escrow mode.
+	Escrow bool
+}
+
+// PingParams is one Ping.
+type PingParams struct {
+	// Escrow asks for the escrow tables too: the Limiter has a limit in
+	// escrow mode.
+	Escrow bool
+}
+
 // PruneParams is one batch of Prune.
 type PruneParams struct {
 	// After is the cursor: the batch starts after it, in the store's key
@@ -206,18 +254,15 @@ type PruneParams struct {
 	After KeyRef
 	Max   int
 	Now   *time.Time
-	// Known reports whether the Limiter has a config for the limit name;
-	// the store leaves the keys of other names alone.
-	Known func(name string) bool
-	// Full reports whether rows, every row a key of a known name has, are
-	// at now the same as no row at all.
-	Full func(name, key string, rows []Row, now time.Time) bool
+	// Limits are the configs of the names Prune judges; the keys of other
+	// names are left alone.
+	Limits map[string]LimitConfig
 }
 
 // PruneResult is what one Prune batch did.
 type PruneResult struct {
 	Keys    int // keys examined
-	Unknown int // keys whose name Full did not know
+	Unknown int // keys whose name Limits lacks
 	Deleted int // rows deleted
 	Last    KeyRef
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
 	"strings"
 	"unicode/utf8"
@@ -15,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/httplimit"
+	"github.com/txlimit/txlimit/clientip"
 )
 
 // PeerKey keys a call by the IP address of its peer (the other end of the
@@ -51,35 +50,35 @@ func PeerPrefixKey(ipv6Bits int) (KeyFunc, error) {
 		if err != nil {
 			return "", err
 		}
-		if a.Is4() || ipv6Bits == 128 {
-			return a.String(), nil
-		}
-		prefix, _ := a.Prefix(ipv6Bits) // cannot fail: a is IPv6 and ipv6Bits in [1, 128]
-		return prefix.String(), nil
+		return clientip.AddrKey(a, ipv6Bits), nil
 	}, nil
 }
 
+// ClientIP configures the KeyFunc ClientIPKey returns, as it does
+// httplimit.ClientIPKey for HTTP (see clientip.Config for the fields): it
+// is the same type, so a server that answers HTTP and gRPC behind the same
+// proxies configures both with one value. For gRPC, Header names the
+// metadata key the proxies write (in any case: gRPC metadata keys are lower
+// case). The zero value keys by the peer's address, as PeerKey does.
+type ClientIP = clientip.Config
+
 // ClientIPKey returns a KeyFunc that keys a call by the IP address of its
-// client behind the trusted proxies in front of the server (an L7 load
-// balancer, Envoy), as httplimit.ClientIPKey does for HTTP requests, from the
-// same ClientIP: when the peer is not one of c.TrustedProxies, the peer is
-// the client and its metadata is ignored; when it is, the key function walks
-// the x-forwarded-for metadata (or forwarded, when c.Header is "Forwarded")
-// from the right and takes the first address that is not a trusted proxy.
-// The key is written as PeerKey writes it, IPv6 grouped by c.IPv6Prefix
-// (default 64). An invalid ClientIP is an error that names the field; an
-// entry a trusted proxy wrote that is not an IP address is an error,
-// answered with codes.Internal.
-func ClientIPKey(c httplimit.ClientIP) (KeyFunc, error) {
-	key, err := httplimit.ClientIPKey(c)
+// client behind the trusted proxies in front of the server, as
+// httplimit.ClientIPKey does for HTTP requests: when the peer is not one of
+// c.TrustedProxies, the peer is the client and its metadata is ignored; when
+// it is, the key function walks the x-forwarded-for metadata (or forwarded,
+// when c.Header is "Forwarded") from the right and takes the first address
+// that is not a trusted proxy; when every address is a trusted proxy, the
+// leftmost one is the client. The key is written as PeerKey writes it, IPv6
+// grouped by c.IPv6Prefix (default 64). An invalid ClientIP is an error that
+// names the field; an entry a trusted proxy wrote that is not an IP address
+// is an error, answered with codes.Internal.
+func ClientIPKey(c ClientIP) (KeyFunc, error) {
+	keyer, err := clientip.NewKeyer(c)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("grpclimit: %w", err)
 	}
-	header := "X-Forwarded-For"
-	if strings.EqualFold(c.Header, "Forwarded") {
-		header = "Forwarded"
-	}
-	mdKey := strings.ToLower(header)
+	mdKey := strings.ToLower(keyer.Header())
 	return func(ctx context.Context, _ string, _ any) (string, error) {
 		p, ok := peer.FromContext(ctx)
 		if !ok || p.Addr == nil {
@@ -90,12 +89,11 @@ func ClientIPKey(c httplimit.ClientIP) (KeyFunc, error) {
 			return "", err
 		}
 		md, _ := metadata.FromIncomingContext(ctx)
-		// The walk through the proxies is httplimit's, on the request an
-		// HTTP server would have seen.
-		return key(&http.Request{
-			RemoteAddr: netip.AddrPortFrom(a, 0).String(),
-			Header:     http.Header{header: md.Get(mdKey)},
-		})
+		key, err := keyer.Key(a, md.Get(mdKey))
+		if err != nil {
+			return "", fmt.Errorf("grpclimit: %w", err)
+		}
+		return key, nil
 	}, nil
 }
 

@@ -19,7 +19,6 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/grpclimit"
-	"github.com/txlimit/txlimit/httplimit"
 )
 
 // TestPeerKeys: IPv4 addresses key alone, IPv4-mapped IPv6 as IPv4, IPv6
@@ -111,9 +110,9 @@ func testPeerLoopback(t *testing.T, limiter *txlimit.Limiter[*sql.Tx], network, 
 // peer that is not a proxy is the client, whatever its metadata says.
 func TestClientIPKey(t *testing.T) {
 	proxies := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8:ffff::/48")}
-	xff, err := grpclimit.ClientIPKey(httplimit.ClientIP{TrustedProxies: proxies})
+	xff, err := grpclimit.ClientIPKey(grpclimit.ClientIP{TrustedProxies: proxies})
 	require.NoError(t, err)
-	fwd, err := grpclimit.ClientIPKey(httplimit.ClientIP{TrustedProxies: proxies, Header: "Forwarded", IPv6Prefix: 56})
+	fwd, err := grpclimit.ClientIPKey(grpclimit.ClientIP{TrustedProxies: proxies, Header: "Forwarded", IPv6Prefix: 56})
 	require.NoError(t, err)
 	call := func(peerAddr string, md ...string) context.Context {
 		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: net.TCPAddrFromAddrPort(netip.MustParseAddrPort(peerAddr))})
@@ -137,15 +136,15 @@ func TestClientIPKey(t *testing.T) {
 	}
 	_, err = xff(call("10.1.1.1:5000", "x-forwarded-for", "unknown"), checkMethod, nil)
 	require.ErrorContains(t, err, `"unknown"`)
-	_, err = grpclimit.ClientIPKey(httplimit.ClientIP{IPv6Prefix: 200})
-	require.ErrorContains(t, err, "IPv6Prefix")
+	_, err = grpclimit.ClientIPKey(grpclimit.ClientIP{IPv6Prefix: 200})
+	require.ErrorContains(t, err, "grpclimit: ClientIP.IPv6Prefix is 200")
 }
 
 // TestClientIPKeyLoopback: metadata a client sends through a trusted proxy
 // (here the loopback network stands for it) reaches the key function.
 func TestClientIPKeyLoopback(t *testing.T) {
 	limiter := sqliteLimiter(t, migrated, map[string]txlimit.Config{"api": perMinute(2)}, &txlimit.Options{Clock: frozen})
-	key, err := grpclimit.ClientIPKey(httplimit.ClientIP{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	key, err := grpclimit.ClientIPKey(grpclimit.ClientIP{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
 	require.NoError(t, err)
 	lim, err := grpclimit.New(limiter, "api", key, nil)
 	require.NoError(t, err)

@@ -39,7 +39,7 @@ func TestUpDownAndVersionTable(t *testing.T) {
 		version int64
 	}{
 		{migrations.SQLite, sqliteDB, goose.DialectSQLite3, 1},
-		{migrations.Postgres, postgresDB, goose.DialectPostgres, 2}, // 2: escrow mode's tables
+		{migrations.Postgres, postgresDB, goose.DialectPostgres, 3}, // 2: escrow mode's tables, 3: the arithmetic's functions
 	} {
 		t.Run(string(tc.dialect), func(t *testing.T) {
 			db := tc.open(t)
@@ -82,6 +82,9 @@ func TestUpDownAndVersionTable(t *testing.T) {
 			if tc.dialect == migrations.Postgres {
 				_, err = db.ExecContext(ctx, "SELECT 1 FROM txlimit_escrow JOIN txlimit_escrow_claim ON id = claim")
 				require.NoError(t, err)
+				var fits bool
+				require.NoError(t, db.QueryRowContext(ctx, "SELECT txlimit_fits(txlimit_bucket_refill(0, 1000000, 1, 1000000, 5) - 1, 5)").Scan(&fits))
+				require.True(t, fits, "one second of a token a second refills one token")
 			}
 		})
 	}

@@ -73,13 +73,12 @@ import (
 
 	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/pgproto"
-	"github.com/txlimit/txlimit/pgsqlstore/internal/db"
 )
 
 // Store is txlimit's store for PostgreSQL on database/sql.
 type Store struct {
-	db *sql.DB
-	c  conn
+	db    *sql.DB
+	proto pgproto.Protocol
 }
 
 var _ driver.Store[*sql.Tx] = (*Store)(nil)
@@ -88,7 +87,7 @@ var _ driver.Store[*sql.Tx] = (*Store)(nil)
 // database/sql driver. db may be nil when only the …Tx forms of the limiter
 // are used; the other forms then return txlimit.ErrNoPool.
 func New(db *sql.DB, opts ...Option) *Store {
-	s := &Store{db: db, c: conn{q: dbQueries}}
+	s := &Store{db: db}
 	for _, o := range opts {
 		o(s)
 	}
@@ -110,10 +109,8 @@ type Option func(*Store)
 // distributed by key. Prune's scan for the next keys reads across keys
 // without locking anything, in either mode.
 func SingleKeyStatements() Option {
-	return func(s *Store) { s.c.singleKey = true }
+	return func(s *Store) { s.proto.SingleKey = true }
 }
-
-var dbQueries = db.New()
 
 // InTx implements driver.Store. A transaction that only reads (Check,
 // Value) is begun read-only. It is rolled back when fn returns an error or
@@ -141,7 +138,7 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) err
 
 // Ping implements driver.Store: it checks that db is PostgreSQL and that
 // the txlimit table is there with every column the library uses.
-func (s *Store) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context, _ driver.PingParams) error {
 	if s.db == nil {
 		return driver.ErrNoPool
 	}
@@ -154,7 +151,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	if err := s.db.QueryRowContext(ctx, "SELECT clock_timestamp()").Scan(&now); err != nil {
 		return s.mapErr(ctx, s.db, err)
 	}
-	if err := dbQueries.ProbeTable(ctx, s.db); err != nil {
+	if err := pgproto.Ping(ctx, sqlTx{s.db}); err != nil {
 		return s.mapErr(ctx, s.db, err)
 	}
 	return nil
@@ -162,36 +159,39 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // Take implements driver.Store (pgproto.Take: the protocol pgstore runs).
 func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
-	res, err := pgproto.Take(ctx, s.c, tx, p)
+	res, err := s.proto.Take(ctx, sqlTx{tx}, p)
 	return res, s.mapErr(ctx, tx, err)
 }
 
 // TakeAll implements driver.Store.
 func (s *Store) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	res, err := pgproto.TakeAll(ctx, s.c, tx, p)
+	res, err := s.proto.TakeAll(ctx, sqlTx{tx}, p)
 	return res, s.mapErr(ctx, tx, err)
 }
 
 // Read implements driver.Store.
 func (s *Store) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
-	res, err := pgproto.Read(ctx, s.c, tx, p)
+	res, err := s.proto.Read(ctx, sqlTx{tx}, p)
 	return res, s.mapErr(ctx, tx, err)
 }
 
 // Credit implements driver.Store.
 func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
-	return s.mapErr(ctx, tx, pgproto.Credit(ctx, s.c, tx, p))
+	return s.mapErr(ctx, tx, s.proto.Credit(ctx, sqlTx{tx}, p))
 }
 
-// Delete implements driver.Store.
-func (s *Store) Delete(ctx context.Context, tx *sql.Tx, p driver.KeyParams) error {
-	return s.mapErr(ctx, tx, pgproto.Delete(ctx, s.c, tx, p))
+// Reset implements driver.Store.
+func (s *Store) Reset(ctx context.Context, tx *sql.Tx, p driver.ResetParams) error {
+	return s.mapErr(ctx, tx, s.proto.Reset(ctx, sqlTx{tx}, p))
 }
 
 // Prune implements driver.Store.
-func (s *Store) Prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneResult, error) {
-	res, err := pgproto.Prune(ctx, s.c, tx, p)
-	return res, s.mapErr(ctx, tx, err)
+func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
+	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
+		res, err = s.proto.Prune(ctx, sqlTx{tx}, p)
+		return s.mapErr(ctx, tx, err)
+	})
+	return res, err
 }
 
 // mapErr adds to err what the user must do about it, keeping err itself

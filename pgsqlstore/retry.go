@@ -63,8 +63,9 @@ func (e *beginError) Unwrap() error { return e.err }
 var pgxConnectError = struct{ pkg, name string }{"github.com/jackc/pgx/v5/pgconn", "ConnectError"}
 
 // isPgxConnectError reports whether err's chain holds a
-// *pgconn.ConnectError, without importing pgconn (TestRetryableConnectErrors
-// in the root package checks the name against pgx's stdlib driver).
+// *pgconn.ConnectError, without importing pgconn
+// (TestDatabaseSQLRetryableConnectErrors checks the name against pgx's
+// stdlib driver).
 func isPgxConnectError(err error) bool {
 	for err != nil {
 		if t := reflect.TypeOf(err); t.Kind() == reflect.Pointer &&

@@ -15,11 +15,6 @@ import (
 // the store to use instead.
 var ErrWrongDatabase = errors.New("txlimit/pgsqlstore: the database is not PostgreSQL")
 
-// querier is a *sql.DB or a *sql.Tx.
-type querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
 // wrongDatabase is called with an error that carries no SQLSTATE, which
 // PostgreSQL always sends: it asks q, where the failed statement ran,
 // which database it is, and returns nil when that is PostgreSQL or cannot

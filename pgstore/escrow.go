@@ -10,8 +10,8 @@ import (
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/pgdb"
 	"github.com/txlimit/txlimit/internal/pgproto"
-	"github.com/txlimit/txlimit/pgstore/internal/db"
 )
 
 // Escrow mode (docs/escrow.md): a call inserts a claim in the caller's
@@ -21,7 +21,7 @@ import (
 // transaction ended and gives the tokens back unless it committed the
 // claim.
 
-var _ driver.Escrower[pgx.Tx] = (*Store)(nil)
+var _ driver.Escrower = (*Store)(nil)
 
 const (
 	// keySettleBatch is the most ended calls of its own key that a call
@@ -29,9 +29,6 @@ const (
 	keySettleBatch = 16
 	// settleBatch is the most calls one statement of Settle examines.
 	settleBatch = 500
-	// backgroundSettleMax is the most calls a background settlement
-	// examines: txlimit.DefaultSettleMax.
-	backgroundSettleMax = 10000
 )
 
 // The debit and the settlement each run as one short transaction sent in a
@@ -58,51 +55,46 @@ func (s *Store) EscrowReady() error {
 	return nil
 }
 
-// EscrowPing checks that the escrow tables are there, on the store's pool.
-func (s *Store) EscrowPing(ctx context.Context) error {
-	if s.pool == nil {
-		return driver.ErrNoPool
-	}
-	return mapErr(s.queries.ProbeEscrow(ctx, s.pool))
-}
-
-// EscrowTake implements driver.Escrower.
-func (s *Store) EscrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (driver.TakeResult, error) {
-	res, err := s.escrowTake(ctx, tx, p)
-	return res, mapErr(err)
-}
-
-func (s *Store) escrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+// escrowTake takes p's tokens in escrow: a claim in tx and the debit in a
+// short transaction of the store's own that commits at once (a call that
+// would be denied first settles the ended calls of its key that may owe it
+// tokens). The tokens stay taken if and only if tx commits with the claim;
+// otherwise settlement gives them back. claim identifies a granted call for
+// unclaim.
+func (s *Store) escrowTake(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (res driver.TakeResult, claim int64, err error) {
 	s.settleInBackground()
 	if s.pool == nil {
-		return driver.TakeResult{}, errors.New("txlimit/pgstore: the store " + escrowPoolError)
+		return driver.TakeResult{}, 0, errors.New("txlimit/pgstore: the store " + escrowPoolError)
 	}
 	if p.Shards != 1 {
-		return driver.TakeResult{}, fmt.Errorf("txlimit/pgstore: an escrow limit has one shard, got %d", p.Shards)
+		return driver.TakeResult{}, 0, fmt.Errorf("txlimit/pgstore: an escrow limit has one shard, got %d", p.Shards)
 	}
-	claim, err := s.queries.EscrowClaim(ctx, tx)
+	c, err := queries.EscrowClaim(ctx, tx)
 	if err != nil {
-		return driver.TakeResult{}, err
+		return driver.TakeResult{}, 0, err
 	}
 	lt := pgproto.LockTimer{On: p.TimeLocks}
-	res, err := s.escrowDebit(ctx, p, claim, &lt)
+	res, err = s.escrowDebit(ctx, p, c, &lt)
 	if err != nil {
 		// Whether the debit committed is unknown: the claim stays, so
 		// that if tx commits anyway the tokens count as spent (never
 		// over-admit). The caller should roll back on an error.
-		return driver.TakeResult{}, err
+		return driver.TakeResult{}, 0, err
 	}
 	res.LockWait = lt.Total
 	if res.Decision.OK {
-		res.Escrow = claim.ID
-	} else {
-		// Nothing was taken: the claim goes, so that the call leaves no
-		// row behind.
-		if err := s.queries.EscrowUnclaim(ctx, tx, claim.ID); err != nil {
-			return driver.TakeResult{}, err
-		}
+		return res, c.ID, nil
 	}
-	return res, nil
+	// Nothing was taken: the claim goes, so that the call leaves no row
+	// behind.
+	return res, 0, s.unclaim(ctx, tx, c.ID)
+}
+
+// unclaim undoes the escrow call of claim in tx, as if tx had rolled back
+// to a savepoint taken before it: its tokens go back to the limit at
+// settlement.
+func (s *Store) unclaim(ctx context.Context, tx pgx.Tx, claim int64) error {
+	return queries.EscrowUnclaim(ctx, tx, claim)
 }
 
 // settleInBackground starts a settlement in a goroutine of its own when the
@@ -121,7 +113,7 @@ func (s *Store) settleInBackground() {
 		defer s.settling.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), max(10*s.settleEvery, 30*time.Second))
 		defer cancel()
-		_, _ = s.settle(ctx, driver.SettleParams{Max: backgroundSettleMax})
+		_, _ = s.settle(ctx, driver.SettleParams{Max: driver.DefaultSettleMax})
 	}()
 }
 
@@ -133,7 +125,7 @@ func (s *Store) settleInBackground() {
 // then settled first, so that a rolled-back call's tokens are there for the
 // next call of its key that needs them. EscrowDebit, which serves any call,
 // then decides again (a reservation goes to it at once).
-func (s *Store) escrowDebit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow, lt *pgproto.LockTimer) (driver.TakeResult, error) {
+func (s *Store) escrowDebit(ctx context.Context, p driver.TakeParams, claim pgdb.EscrowClaimRow, lt *pgproto.LockTimer) (driver.TakeResult, error) {
 	retried := false
 	if !p.Reserve {
 		start := lt.Start()
@@ -181,7 +173,7 @@ func (s *Store) escrowDebit(ctx context.Context, p driver.TakeParams, claim db.E
 			return res, nil
 		}
 		retried = true
-		fates, err := s.queries.EscrowKeyFates(ctx, s.pool, db.EscrowKeyFatesParams{Name: p.Name, Key: p.Key, MaxEntries: keySettleBatch})
+		fates, err := queries.EscrowKeyFates(ctx, s.pool, pgdb.EscrowKeyFatesParams{Name: p.Name, Key: p.Key, MaxEntries: keySettleBatch})
 		if err != nil {
 			return driver.TakeResult{}, err
 		}
@@ -196,22 +188,23 @@ func (s *Store) escrowDebit(ctx context.Context, p driver.TakeParams, claim db.E
 // COMMITTED (the statement then makes its commit asynchronous itself), else
 // wrapped in BEGIN ISOLATION LEVEL READ COMMITTED … COMMIT (see escrowTx).
 // ok is false when it granted nothing.
-func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow) (algo.State, time.Time, bool, error) {
-	cfg := p.Config
+func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim pgdb.EscrowClaimRow) (algo.State, time.Time, bool, error) {
+	cfg, full := p.Config, p.Full()
+	fresh, ok := driver.Fresh(p)
 	var value float64
 	var ts, clock time.Time
-	send := func(q db.DBTX) error {
+	send := func(q pgdb.DBTX) error {
 		if cfg.Kind == algo.FixedWindow {
-			r, err := s.queries.EscrowDebitWindow(ctx, q, db.EscrowDebitWindowParams{
-				Name: p.Name, Key: p.Key, FullTs: time.UnixMicro(p.Full().TS), Now: p.Now,
+			r, err := queries.EscrowDebitWindow(ctx, q, pgdb.EscrowDebitWindowParams{
+				Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: ok, FullTs: time.UnixMicro(full.TS), Now: p.Now,
 				Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 				Claim: claim.ID, Xid: claim.Xid,
 			})
 			value, ts, clock = r.Value, r.Ts, r.Clock
 			return err
 		}
-		r, err := s.queries.EscrowDebitBucket(ctx, q, db.EscrowDebitBucketParams{
-			Name: p.Name, Key: p.Key, Now: p.Now,
+		r, err := queries.EscrowDebitBucket(ctx, q, pgdb.EscrowDebitBucketParams{
+			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: ok, FullTs: time.UnixMicro(full.TS), Now: p.Now,
 			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 			Claim: claim.ID, Xid: claim.Xid,
 		})
@@ -220,55 +213,34 @@ func (s *Store) leanDebit(ctx context.Context, p driver.TakeParams, claim db.Esc
 	}
 	var err error
 	if s.escrowTx.Load() {
-		err = s.inEscrowTx(ctx, func(q queuer) error { return send(q) }, func(res pgx.BatchResults) error {
-			return res.QueryRow().Scan(&value, &ts, &clock)
-		})
+		err = s.inEscrowTx(ctx, send)
 	} else {
 		err = send(s.pool)
 	}
-	return pgproto.TakenRow(value, ts, clock, errors.Is(err, pgx.ErrNoRows), err)
+	return pgproto.TakenRow(value, ts, clock, err)
 }
 
 // readKey reads the key's row as last committed, with the clock, and step
 // one of the key's settlement, in one round trip.
-func (s *Store) readKey(ctx context.Context, p driver.TakeParams) (db.EscrowReadRow, []db.EscrowKeyFatesRow, error) {
-	b := &pgx.Batch{}
-	if _, err := s.queries.EscrowRead(ctx, queuer{b}, db.EscrowReadParams{Name: p.Name, Key: p.Key, Now: p.Now}); queued(err) != nil {
-		return db.EscrowReadRow{}, nil, queued(err)
-	}
-	if _, err := s.queries.EscrowKeyFates(ctx, queuer{b}, db.EscrowKeyFatesParams{
-		Name: p.Name, Key: p.Key, MaxEntries: keySettleBatch,
-	}); queued(err) != nil {
-		return db.EscrowReadRow{}, nil, queued(err)
-	}
-	res := s.pool.SendBatch(ctx, b)
-	var row db.EscrowReadRow
-	var fates []db.EscrowKeyFatesRow
-	err := res.QueryRow().Scan(&row.Value, &row.Ts, &row.Clock, &row.Isolation)
+func (s *Store) readKey(ctx context.Context, p driver.TakeParams) (row pgdb.EscrowReadRow, fates []pgdb.EscrowKeyFatesRow, err error) {
+	err = pgproto.Send(ctx, s.pool, func(q pgdb.DBTX) (err error) {
+		row, err = queries.EscrowRead(ctx, q, pgdb.EscrowReadParams{Name: p.Name, Key: p.Key, Now: p.Now})
+		return err
+	}, func(q pgdb.DBTX) (err error) {
+		fates, err = queries.EscrowKeyFates(ctx, q, pgdb.EscrowKeyFatesParams{Name: p.Name, Key: p.Key, MaxEntries: keySettleBatch})
+		return err
+	})
 	if err == nil && row.Isolation != "read committed" {
 		// The lean debits grant only at READ COMMITTED: from now on they
 		// are sent inside a transaction that sets it.
 		s.escrowTx.Store(true)
-	}
-	if err == nil {
-		var rows pgx.Rows
-		if rows, err = res.Query(); err == nil {
-			var f db.EscrowKeyFatesRow
-			_, err = pgx.ForEachRow(rows, []any{&f.Claim, &f.MaybeRefund}, func() error {
-				fates = append(fates, f)
-				return nil
-			})
-		}
-	}
-	if cerr := res.Close(); err == nil {
-		err = cerr
 	}
 	return row, fates, err
 }
 
 // refund settles the ended calls of fates when one of them may owe its
 // tokens back, and reports whether tokens came back.
-func (s *Store) refund(ctx context.Context, fates []db.EscrowKeyFatesRow) (bool, error) {
+func (s *Store) refund(ctx context.Context, fates []pgdb.EscrowKeyFatesRow) (bool, error) {
 	maybe := false
 	for _, f := range fates {
 		maybe = maybe || f.MaybeRefund
@@ -286,20 +258,18 @@ func (s *Store) refund(ctx context.Context, fates []db.EscrowKeyFatesRow) (bool,
 
 // debit runs EscrowDebit in a transaction of its own, creating the key's
 // row first when it has none.
-func (s *Store) debit(ctx context.Context, p driver.TakeParams, claim db.EscrowClaimRow) (db.EscrowDebitRow, error) {
-	params := db.EscrowDebitParams{
+func (s *Store) debit(ctx context.Context, p driver.TakeParams, claim pgdb.EscrowClaimRow) (pgdb.EscrowDebitRow, error) {
+	params := pgdb.EscrowDebitParams{
 		Name: p.Name, Key: p.Key, Now: p.Now,
-		PeriodUs: p.Config.Period, Capacity: p.Config.Capacity, FixedWindow: p.Config.Kind == algo.FixedWindow,
+		Kind: int32(p.Config.Kind), Period: p.Config.Period, Capacity: p.Config.Capacity,
 		Rate: p.Config.Rate, Count: p.Count, Reserve: p.Reserve, MaxReserved: p.Config.MaxReserved,
 		Claim: claim.ID, Xid: claim.Xid,
 	}
 	for range 2 {
-		var row db.EscrowDebitRow
-		err := s.inEscrowTx(ctx, func(q queuer) error {
-			_, err := s.queries.EscrowDebit(ctx, q, params)
+		var row pgdb.EscrowDebitRow
+		err := s.inEscrowTx(ctx, func(q pgdb.DBTX) (err error) {
+			row, err = queries.EscrowDebit(ctx, q, params)
 			return err
-		}, func(res pgx.BatchResults) error {
-			return res.QueryRow().Scan(&row.Value, &row.Ts, &row.Clock, &row.Ok)
 		})
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return row, err
@@ -307,58 +277,26 @@ func (s *Store) debit(ctx context.Context, p driver.TakeParams, claim db.EscrowC
 		// At READ COMMITTED too: at a stricter default, a row another
 		// call inserted meanwhile would fail this with 40001.
 		full := p.Full()
-		if err := s.inEscrowTx(ctx, func(q queuer) error {
-			return s.queries.EscrowInsertRow(ctx, q, db.EscrowInsertRowParams{
+		if err := s.inEscrowTx(ctx, func(q pgdb.DBTX) error {
+			return queries.EscrowInsertRow(ctx, q, pgdb.EscrowInsertRowParams{
 				Name: p.Name, Key: p.Key, Value: full.Value, Ts: time.UnixMicro(full.TS),
 			})
-		}, func(res pgx.BatchResults) error {
-			_, err := res.Exec()
-			return err
 		}); err != nil {
-			return db.EscrowDebitRow{}, err
+			return pgdb.EscrowDebitRow{}, err
 		}
 	}
-	return db.EscrowDebitRow{}, errors.New("txlimit/pgstore: the escrow limit's row vanished twice while being debited (reset or pruned meanwhile); try again")
+	return pgdb.EscrowDebitRow{}, errors.New("txlimit/pgstore: the escrow limit's row vanished twice while being debited (reset or pruned meanwhile); try again")
 }
 
 // inEscrowTx sends, in one round trip on the store's pool, the short
 // transaction of an escrow step: BEGIN, SET LOCAL synchronous_commit, the
-// statement that queue queues through a generated method, and COMMIT; read
-// reads that statement's result. Every escrow statement that writes runs
-// this way (but the lean debits, which check the level themselves): at READ
+// statement of c, and COMMIT. Every escrow statement that writes runs this
+// way (but the lean debits, which check the level themselves): at READ
 // COMMITTED whatever the pool's default, where a stricter level would fail
-// with 40001 on rows other calls changed. An error of read (pgx.ErrNoRows included)
-// is returned once the batch has been read to the end.
-func (s *Store) inEscrowTx(ctx context.Context, queue func(queuer) error, read func(pgx.BatchResults) error) error {
-	b := &pgx.Batch{}
-	b.Queue(beginEscrow)
-	b.Queue(asyncCommit)
-	if err := queued(queue(queuer{b})); err != nil {
-		return err
-	}
-	b.Queue(commitEscrow)
-	res := s.pool.SendBatch(ctx, b)
-	_, err := res.Exec()
-	if err == nil {
-		_, err = res.Exec()
-	}
-	var readErr error
-	if err == nil {
-		readErr = read(res)
-		if !errors.Is(readErr, pgx.ErrNoRows) {
-			err = readErr
-		}
-	}
-	if err == nil {
-		_, err = res.Exec()
-	}
-	if cerr := res.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	return readErr
+// with 40001 on rows other calls changed. An error of c (pgx.ErrNoRows
+// included) is returned once the batch has been read to the end.
+func (s *Store) inEscrowTx(ctx context.Context, c pgproto.Call) error {
+	return pgproto.Send(ctx, s.pool, pgproto.Exec(ctx, beginEscrow), pgproto.Exec(ctx, asyncCommit), c, pgproto.Exec(ctx, commitEscrow))
 }
 
 // settleClaims runs step two of settlement on claims, which step one found
@@ -368,16 +306,9 @@ func (s *Store) settleClaims(ctx context.Context, claims []int64) (driver.Settle
 	if len(claims) == 0 {
 		return out, nil
 	}
-	err := s.inEscrowTx(ctx, func(q queuer) error {
-		_, err := s.queries.EscrowSettle(ctx, q, claims)
-		return err
-	}, func(res pgx.BatchResults) error {
-		rows, err := res.Query()
-		if err != nil {
-			return err
-		}
-		var r db.EscrowSettleRow
-		_, err = pgx.ForEachRow(rows, []any{&r.Claim, &r.Spent, &r.Refund, &r.Count}, func() error {
+	err := s.inEscrowTx(ctx, func(q pgdb.DBTX) error {
+		rows, err := queries.EscrowSettle(ctx, q, claims)
+		for _, r := range rows {
 			switch {
 			case r.Spent:
 				out.Spent++
@@ -387,25 +318,13 @@ func (s *Store) settleClaims(ctx context.Context, claims []int64) (driver.Settle
 			default:
 				out.Dropped++
 			}
-			return nil
-		})
+		}
 		return err
 	})
 	if err != nil {
 		return driver.SettleResult{}, err
 	}
 	return out, nil
-}
-
-// EscrowCancel implements driver.Escrower: the claim goes, so the call's
-// entry is settled as a rollback's.
-func (s *Store) EscrowCancel(ctx context.Context, tx pgx.Tx, escrow int64) error {
-	return mapErr(s.queries.EscrowUnclaim(ctx, tx, escrow))
-}
-
-// EscrowDelete implements driver.Escrower.
-func (s *Store) EscrowDelete(ctx context.Context, tx pgx.Tx, p driver.KeyParams) error {
-	return mapErr(s.queries.EscrowDeleteKey(ctx, tx, db.EscrowDeleteKeyParams{Name: p.Name, Key: p.Key}))
 }
 
 // Settle implements driver.Escrower: first the calls whose claim is
@@ -426,15 +345,8 @@ func (s *Store) settle(ctx context.Context, p driver.SettleParams) (driver.Settl
 	for after := int64(0); seen < p.Max; {
 		n := min(settleBatch, p.Max-seen)
 		var spent []int64
-		err := s.inEscrowTx(ctx, func(q queuer) error {
-			_, err := s.queries.EscrowSettleSpent(ctx, q, db.EscrowSettleSpentParams{After: after, MaxEntries: int32(n)})
-			return err
-		}, func(res pgx.BatchResults) error {
-			rows, err := res.Query()
-			if err != nil {
-				return err
-			}
-			spent, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		err := s.inEscrowTx(ctx, func(q pgdb.DBTX) (err error) {
+			spent, err = queries.EscrowSettleSpent(ctx, q, pgdb.EscrowSettleSpentParams{After: after, MaxEntries: int32(n)})
 			return err
 		})
 		if err != nil {
@@ -449,7 +361,7 @@ func (s *Store) settle(ctx context.Context, p driver.SettleParams) (driver.Settl
 	}
 	var after int64
 	for seen < p.Max {
-		fates, err := s.queries.EscrowFates(ctx, s.pool, db.EscrowFatesParams{After: after, MaxEntries: int32(min(settleBatch, p.Max-seen))})
+		fates, err := queries.EscrowFates(ctx, s.pool, pgdb.EscrowFatesParams{After: after, MaxEntries: int32(min(settleBatch, p.Max-seen))})
 		if err != nil {
 			return out, err
 		}
@@ -471,18 +383,15 @@ func (s *Store) settle(ctx context.Context, p driver.SettleParams) (driver.Settl
 		seen += len(fates)
 		after = claims[len(claims)-1]
 	}
-	err := s.inEscrowTx(ctx, func(q queuer) error {
-		_, err := s.queries.EscrowDeleteOrphanClaims(ctx, q, int32(min(settleBatch, max(p.Max, 1))))
-		return err
-	}, func(res pgx.BatchResults) error {
-		tag, err := res.Exec()
-		out.Orphans = int(tag.RowsAffected())
+	err := s.inEscrowTx(ctx, func(q pgdb.DBTX) error {
+		n, err := queries.EscrowDeleteOrphanClaims(ctx, q, int32(min(settleBatch, max(p.Max, 1))))
+		out.Orphans = int(n)
 		return err
 	})
 	if err != nil {
 		return out, err
 	}
-	count, err := s.queries.EscrowCount(ctx, s.pool)
+	count, err := queries.EscrowCount(ctx, s.pool)
 	if err != nil {
 		return out, err
 	}

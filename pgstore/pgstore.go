@@ -58,15 +58,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/pgdb"
 	"github.com/txlimit/txlimit/internal/pgproto"
-	"github.com/txlimit/txlimit/pgstore/internal/db"
 )
 
 // Store is txlimit's store for pgx.
 type Store struct {
-	pool    *pgxpool.Pool
-	queries *db.Queries
-	c       conn
+	pool  *pgxpool.Pool
+	proto pgproto.Protocol
 	// escrowTx is set once the pool's transactions turn out not to be READ
 	// COMMITTED (EscrowRead tells): the lean escrow debits are then sent
 	// inside a transaction that sets it, rather than alone.
@@ -83,8 +82,7 @@ var _ driver.Store[pgx.Tx] = (*Store)(nil)
 // New returns a store on pool. pool may be nil when only the …Tx forms of
 // the limiter are used; the other forms then return txlimit.ErrNoPool.
 func New(pool *pgxpool.Pool, opts ...Option) *Store {
-	q := db.New()
-	s := &Store{pool: pool, queries: q, c: conn{q: q}, settleEvery: DefaultEscrowSettleEvery}
+	s := &Store{pool: pool, settleEvery: DefaultEscrowSettleEvery}
 	for _, o := range opts {
 		o(s)
 	}
@@ -127,7 +125,7 @@ func EscrowSettleEvery(d time.Duration) Option {
 // by key. Prune's scan for the next keys reads across keys without locking
 // anything, in either mode.
 func SingleKeyStatements() Option {
-	return func(s *Store) { s.c.singleKey = true }
+	return func(s *Store) { s.proto.SingleKey = true }
 }
 
 // InTx implements driver.Store.
@@ -143,11 +141,15 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) erro
 }
 
 // Ping implements driver.Store.
-func (s *Store) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context, p driver.PingParams) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
 	}
-	return mapErr(s.queries.ProbeTable(ctx, s.pool))
+	err := pgproto.Ping(ctx, s.pool)
+	if err == nil && p.Escrow {
+		err = queries.ProbeEscrow(ctx, s.pool)
+	}
+	return mapErr(err)
 }
 
 // mapErr adds to err what the user must do about it, keeping err itself
@@ -172,42 +174,125 @@ func mapErr(err error) error {
 // internal/pgproto, which pgsqlstore shares. A sharded limit is first served
 // from the first shard no other transaction holds; when that shard lacks the
 // tokens, a denial the committed state already decides is answered without
-// a lock; otherwise every shard is locked, in shard order.
-func (s *Store) Take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (driver.TakeResult, error) {
-	res, err := pgproto.Take(ctx, s.c, tx, p)
+// a lock; otherwise every shard is locked, in shard order. An escrow take
+// is escrowTake's.
+func (s *Store) Take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (res driver.TakeResult, err error) {
+	if p.Escrow {
+		res, _, err = s.escrowTake(ctx, tx, p)
+	} else {
+		res, err = s.proto.Take(ctx, tx, p)
+	}
 	return res, mapErr(err)
 }
 
 // TakeAll implements driver.Store: the insert that takes the locks in the
 // canonical order and the read of the locked rows go to the server in one
 // round trip, and the writes (or, for a denial, the removal of the rows the
-// insert created) in one more.
+// insert created) in one more. Escrow takes come first, each escrowTake's,
+// before any row is locked in tx (their debits, on other connections, never
+// wait for tx); when a limit denies, the escrow calls already granted are
+// unclaimed (their tokens come back at settlement: late, never early), and
+// the limits not taken get what Check would say.
 func (s *Store) TakeAll(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	res, err := pgproto.TakeAll(ctx, s.c, tx, p)
+	res, err := s.takeAll(ctx, tx, p)
 	return res, mapErr(err)
+}
+
+func (s *Store) takeAll(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	var escrow, locked []int
+	for i, t := range p.Takes {
+		if t.Escrow {
+			escrow = append(escrow, i)
+		} else {
+			locked = append(locked, i)
+		}
+	}
+	if len(escrow) == 0 {
+		return s.proto.TakeAll(ctx, tx, p)
+	}
+	out := driver.TakeAllResult{OK: true, Results: make([]driver.TakeResult, len(p.Takes))}
+	done := make([]bool, len(p.Takes))
+	var claims []int64
+	for _, i := range escrow {
+		t, claim, err := s.escrowTake(ctx, tx, p.Takes[i])
+		if err != nil {
+			return driver.TakeAllResult{}, err
+		}
+		out.Results[i], done[i], out.At = t, true, t.At
+		out.LockWait += t.LockWait
+		if !t.Decision.OK {
+			out.OK = false
+			break
+		}
+		claims = append(claims, claim)
+	}
+	if out.OK && len(locked) > 0 {
+		sub := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(locked)), Now: p.Now, TimeLocks: p.TimeLocks}
+		for j, i := range locked {
+			sub.Takes[j] = p.Takes[i]
+		}
+		all, err := s.proto.TakeAll(ctx, tx, sub)
+		if err != nil {
+			return driver.TakeAllResult{}, err
+		}
+		out.OK, out.At = all.OK, all.At
+		out.LockWait += all.LockWait
+		for j, i := range locked {
+			out.Results[i], done[i] = all.Results[j], true
+		}
+	}
+	if out.OK {
+		return out, nil
+	}
+	for _, claim := range claims {
+		if err := s.unclaim(ctx, tx, claim); err != nil {
+			return driver.TakeAllResult{}, err
+		}
+	}
+	for i, t := range p.Takes {
+		if done[i] {
+			continue
+		}
+		read, err := s.proto.Read(ctx, tx, driver.ReadParams{Name: t.Name, Key: t.Key, Now: p.Now})
+		if err != nil {
+			return driver.TakeAllResult{}, err
+		}
+		out.Results[i] = driver.Check(t, read)
+	}
+	return out, nil
 }
 
 // Read implements driver.Store.
 func (s *Store) Read(ctx context.Context, tx pgx.Tx, p driver.ReadParams) (driver.ReadResult, error) {
-	res, err := pgproto.Read(ctx, s.c, tx, p)
+	res, err := s.proto.Read(ctx, tx, p)
 	return res, mapErr(err)
 }
 
 // Credit implements driver.Store. A key with no row is full: there is
 // nothing to give back to it.
 func (s *Store) Credit(ctx context.Context, tx pgx.Tx, p driver.CreditParams) error {
-	return mapErr(pgproto.Credit(ctx, s.c, tx, p))
+	return mapErr(s.proto.Credit(ctx, tx, p))
 }
 
-// Delete implements driver.Store.
-func (s *Store) Delete(ctx context.Context, tx pgx.Tx, p driver.KeyParams) error {
-	return mapErr(pgproto.Delete(ctx, s.c, tx, p))
+// Reset implements driver.Store.
+func (s *Store) Reset(ctx context.Context, tx pgx.Tx, p driver.ResetParams) error {
+	err := s.proto.Reset(ctx, tx, p)
+	if err == nil && p.Escrow {
+		err = queries.EscrowDeleteKey(ctx, tx, pgdb.EscrowDeleteKeyParams{Name: p.Name, Key: p.Key})
+	}
+	return mapErr(err)
 }
 
 // Prune implements driver.Store. The rows are locked with FOR UPDATE SKIP
 // LOCKED, so a batch never waits for a row that live traffic holds: a key
 // with a row held elsewhere is left for a later run.
-func (s *Store) Prune(ctx context.Context, tx pgx.Tx, p driver.PruneParams) (driver.PruneResult, error) {
-	res, err := pgproto.Prune(ctx, s.c, tx, p)
+func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
+	err = s.InTx(ctx, false, func(tx pgx.Tx) (err error) {
+		res, err = s.proto.Prune(ctx, tx, p)
+		return err
+	})
 	return res, mapErr(err)
 }
+
+// queries runs the generated statements of escrow mode.
+var queries = pgdb.New()

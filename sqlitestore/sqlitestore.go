@@ -216,7 +216,7 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) err
 
 // Ping implements driver.Store: it checks that db is SQLite and that the
 // txlimit table is there with every column the library uses.
-func (s *Store) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context, _ driver.PingParams) error {
 	if s.db == nil {
 		return driver.ErrNoPool
 	}
@@ -378,8 +378,8 @@ func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) e
 	return s.store(ctx, tx, p.Limit, rows, driver.CreditStates(p, rows, at))
 }
 
-// Delete implements driver.Store.
-func (s *Store) Delete(ctx context.Context, tx *sql.Tx, p driver.KeyParams) error {
+// Reset implements driver.Store.
+func (s *Store) Reset(ctx context.Context, tx *sql.Tx, p driver.ResetParams) error {
 	return wrap("delete key", s.queries.DeleteKey(ctx, s.on(tx), gen.DeleteKeyParams{Name: p.Name, Key: p.Key}))
 }
 
@@ -388,7 +388,15 @@ func (s *Store) Delete(ctx context.Context, tx *sql.Tx, p driver.KeyParams) erro
 // busy_timeout like every writer, and then holds every row. The rows of the
 // batch's keys are read in one range scan of the primary key (SQLite's
 // BINARY collation: byte by byte), from the first key to the last.
-func (s *Store) Prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneResult, error) {
+func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
+	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
+		res, err = s.prune(ctx, tx, p)
+		return err
+	})
+	return res, err
+}
+
+func (s *Store) prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneResult, error) {
 	keys, err := s.queries.ScanKeys(ctx, s.on(tx), gen.ScanKeysParams{AfterName: p.After.Name, AfterKey: p.After.Key, MaxKeys: int64(p.Max)})
 	if err != nil || len(keys) == 0 {
 		return driver.PruneResult{}, wrap("scan keys", err)

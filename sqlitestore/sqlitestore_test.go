@@ -268,9 +268,9 @@ func TestDelete(t *testing.T) {
 		}
 	})
 	inTx(t, s, func(tx *sql.Tx) {
-		require.NoError(t, s.Delete(ctx, tx, driver.KeyParams{Name: "n", Key: "k"}))
+		require.NoError(t, s.Reset(ctx, tx, driver.ResetParams{Name: "n", Key: "k"}))
 		require.Empty(t, read(t, s, tx, "n", "k", nil).Rows, "deleted in the transaction")
-		require.NoError(t, s.Delete(ctx, tx, driver.KeyParams{Name: "absent", Key: "k"}))
+		require.NoError(t, s.Reset(ctx, tx, driver.ResetParams{Name: "absent", Key: "k"}))
 	})
 	for _, nk := range keys {
 		want := 2
@@ -473,31 +473,17 @@ func TestTakeAllCreditPrune(t *testing.T) {
 
 	_, err := db.ExecContext(ctx, `INSERT INTO txlimit VALUES ('x', 'k', 0, 1, 0)`)
 	require.NoError(t, err)
-	var got driver.PruneResult
-	inTx(t, s, func(tx *sql.Tx) {
-		var err error
-		got, err = s.Prune(ctx, tx, driver.PruneParams{
-			Max: 10, Now: &now,
-			Known: func(name string) bool { return name == "n" },
-			Full: func(name, key string, rows []driver.Row, at time.Time) bool {
-				require.Equal(t, now, at)
-				if key == "a" {
-					require.Equal(t, []driver.Row{rw(0, 2, now)}, rows)
-				}
-				return key == "a"
-			},
-		})
-		require.NoError(t, err)
-	})
+	// Under n's config (a's: capacity 2, one shard), a is full again and b,
+	// whose three shards pool into one, is not.
+	limits := map[string]driver.LimitConfig{"n": {Config: a.Config, Shards: a.Shards}}
+	got, err := s.Prune(ctx, driver.PruneParams{Max: 10, Now: &now, Limits: limits})
+	require.NoError(t, err)
 	require.Equal(t, driver.PruneResult{Keys: 3, Unknown: 1, Deleted: 1, Last: driver.KeyRef{Name: "x", Key: "k"}}, got)
 	require.Empty(t, readRows(t, s, "n", "a"))
 	require.Len(t, readRows(t, s, "n", "b"), 3)
 	require.Len(t, readRows(t, s, "x", "k"), 1, "an unknown name is left alone")
-	inTx(t, s, func(tx *sql.Tx) {
-		got, err = s.Prune(ctx, tx, driver.PruneParams{After: got.Last, Max: 10, Now: &now,
-			Known: func(string) bool { return true }, Full: func(string, string, []driver.Row, time.Time) bool { return true }})
-		require.NoError(t, err)
-	})
+	got, err = s.Prune(ctx, driver.PruneParams{After: got.Last, Max: 10, Now: &now, Limits: limits})
+	require.NoError(t, err)
 	require.Equal(t, driver.PruneResult{}, got, "nothing after the last key")
 }
 
@@ -529,7 +515,7 @@ func TestInTx(t *testing.T) {
 
 	err = sqlitestore.New(nil).InTx(ctx, false, func(*sql.Tx) error { t.Fatal("fn called without a database"); return nil })
 	require.ErrorIs(t, err, txlimit.ErrNoPool)
-	require.ErrorIs(t, sqlitestore.New(nil).Ping(ctx), txlimit.ErrNoPool)
+	require.ErrorIs(t, sqlitestore.New(nil).Ping(ctx, driver.PingParams{}), txlimit.ErrNoPool)
 }
 
 // TestNotMigrated: on a database where migrations.Up did not run (or the
@@ -544,7 +530,7 @@ func TestNotMigrated(t *testing.T) {
 	}
 	check := func(t *testing.T, db *sql.DB) {
 		s := sqlitestore.New(db)
-		requireNotMigrated(t, s.Ping(ctx))
+		requireNotMigrated(t, s.Ping(ctx, driver.PingParams{}))
 		requireNotMigrated(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
 			_, err := s.Take(ctx, tx, driver.TakeParams{Limit: bucket("n", "k", 1, 1), Count: 1})
 			return err
@@ -564,7 +550,7 @@ func TestNotMigrated(t *testing.T) {
 		check(t, db)
 	})
 	t.Run("migrated", func(t *testing.T) {
-		require.NoError(t, sqlitestore.New(openDB(t, recommended)).Ping(ctx))
+		require.NoError(t, sqlitestore.New(openDB(t, recommended)).Ping(ctx, driver.PingParams{}))
 	})
 }
 

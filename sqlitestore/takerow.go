@@ -30,7 +30,8 @@ import (
 //
 // It lives here rather than in queries/sqlite because sqlc's SQLite grammar
 // rejects it (a CTE before INSERT … SELECT, nested derived tables); the
-// PostgreSQL statement, TakeRow in queries/postgres, is sqlc's. Its first
+// PostgreSQL statements (TakeBucket, TakeWindow, TakeReserve in
+// queries/postgres) are sqlc's. Its first
 // line names it as sqlc names the others.
 const takeRowSQL = `-- name: TakeRow :one
 WITH c AS (

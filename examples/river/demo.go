@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/jitter"
 )
 
 // Report is what Demo did.
@@ -96,7 +97,7 @@ func (a *App) Demo(ctx context.Context, out io.Writer) (*Report, error) {
 			r.Denied = append(r.Denied, s.Result)
 			fmt.Fprintf(out, "  %-9s refused: %d emails already waiting; retry after %v (with jitter: %v), nothing enqueued\n",
 				subject, int(cfg.MaxReserved), limited.RetryAfter.Round(time.Millisecond),
-				txlimit.Jitter(limited.RetryAfter, oneToken).Round(time.Millisecond))
+				jitter.Spread(limited.RetryAfter, oneToken).Round(time.Millisecond))
 		case err != nil:
 			return r, err
 		default:

@@ -1,5 +1,5 @@
 // Package algocase generates the random cases of the differential tests that
-// hold each store's one-statement take (TakeRow) to algo.Take: configs of
+// hold each store's one-statement take to algo.Take: configs of
 // both kinds, prior states (a missing row, debt, a value above capacity, a
 // ts in the future as after a clock that stepped back), counts, the reserve
 // flag and clocks. The stores' tests run every case through algo and through

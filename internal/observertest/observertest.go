@@ -2,7 +2,7 @@
 // scenario of real calls whose every outcome is known, the counts it must
 // produce, and the databases it runs on (a SQLite file in the test's temp
 // dir; PostgreSQL through internal/testdb, which fails under CI=true when
-// there is none).
+// there is none), and a Recorder that keeps every Event.
 package observertest
 
 import (
@@ -132,13 +132,11 @@ func Frozen() func() time.Time {
 	return func() time.Time { return at }
 }
 
-const sqliteDSN = "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
-
 // SQLite opens a new SQLite file, with txlimit's table when migrate, closed
 // when t ends.
 func SQLite(t *testing.T, migrate bool) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "txlimit.db")+sqliteDSN)
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "txlimit.db")+testdb.SQLiteDSN)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	if migrate {
@@ -172,4 +170,27 @@ func ClosedPostgres(t *testing.T) *pgxpool.Pool {
 	pool := Postgres(t, true)
 	pool.Close()
 	return pool
+}
+
+// Recorder is an Observer that keeps every Event.
+type Recorder struct {
+	mu     sync.Mutex
+	events []txlimit.Event
+}
+
+// Observe keeps e.
+func (r *Recorder) Observe(_ context.Context, e txlimit.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+// Take returns the events kept since the last Take, in order, and forgets
+// them.
+func (r *Recorder) Take() []txlimit.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.events
+	r.events = nil
+	return out
 }

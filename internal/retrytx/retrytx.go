@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/jitter"
 )
 
 // Ambiguous marks an error from COMMIT after which the transaction's fate is
@@ -38,7 +38,7 @@ func Run(ctx context.Context, who string, attempts int, retryable func(error) bo
 		case attempt >= attempts:
 			return fmt.Errorf("%s: gave up after %d attempts: %w", who, attempt, err)
 		}
-		wait := txlimit.Jitter(backoff/2, backoff/2)
+		wait := jitter.Spread(backoff/2, backoff/2)
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
 			return err
 		}

@@ -1,5 +1,8 @@
 // Package testdb finds a PostgreSQL server for txlimit's tests and gives each
-// test binary a schema of its own on it.
+// test binary a schema of its own on it. It also opens SQLite files for
+// tests, adapts pgx and SQLite stores to the conformance suite
+// (internal/storetest: PgxHarness, SQLiteHarness), and is the TestMain of
+// the packages whose tests wait on PostgreSQL (Main).
 //
 // The server is, in order: TEST_DATABASE_URL; a local server on
 // 127.0.0.1:5432 (database test, user postgres, trust auth, as DEVELOPERS.md

@@ -13,17 +13,14 @@ RETURNING id, CAST(CAST(pg_current_xact_id() AS text) AS bigint) AS xid;
 DELETE FROM txlimit_escrow_claim WHERE id = sqlc.arg(id);
 
 -- name: EscrowDebitBucket :one
--- The escrow take of a token bucket call that is not a reservation, lean
--- (as TakeBucket is for the locked model: no subquery, small expressions
--- repeated, the clock statement_timestamp(), stable within the statement):
--- an upsert that creates the key's row full when it has none, or locks it,
--- refills and decides as algo.Take does, and writes the new state when the
--- call fits; the pending entry is recorded only for a row the upsert
--- returned. It returns the new state and the clock when the call was
--- granted, and no row otherwise: the store then reads the row and decides
--- with algo (for RetryAfter), and runs EscrowDebit when algo would grant.
--- An escrow limit has one shard, so unlike TakeBucket this does not look for
--- rows beyond shard 0.
+-- The escrow take of a token bucket call that is not a reservation, lean:
+-- TakeBucket's upsert (its functions, its fresh row computed by the store)
+-- that also records the pending entry, for a row the upsert returned only.
+-- It returns the new state and the clock when the call was granted, and no
+-- row otherwise: the store then reads the row and decides with algo (for
+-- RetryAfter), and runs EscrowDebit when algo would grant. An escrow limit
+-- has one shard, so unlike TakeBucket this does not look for rows beyond
+-- shard 0.
 --
 -- It is sent alone, as a transaction of its own (no BEGIN, no COMMIT: two
 -- fewer statements for the server), so it makes that transaction's commit
@@ -35,23 +32,20 @@ DELETE FROM txlimit_escrow_claim WHERE id = sqlc.arg(id);
 -- READ COMMITTED from then on.
 WITH u AS (
     INSERT INTO txlimit AS t (name, key, shard, value, ts)
-    SELECT sqlc.arg(name), sqlc.arg(key), 0,
-           greatest(0, sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8),
-           greatest(timestamptz 'epoch', COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
+    SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
+           txlimit_bucket_ts(sqlc.arg(full_ts)::timestamptz, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
     FROM (SELECT set_config('synchronous_commit', 'off', true) AS async) AS a
-    WHERE sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8 >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
-      AND current_setting('transaction_isolation') = 'read committed'
+    WHERE sqlc.arg(fresh_ok)::boolean AND current_setting('transaction_isolation') = 'read committed'
     ON CONFLICT (name, key, shard) DO UPDATE
-    SET value = greatest(0,
-            least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
-                            * sqlc.arg(rate)::float8 / CAST(sqlc.arg(period)::bigint AS float8),
-                  sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
-        ts = greatest(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
+    SET value = txlimit_kept(txlimit_bucket_refill(t.value,
+                    CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                    sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
+        ts = txlimit_bucket_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
     WHERE t.value BETWEEN -1e300 AND 1e300
-      AND least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
-                          * sqlc.arg(rate)::float8 / CAST(sqlc.arg(period)::bigint AS float8),
-                sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8
-          >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+      AND txlimit_fits(txlimit_bucket_refill(t.value,
+              CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+              sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+          sqlc.arg(capacity)::float8)
     RETURNING t.value, t.ts
 ), pending AS (
     INSERT INTO txlimit_escrow (claim, xid, name, key, shard, count)
@@ -62,33 +56,27 @@ SELECT u.value, u.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_times
 FROM u;
 
 -- name: EscrowDebitWindow :one
--- EscrowDebitBucket for a fixed window, with TakeWindow's arithmetic: a
--- missing row is full at full_ts (the window origin); either row is advanced
--- by whole periods.
+-- EscrowDebitBucket for a fixed window, with the window's functions.
 WITH u AS (
     INSERT INTO txlimit AS t (name, key, shard, value, ts)
-    SELECT sqlc.arg(name), sqlc.arg(key), 0,
-           greatest(0, sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8),
-           CASE WHEN f.e < sqlc.arg(period)::bigint THEN sqlc.arg(full_ts)::timestamptz
-                ELSE f.clock - (f.e % sqlc.arg(period)::bigint) * interval '1 microsecond'
-           END
+    SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
+           txlimit_window_ts(sqlc.arg(full_ts)::timestamptz, f.clock, f.e, sqlc.arg(period)::bigint)
     FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
           FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f,
          (SELECT set_config('synchronous_commit', 'off', true) AS async) AS a
-    WHERE sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8 >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
-      AND current_setting('transaction_isolation') = 'read committed'
+    WHERE sqlc.arg(fresh_ok)::boolean AND current_setting('transaction_isolation') = 'read committed'
     ON CONFLICT (name, key, shard) DO UPDATE
-    SET value = greatest(0,
-            least(t.value + sqlc.arg(rate)::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / sqlc.arg(period)::bigint AS float8),
-                  sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
-        ts = CASE WHEN CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) < sqlc.arg(period)::bigint THEN t.ts
-                  ELSE COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp())
-                       - (CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) % sqlc.arg(period)::bigint) * interval '1 microsecond'
-             END
+    SET value = txlimit_kept(txlimit_window_refill(t.value,
+                    CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                    sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
+        ts = txlimit_window_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()),
+                 CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                 sqlc.arg(period)::bigint)
     WHERE t.value BETWEEN -1e300 AND 1e300
-      AND least(t.value + sqlc.arg(rate)::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / sqlc.arg(period)::bigint AS float8),
-                sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8
-          >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+      AND txlimit_fits(txlimit_window_refill(t.value,
+              CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+              sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+          sqlc.arg(capacity)::float8)
     RETURNING t.value, t.ts
 ), pending AS (
     INSERT INTO txlimit_escrow (claim, xid, name, key, shard, count)
@@ -113,67 +101,43 @@ LEFT JOIN txlimit AS t ON t.name = sqlc.arg(name) AND t.key = sqlc.arg(key) AND 
 -- above left to it), in its own short transaction on the store's pool: lock
 -- the limit's one row, refill, decide and, when the call fits, write the new
 -- state and record the pending entry, all in one statement, so the hot row
--- is held only while it runs. The arithmetic is algo.Take's, operation for
--- operation (a differential test holds it to algo): project the row to the
--- clock (capped at capacity, never backwards), then grant when the
--- projected value covers the count within algo's tolerance, or as a
--- reservation. It returns the row as it was and the clock, from which the
--- store recomputes the decision with algo for RetryAfter and Remaining, and
--- no row at all when the key has no row yet (the store creates it, full,
--- and runs this again). The clock is read after the row's lock is held.
-WITH o AS MATERIALIZED (
+-- is held only while it runs. The arithmetic is the functions of migration
+-- 00003 (algo.Take's, operation for operation: a differential test holds it
+-- to algo): grant when the refilled value covers the count, or as a
+-- reservation within max_reserved. It returns the row as it was and the
+-- clock, from which the store recomputes the decision with algo for
+-- RetryAfter and Remaining, and no row at all when the key has no row yet
+-- (the store creates it, full, and runs this again). The clock is read
+-- after the row's lock is held: c reads it from o, whose rows come locked;
+-- neither is inlined into the query (o locks, c calls a volatile function),
+-- and d, used twice, is computed once.
+WITH o AS (
     SELECT t.value, t.ts FROM txlimit AS t
     WHERE t.name = sqlc.arg(name) AND t.key = sqlc.arg(key) AND t.shard = 0
     FOR UPDATE
-), c AS MATERIALIZED (
-    SELECT o.value, o.ts, k.clock,
-           CAST(EXTRACT(EPOCH FROM k.clock) * 1000000 AS bigint) AS now_us,
-           CAST(EXTRACT(EPOCH FROM o.ts) * 1000000 AS bigint) AS ts_us
-    FROM o CROSS JOIN LATERAL (
-        SELECT CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
-    ) AS k
-), w AS MATERIALIZED (
-    SELECT c.*, c.now_us - c.ts_us AS elapsed,
-           CASE WHEN c.now_us - c.ts_us > 0 THEN (c.now_us - c.ts_us) / sqlc.arg(period_us)::bigint ELSE 0 END AS windows
+), c AS (
+    SELECT o.value, o.ts, k.clock, CAST(extract(epoch FROM k.clock - o.ts) * 1000000 AS bigint) AS e
+    FROM o CROSS JOIN (SELECT CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS k
+), d AS (
+    SELECT c.value, c.ts, c.clock, c.e,
+           txlimit_refill(sqlc.arg(kind)::integer, c.value, c.e, sqlc.arg(rate)::float8, sqlc.arg(period)::bigint,
+                          sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8 AS left_over
     FROM c
-), p AS MATERIALIZED (
-    SELECT w.value, w.ts, w.clock,
-           CASE
-               WHEN w.elapsed <= 0 THEN least(w.value, sqlc.arg(capacity)::float8)
-               WHEN sqlc.arg(fixed_window)::boolean THEN
-                   CASE WHEN w.windows = 0 THEN least(w.value, sqlc.arg(capacity)::float8)
-                        ELSE least(w.value + sqlc.arg(rate)::float8 * CAST(w.windows AS float8), sqlc.arg(capacity)::float8) END
-               ELSE least(w.value + CAST(w.elapsed AS float8) * sqlc.arg(rate)::float8 / CAST(sqlc.arg(period_us)::bigint AS float8),
-                          sqlc.arg(capacity)::float8)
-           END AS pv,
-           CASE
-               WHEN w.elapsed <= 0 THEN w.ts_us
-               WHEN sqlc.arg(fixed_window)::boolean THEN w.ts_us + w.windows * sqlc.arg(period_us)::bigint
-               ELSE w.now_us
-           END AS pts
-    FROM w
-), d AS MATERIALIZED (
-    SELECT p.value, p.ts, p.clock, p.pts,
-           p.pv - sqlc.arg(count)::float8 AS left_value,
-           (p.pv - sqlc.arg(count)::float8 >= -(1e-9 * greatest(1, sqlc.arg(capacity)::float8))) AS plain,
-           (sqlc.arg(reserve)::boolean AND (sqlc.arg(max_reserved)::float8 = 0
-               OR p.pv - (sqlc.arg(count)::float8 - sqlc.arg(max_reserved)::float8) >= -(1e-9 * greatest(1, sqlc.arg(capacity)::float8)))) AS reserved
-    FROM p
 ), upd AS (
     UPDATE txlimit AS t
-    SET value = CASE WHEN d.plain THEN greatest(d.left_value, 0) ELSE d.left_value END,
-        ts = TIMESTAMPTZ 'epoch' + d.pts * INTERVAL '1 microsecond'
+    SET value = CASE WHEN txlimit_fits(d.left_over, sqlc.arg(capacity)::float8) THEN txlimit_kept(d.left_over) ELSE d.left_over END,
+        ts = txlimit_refill_ts(sqlc.arg(kind)::integer, d.ts, d.clock, d.e, sqlc.arg(period)::bigint)
     FROM d
-    WHERE t.name = sqlc.arg(name) AND t.key = sqlc.arg(key) AND t.shard = 0 AND (d.plain OR d.reserved)
+    WHERE t.name = sqlc.arg(name) AND t.key = sqlc.arg(key) AND t.shard = 0
+      AND (txlimit_fits(d.left_over, sqlc.arg(capacity)::float8)
+           OR (sqlc.arg(reserve)::boolean AND txlimit_within_debt(d.left_over, sqlc.arg(capacity)::float8, sqlc.arg(max_reserved)::float8)))
     RETURNING t.shard
 ), pending AS (
     INSERT INTO txlimit_escrow (claim, xid, name, key, shard, count)
     SELECT sqlc.arg(claim), sqlc.arg(xid), sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(count)
-    FROM d
-    WHERE d.plain OR d.reserved
-    RETURNING claim
+    FROM upd
 )
-SELECT d.value, d.ts, d.clock, CAST(d.plain OR d.reserved AS boolean) AS ok
+SELECT d.value, d.ts, d.clock, CAST(EXISTS (SELECT 1 FROM upd) AS boolean) AS ok
 FROM d;
 
 -- name: EscrowInsertRow :exec

@@ -1,3 +1,10 @@
+-- The statements of pgstore and pgsqlstore, which both run the code sqlc
+-- generates from this directory (internal/pgdb). Array parameters travel as
+-- text, in PostgreSQL's array-literal syntax (pgproto.Array builds them), and
+-- are cast to the array type on the server: database/sql has no array type,
+-- and sqlc's database/sql code would wrap them in lib/pq's pq.Array, making
+-- pgsqlstore import a driver.
+
 -- name: LockShards :many
 -- Locks every row of (name, key), waiting, in ascending shard order. The
 -- clock is the argument now or, when it is NULL, the server's, read for each
@@ -125,9 +132,9 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 UPDATE txlimit AS t
 SET value = u.value, ts = u.ts
 FROM (
-    SELECT unnest(sqlc.arg(shards)::integer[]) AS shard,
-           unnest(sqlc.arg(vals)::double precision[]) AS value,
-           unnest(sqlc.arg(tss)::timestamptz[]) AS ts
+    SELECT unnest(sqlc.arg(shards)::text::integer[]) AS shard,
+           unnest(sqlc.arg(vals)::text::double precision[]) AS value,
+           unnest(sqlc.arg(tss)::text::timestamptz[]) AS ts
 ) AS u
 WHERE t.name = sqlc.arg(name) AND t.key = sqlc.arg(key) AND t.shard = u.shard;
 
@@ -152,11 +159,11 @@ WHERE (name, key, shard) IN (
 INSERT INTO txlimit (name, key, shard, value, ts)
 SELECT k.name, k.key, s.shard, k.value, k.ts
 FROM (
-    SELECT unnest(sqlc.arg(names)::text[]) AS name,
-           unnest(sqlc.arg(keys)::text[]) AS key,
-           unnest(sqlc.arg(shard_counts)::integer[]) AS shards,
-           unnest(sqlc.arg(vals)::double precision[]) AS value,
-           unnest(sqlc.arg(tss)::timestamptz[]) AS ts
+    SELECT unnest(sqlc.arg(names)::text::text[]) AS name,
+           unnest(sqlc.arg(keys)::text::text[]) AS key,
+           unnest(sqlc.arg(shard_counts)::text::integer[]) AS shards,
+           unnest(sqlc.arg(vals)::text::double precision[]) AS value,
+           unnest(sqlc.arg(tss)::text::timestamptz[]) AS ts
 ) AS k
 CROSS JOIN LATERAL generate_series(0, k.shards - 1) AS s(shard)
 ORDER BY k.name COLLATE "C", k.key COLLATE "C", s.shard
@@ -173,8 +180,8 @@ SELECT t.name, t.key, t.shard, t.value, t.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
 JOIN (
-    SELECT unnest(sqlc.arg(names)::text[]) AS name,
-           unnest(sqlc.arg(keys)::text[]) AS key
+    SELECT unnest(sqlc.arg(names)::text::text[]) AS name,
+           unnest(sqlc.arg(keys)::text::text[]) AS key
 ) AS k
     ON t.name = k.name AND t.key = k.key
 ORDER BY t.name COLLATE "C", t.key COLLATE "C", t.shard
@@ -184,9 +191,9 @@ FOR UPDATE OF t;
 -- Deletes the listed rows, which the transaction holds.
 DELETE FROM txlimit AS t
 USING (
-    SELECT unnest(sqlc.arg(names)::text[]) AS name,
-           unnest(sqlc.arg(keys)::text[]) AS key,
-           unnest(sqlc.arg(shards)::integer[]) AS shard
+    SELECT unnest(sqlc.arg(names)::text::text[]) AS name,
+           unnest(sqlc.arg(keys)::text::text[]) AS key,
+           unnest(sqlc.arg(shards)::text::integer[]) AS shard
 ) AS u
 WHERE t.name = u.name AND t.key = u.key AND t.shard = u.shard;
 
@@ -207,8 +214,8 @@ SELECT t.name, t.key, t.shard, t.value, t.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
 JOIN (
-    SELECT unnest(sqlc.arg(names)::text[]) AS name,
-           unnest(sqlc.arg(keys)::text[]) AS key
+    SELECT unnest(sqlc.arg(names)::text::text[]) AS name,
+           unnest(sqlc.arg(keys)::text::text[]) AS key
 ) AS k
     ON t.name = k.name AND t.key = k.key
 ORDER BY t.name, t.key, t.shard
@@ -243,234 +250,124 @@ FOR UPDATE OF t SKIP LOCKED;
 -- name: DeleteKeyShards :execrows
 -- DeleteShards for the listed rows of one key, which the transaction holds.
 DELETE FROM txlimit
-WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY (sqlc.arg(shards)::integer[]);
+WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY (sqlc.arg(shards)::text::integer[]);
 
 -- name: ProbeTable :exec
 -- Reads no row, but fails when the table or one of its columns is missing:
 -- the check behind Limiter.Ping.
 SELECT name, key, shard, value, ts FROM txlimit LIMIT 0;
 
--- name: TakeRow :one
--- One admitted call on one row in one statement: it creates the row or locks
--- it (waiting for the transaction that holds it), refills it to the clock,
--- decides and writes, as algo.Take does, and returns the new state and the
--- clock. It returns no row when the call is not granted, when the stored
--- value is not finite, or when the key has rows beyond shard 0 (written under
--- a sharded config, to be pooled: resharded), all left to the store's Go
--- path; the conflicting row is then locked all the same (ON CONFLICT locks it
--- before its WHERE is evaluated), which the store's locked path that follows
--- takes anyway, and nothing is written.
---
--- The arithmetic is algo's, operation for operation, in float8 and in bigint
--- microseconds (the epoch of a timestamptz is an exact numeric), so that the
--- state written is bit for bit the one algo computes; a differential test in
--- pgstore holds it to algo. The parameters are read once, in c, with the
--- clock. The refill and decision appear three times: for a missing row (full:
--- full_value at full_ts, algo.Full), and in the SET and the WHERE of the row
--- that conflicts, which is the version ON CONFLICT locked, not the
--- statement's snapshot. kind is algo.Kind (1 token bucket, 2 fixed window);
--- tol is algo's tolerance. period must be at most 2^53 µs, so that a
--- remainder of it times an interval is exact. A reservation is granted
--- here only when its wait is surely below 2e15 µs (63 years: a bound from
--- above, in float operations the differential test repeats); a longer one is
--- left to the Go path, which refuses waits a Decision cannot hold. OFFSET 0
--- keeps each step a
--- subquery of its own, evaluated once, where PostgreSQL would otherwise pull
--- it up and repeat its expressions at every use. c is evaluated once without
--- AS MATERIALIZED (which YugabyteDB before 2025.1 rejects): PostgreSQL
--- inlines no WITH query that is referenced more than once or calls a
--- volatile function (clock_timestamp), and c does both.
-WITH c AS (
-    SELECT k.clock,
-           CAST(extract(epoch FROM k.clock) * 1000000 AS bigint) AS now_us,
-           sqlc.arg(kind)::integer AS kind,
-           sqlc.arg(rate)::float8 AS rate,
-           sqlc.arg(period)::bigint AS period,
-           sqlc.arg(capacity)::float8 AS capacity,
-           sqlc.arg(max_reserved)::float8 AS max_reserved,
-           sqlc.arg(count)::float8 AS count,
-           sqlc.arg(reserve)::boolean AS reserve,
-           1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8) AS tol,
-           EXISTS (SELECT 1 FROM txlimit AS x
-                   WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0) AS resharded
-    FROM (SELECT CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS k
-)
-INSERT INTO txlimit AS t (name, key, shard, value, ts)
-SELECT sqlc.arg(name), sqlc.arg(key), sqlc.arg(shard)::integer, n.value, n.ts
-FROM c
-CROSS JOIN LATERAL (
-    SELECT sqlc.arg(full_value)::float8 AS v, sqlc.arg(full_ts)::timestamptz AS ts,
-           c.now_us - CAST(extract(epoch FROM sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
-    OFFSET 0
-) AS s
-CROSS JOIN LATERAL (
-    SELECT CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN least(s.v, c.capacity)
-                WHEN c.kind = 2 THEN least(s.v + c.rate * CAST(s.e / c.period AS float8), c.capacity)
-                ELSE least(s.v + CAST(s.e AS float8) * c.rate / CAST(c.period AS float8), c.capacity)
-           END AS v,
-           CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN s.ts
-                WHEN c.kind = 2 THEN c.clock - (s.e % c.period) * interval '1 microsecond'
-                ELSE c.clock
-           END AS ts
-    OFFSET 0
-) AS p
-CROSS JOIN LATERAL (
-    SELECT p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room
-    OFFSET 0
-) AS d
-CROSS JOIN LATERAL (
-    SELECT CASE WHEN d.left_over >= -c.tol
-                THEN CASE WHEN d.left_over > 0 THEN d.left_over ELSE 0 END
-                ELSE d.left_over
-           END AS value,
-           p.ts,
-           NOT c.resharded AND s.v BETWEEN -1e300 AND 1e300
-           AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol)
-                    AND (-d.left_over / c.rate + 2) * CAST(c.period AS float8) + CAST(greatest(-s.e, 0) AS float8) < 2e15)) AS ok
-) AS n
-WHERE n.ok
-ON CONFLICT (name, key, shard) DO UPDATE
-SET (value, ts) = (
-    SELECT n.value, n.ts
-    FROM c
-    CROSS JOIN LATERAL (
-        SELECT t.value AS v, t.ts AS ts,
-               c.now_us - CAST(extract(epoch FROM t.ts) * 1000000 AS bigint) AS e
-        OFFSET 0
-    ) AS s
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN least(s.v, c.capacity)
-                    WHEN c.kind = 2 THEN least(s.v + c.rate * CAST(s.e / c.period AS float8), c.capacity)
-                    ELSE least(s.v + CAST(s.e AS float8) * c.rate / CAST(c.period AS float8), c.capacity)
-               END AS v,
-               CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN s.ts
-                    WHEN c.kind = 2 THEN c.clock - (s.e % c.period) * interval '1 microsecond'
-                    ELSE c.clock
-               END AS ts
-        OFFSET 0
-    ) AS p
-    CROSS JOIN LATERAL (
-        SELECT p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room
-        OFFSET 0
-    ) AS d
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN d.left_over >= -c.tol
-                    THEN CASE WHEN d.left_over > 0 THEN d.left_over ELSE 0 END
-                    ELSE d.left_over
-               END AS value,
-               p.ts,
-               NOT c.resharded AND s.v BETWEEN -1e300 AND 1e300
-               AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol)
-                    AND (-d.left_over / c.rate + 2) * CAST(c.period AS float8) + CAST(greatest(-s.e, 0) AS float8) < 2e15)) AS ok
-    ) AS n
-)
-WHERE (
-    SELECT n.ok
-    FROM c
-    CROSS JOIN LATERAL (
-        SELECT t.value AS v, t.ts AS ts,
-               c.now_us - CAST(extract(epoch FROM t.ts) * 1000000 AS bigint) AS e
-        OFFSET 0
-    ) AS s
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN least(s.v, c.capacity)
-                    WHEN c.kind = 2 THEN least(s.v + c.rate * CAST(s.e / c.period AS float8), c.capacity)
-                    ELSE least(s.v + CAST(s.e AS float8) * c.rate / CAST(c.period AS float8), c.capacity)
-               END AS v,
-               CASE WHEN s.e <= 0 OR (c.kind = 2 AND s.e < c.period) THEN s.ts
-                    WHEN c.kind = 2 THEN c.clock - (s.e % c.period) * interval '1 microsecond'
-                    ELSE c.clock
-               END AS ts
-        OFFSET 0
-    ) AS p
-    CROSS JOIN LATERAL (
-        SELECT p.v - c.count AS left_over, p.v - (c.count - c.max_reserved) AS reserve_room
-        OFFSET 0
-    ) AS d
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN d.left_over >= -c.tol
-                    THEN CASE WHEN d.left_over > 0 THEN d.left_over ELSE 0 END
-                    ELSE d.left_over
-               END AS value,
-               p.ts,
-               NOT c.resharded AND s.v BETWEEN -1e300 AND 1e300
-               AND (d.left_over >= -c.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -c.tol)
-                    AND (-d.left_over / c.rate + 2) * CAST(c.period AS float8) + CAST(greatest(-s.e, 0) AS float8) < 2e15)) AS ok
-    ) AS n
-)
-RETURNING t.value, t.ts, (SELECT c.clock FROM c) AS clock;
-
 -- name: TakeBucket :one
--- TakeRow for the common case, lean: one token bucket call that is not a
--- reservation. TakeRow's steps are subqueries that PostgreSQL sets up anew
--- at every execution, three times over (for a missing row, in the SET and in
--- the WHERE), which made it cost the server three times the hand-written
--- SELECT … FOR UPDATE plus UPDATE (instructions counted under callgrind);
--- this statement has no subquery but the test for shards beyond 0, and its
--- expressions are small enough to repeat. The clock is statement_timestamp(),
--- the server's time at the call like clock_timestamp() but stable within the
--- statement, so that every use reads the same instant.
+-- One admitted call of a token bucket that is not a reservation, in one
+-- statement: it creates the key's row or locks it (waiting for the
+-- transaction that holds it), refills it to the clock, decides and writes,
+-- with the functions of migration 00003 (algo's arithmetic, operation for
+-- operation: TestTakeRowMatchesAlgo holds the rows it writes to algo). It
+-- returns the new state and the clock, or no row when the call is not
+-- granted, when the stored value is not finite, or when the key has rows
+-- beyond shard 0 (written under a sharded config, to be pooled: resharded);
+-- all of those are left to the store's Go path, and nothing is written. The
+-- conflicting row is then locked all the same (ON CONFLICT locks it before
+-- its WHERE is evaluated), which that locked path takes anyway.
 --
--- A missing row is full (Capacity at ts 0, algo.Full): refilled it stays
--- Capacity, so taking count leaves Capacity - count, stamped now (or at 0,
--- the row's own time, for a clock before 1970). The INSERT proposes that
--- row only when the key has no rows beyond shard 0 (a sharded config's, to
--- be resharded by the Go path): with no row proposed there is no conflict,
--- so the ON CONFLICT branch need not look again. On a conflict the row is locked (waiting for
--- its holder) and its latest version refilled and decided as algo.Take
--- does: elapsed e in microseconds, e <= 0 adds nothing (v + 0 is v), the
--- value capped at Capacity, what is left floored at 0 (greatest(0, x) keeps
--- +0 where x is -0, as algo's x > 0 test does), the time the later of the
--- row's and the clock. No row comes back when the call does not fit or the
--- stored value is not finite; the store then takes its locked path.
+-- A missing row is full (algo.Full): what a take leaves of it does not
+-- depend on the clock, so the store computes it with algo (fresh_value, and
+-- fresh_ok whether it grants) and the statement only stamps it. The INSERT
+-- proposes that row only when it grants and the key has no rows beyond
+-- shard 0: with such rows there is no conflict, so the ON CONFLICT branch
+-- need not look again. On a conflict the latest version of the row (the one
+-- ON CONFLICT locked, not the statement's snapshot) is refilled and decided.
+-- The clock is statement_timestamp(), the server's time at the call, stable
+-- within the statement so that every use reads the same instant. The
+-- elapsed time is written out where it is used rather than computed once in
+-- a subquery: PostgreSQL sets a subquery up anew at every execution, which
+-- costs more than repeating the few operations. period must be at most
+-- 2^53 µs and every magnitude at most 1e200 (driver.InSQL).
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
-SELECT sqlc.arg(name), sqlc.arg(key), 0,
-       greatest(0, sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8),
-       greatest(timestamptz 'epoch', COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
-WHERE sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8 >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
+       txlimit_bucket_ts(sqlc.arg(full_ts)::timestamptz, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
+WHERE sqlc.arg(fresh_ok)::boolean
   AND NOT EXISTS (SELECT 1 FROM txlimit AS x
                   WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)
 ON CONFLICT (name, key, shard) DO UPDATE
-SET value = greatest(0,
-        least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
-                        * sqlc.arg(rate)::float8 / CAST(sqlc.arg(period)::bigint AS float8),
-              sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
-    ts = greatest(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
+SET value = txlimit_kept(txlimit_bucket_refill(t.value,
+                CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
+    ts = txlimit_bucket_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
 WHERE t.value BETWEEN -1e300 AND 1e300
-  AND least(t.value + CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) AS float8)
-                      * sqlc.arg(rate)::float8 / CAST(sqlc.arg(period)::bigint AS float8),
-            sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8
-      >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+  AND txlimit_fits(txlimit_bucket_refill(t.value,
+          CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+          sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+      sqlc.arg(capacity)::float8)
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
 
 -- name: TakeWindow :one
--- TakeBucket for a fixed window: one call that is not a reservation, in a
--- statement as lean. A missing row is full at full_ts (algo.Full: the
--- window origin); either row is advanced by whole periods: w = e / period
--- windows refill rate each (w = 0 for e < period, where v + 0 is v), and
--- the time moves to the start of the current window, clock - e % period,
--- only when a window has passed.
+-- TakeBucket for a fixed window, with the window's functions: the row's
+-- time moves to the start of the window the clock is in.
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
-SELECT sqlc.arg(name), sqlc.arg(key), 0,
-       greatest(0, sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8),
-       CASE WHEN f.e < sqlc.arg(period)::bigint THEN sqlc.arg(full_ts)::timestamptz
-            ELSE f.clock - (f.e % sqlc.arg(period)::bigint) * interval '1 microsecond'
-       END
+SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
+       txlimit_window_ts(sqlc.arg(full_ts)::timestamptz, f.clock, f.e, sqlc.arg(period)::bigint)
 FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
       FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
-WHERE sqlc.arg(capacity)::float8 - sqlc.arg(count)::float8 >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+WHERE sqlc.arg(fresh_ok)::boolean
   AND NOT EXISTS (SELECT 1 FROM txlimit AS x
                   WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)
 ON CONFLICT (name, key, shard) DO UPDATE
-SET value = greatest(0,
-        least(t.value + sqlc.arg(rate)::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / sqlc.arg(period)::bigint AS float8),
-              sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
-    ts = CASE WHEN CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) < sqlc.arg(period)::bigint THEN t.ts
-              ELSE COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp())
-                   - (CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint) % sqlc.arg(period)::bigint) * interval '1 microsecond'
-         END
+SET value = txlimit_kept(txlimit_window_refill(t.value,
+                CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
+    ts = txlimit_window_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()),
+             CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+             sqlc.arg(period)::bigint)
 WHERE t.value BETWEEN -1e300 AND 1e300
-  AND least(t.value + sqlc.arg(rate)::float8 * CAST(greatest(CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint), 0) / sqlc.arg(period)::bigint AS float8),
-            sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8
-      >= -1e-9::float8 * greatest(1, sqlc.arg(capacity)::float8)
+  AND txlimit_fits(txlimit_window_refill(t.value,
+          CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+          sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+      sqlc.arg(capacity)::float8)
+RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
+
+-- name: TakeReserve :one
+-- TakeBucket for a reservation of either kind: the call fits, or it is
+-- granted as a debt within max_reserved (0: no cap) whose wait is surely
+-- below 2e15 µs (txlimit_wait_bounded; a longer one is left to the Go path,
+-- which refuses waits a Decision cannot hold). A fresh row is proposed only
+-- when the clock is not before its time, where what the store computed for
+-- it holds.
+INSERT INTO txlimit AS t (name, key, shard, value, ts)
+SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
+       txlimit_refill_ts(sqlc.arg(kind)::integer, sqlc.arg(full_ts)::timestamptz, f.clock, f.e, sqlc.arg(period)::bigint)
+FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
+      FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
+WHERE sqlc.arg(fresh_ok)::boolean
+  AND NOT EXISTS (SELECT 1 FROM txlimit AS x
+                  WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)
+ON CONFLICT (name, key, shard) DO UPDATE
+SET value = CASE WHEN txlimit_fits(txlimit_refill(sqlc.arg(kind)::integer, t.value,
+                          CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                          sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+                      sqlc.arg(capacity)::float8)
+                 THEN txlimit_kept(txlimit_refill(sqlc.arg(kind)::integer, t.value,
+                          CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                          sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8)
+                 ELSE txlimit_refill(sqlc.arg(kind)::integer, t.value,
+                          CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                          sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8
+            END,
+    ts = txlimit_refill_ts(sqlc.arg(kind)::integer, t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()),
+             CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+             sqlc.arg(period)::bigint)
+WHERE t.value BETWEEN -1e300 AND 1e300
+  AND (txlimit_fits(txlimit_refill(sqlc.arg(kind)::integer, t.value,
+               CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+               sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+           sqlc.arg(capacity)::float8)
+       OR (txlimit_within_debt(txlimit_refill(sqlc.arg(kind)::integer, t.value,
+                   CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                   sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+               sqlc.arg(capacity)::float8, sqlc.arg(max_reserved)::float8)
+           AND txlimit_wait_bounded(txlimit_refill(sqlc.arg(kind)::integer, t.value,
+                   CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+                   sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+               sqlc.arg(rate)::float8, sqlc.arg(period)::bigint,
+               CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint))))
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;

@@ -1,0 +1,108 @@
+package txlimit
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/txlimit/txlimit/driver"
+)
+
+var (
+	// ErrRateLimited matches (errors.Is) every *RateLimitedError.
+	ErrRateLimited = errors.New("txlimit: rate limited")
+	// ErrInvalid matches (errors.Is) every *InvalidError.
+	ErrInvalid = errors.New("txlimit: invalid argument")
+	// ErrUnknownLimit matches the *InvalidError for a name that New was not
+	// given, in a call without WithConfig.
+	ErrUnknownLimit = errors.New("txlimit: unknown limit")
+	// ErrNoPool is returned by the forms without Tx when the store has no
+	// pool or database.
+	ErrNoPool = driver.ErrNoPool
+	// ErrNotMigrated matches the error of every call on a database whose
+	// txlimit table is missing or out of date: run migrations.Up first.
+	// Limiter.Ping reports it at startup. Options.FailOpen never grants on
+	// it: it is a mistake in the deployment, not an outage.
+	ErrNotMigrated = driver.ErrNotMigrated
+)
+
+// RateLimitedError is the error form of a denied Result.
+type RateLimitedError struct {
+	Name       string
+	Key        string
+	RetryAfter time.Duration
+}
+
+func (e *RateLimitedError) Error() string {
+	return fmt.Sprintf("txlimit: limit %q key %q: rate limited, retry after %v", e.Name, e.Key, e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrRateLimited) true.
+func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimited }
+
+// InvalidError reports bad input: a config, a name, a key or a count. When it
+// is returned nothing was written.
+type InvalidError struct {
+	Limit   string // the limit's name, when known
+	Field   string // the offending field or argument
+	Problem string // what is wrong and how to fix it
+	unknown bool
+}
+
+func (e *InvalidError) Error() string {
+	var b strings.Builder
+	b.WriteString("txlimit: ")
+	if e.Limit != "" {
+		fmt.Fprintf(&b, "limit %q: ", e.Limit)
+	}
+	b.WriteString(e.Field)
+	b.WriteString(" ")
+	b.WriteString(e.Problem)
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrInvalid) true, and errors.Is(err,
+// ErrUnknownLimit) for an unknown name.
+func (e *InvalidError) Is(target error) bool {
+	return target == ErrInvalid || (e.unknown && target == ErrUnknownLimit)
+}
+
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
+func validName(name string) error {
+	if name == "" {
+		return &InvalidError{Field: "name", Problem: "is empty; every limit needs a name"}
+	}
+	return validText("name", name, name)
+}
+
+// MaxNameLen and MaxKeyLen bound the length in bytes of a limit's name and
+// key, so that (name, key, shard) fits one index entry on every store
+// (PostgreSQL's B-tree takes at most 2704 bytes). A longer key is an
+// *InvalidError on every store; hash it first (for example the hex of its
+// SHA-256) when it can be longer.
+const (
+	MaxNameLen = 256
+	MaxKeyLen  = 2048
+)
+
+func validText(field, limit, s string) error {
+	bound := MaxKeyLen
+	if field == "name" {
+		bound = MaxNameLen
+	}
+	if len(s) > bound {
+		return &InvalidError{Limit: limit, Field: field, Problem: fmt.Sprintf(
+			"is %d bytes long, more than the %d a limit's %s may have; hash it first (for example the hex of its SHA-256)", len(s), bound, field)}
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		return &InvalidError{Limit: limit, Field: field, Problem: "contains a NUL byte, which PostgreSQL text cannot hold; encode it (hex, base64) first"}
+	}
+	if !utf8.ValidString(s) {
+		return &InvalidError{Limit: limit, Field: field, Problem: "is not valid UTF-8; encode it (hex, base64) first"}
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package pgproto
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/algocase"
+	"github.com/txlimit/txlimit/internal/testdb"
+)
+
+// TestTakeRowMatchesAlgo is the differential test of the one-statement takes:
+// random configs, prior states, counts and clocks go through algo.Take and
+// through the statement the store picks (TakeBucket, TakeWindow, or TakeReserve
+// for a reservation), which must grant exactly when algo grants and store
+// exactly algo's state, bit for bit (the arithmetic is the same IEEE
+// operations in the same order, and instants are exact microseconds). A
+// denial must write nothing. The store's whole Take (TakeRow, then the Go
+// path when it grants nothing) must match algo too.
+//
+// Bit for bit holds where Go rounds every operation, as on amd64 at the
+// default GOAMD64=v1. The Go spec lets a compiler fuse x*y+z into one FMA
+// (arm64, ppc64, s390x, amd64 v3 do), which rounds once where SQL rounds
+// twice: algo's fixed-window refill, Value + Rate*float64(windows), could
+// then differ from the SQL in the last bit (half an ulp of the value). An
+// explicit float64(Rate*float64(windows)) in algo forbids the fusion.
+func TestTakeRowMatchesAlgo(t *testing.T) {
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 4)
+	cases := algocase.Generate(13, 3000)
+	algocase.RequireCoverage(t, cases)
+	for i, c := range cases {
+		name := fmt.Sprintf("case %d: %+v state %+v now %d count %v reserve %v", i, c.Limit, c.State, c.Now, c.Count, c.Reserve)
+		want, wantD := c.Want()
+		now := time.UnixMicro(c.Now)
+		p := driver.TakeParams{Limit: c.Limit, Count: c.Count, Reserve: c.Reserve, Now: &now}
+		require.True(t, driver.InSQL(p), name)
+
+		// The statement alone.
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			seed(ctx, t, tx, c)
+			got, clock, ok, err := TakeRow(ctx, tx, p)
+			require.NoError(t, err, name)
+			rows := stored(ctx, t, tx, c)
+			if !wantD.OK || algocase.LongReservation(c, want) {
+				require.False(t, ok, "%s: algo denies, the statement grants %+v", name, got)
+				algocase.RequireStored(t, c.State, rows, name+": a denial writes nothing")
+				return errRollback
+			}
+			require.True(t, ok, "%s: algo grants %+v %+v", name, want, wantD)
+			algocase.RequireBits(t, want, got, name)
+			require.Equal(t, wantD, driver.Granted(c.Limit.Config, got, c.Now), name)
+			require.True(t, clock.Equal(now), name)
+			require.Len(t, rows, 1, name)
+			algocase.RequireBits(t, want, rows[0], name+": stored")
+			return errRollback
+		})
+		require.ErrorIs(t, err, errRollback)
+
+		// The store's Take, which falls back to the Go path on a denial.
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			seed(ctx, t, tx, c)
+			res, err := Protocol{}.Take(ctx, tx, p)
+			require.NoError(t, err, name)
+			require.Equal(t, wantD, res.Decision, name)
+			rows := stored(ctx, t, tx, c)
+			if !wantD.OK {
+				requireUnchanged(t, c, rows, name+": a denial writes nothing")
+			} else {
+				require.Len(t, rows, 1, name)
+				algocase.RequireBits(t, want, rows[0], name+": stored by Take")
+			}
+			return errRollback
+		})
+		require.ErrorIs(t, err, errRollback)
+	}
+}
+
+var errRollback = errors.New("rolled back")
+
+// seed stores c's prior row, if it has one, in tx.
+func seed(ctx context.Context, t *testing.T, tx pgx.Tx, c algocase.Case) {
+	t.Helper()
+	_, err := tx.Exec(ctx, `DELETE FROM txlimit WHERE name = $1 AND key = $2`, c.Limit.Name, c.Limit.Key)
+	require.NoError(t, err)
+	if c.State != nil {
+		_, err = tx.Exec(ctx, `INSERT INTO txlimit (name, key, shard, value, ts) VALUES ($1, $2, 0, $3, $4)`,
+			c.Limit.Name, c.Limit.Key, c.State.Value, time.UnixMicro(c.State.TS))
+		require.NoError(t, err)
+	}
+}
+
+func stored(ctx context.Context, t *testing.T, tx pgx.Tx, c algocase.Case) []algo.State {
+	t.Helper()
+	rows, err := tx.Query(ctx, `SELECT value, ts FROM txlimit WHERE name = $1 AND key = $2`, c.Limit.Name, c.Limit.Key)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (algo.State, error) {
+		var s algo.State
+		var ts time.Time
+		err := r.Scan(&s.Value, &ts)
+		s.TS = ts.UnixMicro()
+		return s, err
+	})
+	require.NoError(t, err)
+	return out
+}
+
+// requireUnchanged is algocase.RequireStored for the store's whole Take,
+// whose locked path creates a missing row before it locks it (INSERT … ON
+// CONFLICT DO NOTHING): a denial may leave that row, full (algo.Full), which
+// is the same state as no row.
+func requireUnchanged(t *testing.T, c algocase.Case, rows []algo.State, msg string) {
+	t.Helper()
+	if c.State == nil && len(rows) == 1 {
+		algocase.RequireBits(t, c.Limit.Full(), rows[0], msg+": the row the locked path created")
+		return
+	}
+	algocase.RequireStored(t, c.State, rows, msg)
+}
+
+// A key whose rows were written under Shards 4 and is now taken with Shards
+// 1 is pooled into one row (driver.Decide), not served from shard 0 alone:
+// TakeRow leaves it to the Go path.
+func TestTakeRowLeavesReshardToGo(t *testing.T) {
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 2)
+	now := time.UnixMicro(1_700_000_000_000_000)
+	l := driver.Limit{Name: "reshard", Key: "k", Shards: 1,
+		Config: algo.Config{Kind: algo.TokenBucket, Rate: 8, Period: 3_600_000_000, Capacity: 8}}
+	var had []driver.Row
+	for shard := range 4 {
+		had = append(had, driver.Row{Shard: int32(shard), Value: 0.5, TS: now})
+		_, err := pool.Exec(ctx, `INSERT INTO txlimit (name, key, shard, value, ts) VALUES ($1, $2, $3, 0.5, $4)`, l.Name, l.Key, shard, now)
+		require.NoError(t, err)
+	}
+	p := driver.TakeParams{Limit: l, Count: 0.25, Now: &now} // shard 0 alone has it
+	want, wantD, _ := driver.Decide(p, had, now)
+	require.True(t, wantD.OK, "the four shards pool 2 tokens")
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		res, err := Protocol{}.Take(ctx, tx, p)
+		require.NoError(t, err)
+		require.Equal(t, wantD, res.Decision)
+		rows := stored(ctx, t, tx, algocase.Case{Limit: l})
+		require.Len(t, rows, 1, "the extra shards are deleted")
+		algocase.RequireBits(t, want[0], rows[0], "pooled")
+		return nil
+	}))
+}

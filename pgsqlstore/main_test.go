@@ -1,0 +1,11 @@
+package pgsqlstore_test
+
+import (
+	"testing"
+
+	"github.com/txlimit/txlimit/internal/testdb"
+)
+
+// TestMain runs testdb.ParallelTests parallel tests at once, not go test's
+// one per core: they wait on PostgreSQL, not on the CPU.
+func TestMain(m *testing.M) { testdb.Main(m) }

@@ -1,0 +1,131 @@
+package txlimit
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/txlimit/txlimit/algo"
+)
+
+// Result is the outcome of Limit or Check, or of one limit of LimitAll.
+type Result struct {
+	Name string
+	Key  string
+	// Count is the number of tokens the call asked for: what a cancelled
+	// reservation gives back with Credit.
+	Count float64
+	// OK reports whether the tokens were granted (or, for Check, would be).
+	OK bool
+	// FailedOpen reports that the store failed and Options.FailOpen
+	// granted the call without consuming anything (the error went to the
+	// Observer).
+	FailedOpen bool
+	// RetryAfter is, when OK is false, the time until the same request
+	// would be granted. When OK is true and RetryAfter > 0, the tokens were
+	// reserved: run the work after RetryAfter, without checking again.
+	// It is never negative and never more than MaxWait: a denial whose
+	// wait is longer says MaxWait.
+	RetryAfter time.Duration
+	// At is the clock reading the decision was made at.
+	At time.Time
+	// Remaining is the number of tokens the limit holds after the call,
+	// summed over all shards and projected to At: what later calls may
+	// take. After a denial (or a Check), nothing was taken and it is what
+	// the limit holds; it is negative while reservations are outstanding.
+	// It is read under the call's locks, except where the call locked
+	// nothing or not every shard (a denial decided on committed state, a
+	// sharded limit served from one free shard on PostgreSQL with
+	// WithRemaining): there the other shards count as last committed, and
+	// transactions that hold them may be changing them. It is 0 when
+	// Partial is set.
+	Remaining float64
+	// NextToken is the time from At until the limit holds one whole token
+	// more than floor(Remaining) (at least one), if no call takes or gives
+	// back tokens meanwhile: for that long a caller told it has
+	// floor(Remaining) whole tokens cannot get more. It is what the HTTP
+	// RateLimit header calls the effective window (package httplimit sends
+	// it as t). It is 0 when the limit will never hold that many (its
+	// Capacity is lower), and when Partial is set; never more than MaxWait.
+	NextToken time.Duration
+	// Partial reports that the call read only one shard of a sharded
+	// limit, so that Remaining and NextToken are unknown (and 0): a call
+	// PostgreSQL served from one free shard, without WithRemaining.
+	Partial bool
+}
+
+// Reserved reports whether the tokens were granted as a reservation for
+// later.
+func (r Result) Reserved() bool { return r.OK && r.RetryAfter > 0 }
+
+// ReadyAt returns At plus RetryAfter: for a reservation, when the reserved
+// work may run (a job's scheduled time); for a denial, when the same request
+// would be granted; for an ordinary grant, At. It is on the clock the
+// decision used (the database's, unless Options.Clock).
+func (r Result) ReadyAt() time.Time { return r.At.Add(r.RetryAfter) }
+
+// Err returns nil when the result is OK (a reservation included) and a
+// *RateLimitedError otherwise, for code that prefers the error style.
+func (r Result) Err() error {
+	if r.OK {
+		return nil
+	}
+	return &RateLimitedError{Name: r.Name, Key: r.Key, RetryAfter: r.RetryAfter}
+}
+
+// Snapshot is the state of a limit for display, returned by Value.
+type Snapshot struct {
+	// Value is the number of tokens available now, summed over all shards,
+	// in the limit's own units (not per shard). Negative while reservations
+	// are outstanding.
+	Value float64
+	// At is the clock reading Value was projected to.
+	At time.Time
+	// Config is the limit's normalized configuration.
+	Config Config
+}
+
+// result is the Result of decision d made at at, where states are the
+// shards after the call (unchanged when nothing was taken), or nil when the
+// store read one shard only (Partial).
+func (r request) result(d algo.Decision, at time.Time, states []algo.State) (Result, error) {
+	if d.Overflow {
+		return Result{}, r.overflowError()
+	}
+	res := Result{
+		Name: r.name, Key: r.key, Count: r.count, OK: d.OK,
+		RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
+		At:         at,
+		Partial:    states == nil,
+	}
+	if states != nil {
+		now := at.UnixMicro()
+		res.Remaining = algo.Pooled(r.shard(), states, now)
+		res.NextToken = r.nextToken(states, now, res.Remaining)
+	}
+	return res, nil
+}
+
+// overflowError is the error of a reservation that algo refused because
+// its wait would reach MaxWait or its debt leave float64's range.
+func (r request) overflowError() error {
+	c := r.config
+	return &InvalidError{Limit: r.name, Field: "Count", Problem: fmt.Sprintf(
+		"%v reserved at Rate %v per %v would put the limit in a debt it repays only after txlimit.MaxWait (about 146 years) or more, "+
+			"or beyond what a float64 holds; nothing was taken. Lower Count, raise Rate, or set MaxReserved to cap the debt",
+		r.count, c.Rate, c.Period)}
+}
+
+// nextToken returns the time until the shards, left alone, pool one whole
+// token more than floor(remaining) (at least one), or 0 when that exceeds
+// the limit's capacity.
+func (r request) nextToken(states []algo.State, now int64, remaining float64) time.Duration {
+	target := math.Floor(max(remaining, 0)) + 1
+	if target > r.config.Capacity {
+		return 0
+	}
+	// The time until a request of target tokens would fit is exactly the
+	// time until the limit holds target tokens.
+	_, d := algo.TakeShards(r.shard(), states, now, target, false)
+	return time.Duration(d.RetryAfter) * time.Microsecond
+}

@@ -1,0 +1,19 @@
+package sqlitestore_test
+
+import (
+	"database/sql"
+	"testing"
+
+	"github.com/txlimit/txlimit/internal/storetest"
+	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/sqlitestore"
+)
+
+// TestSQLite runs the conformance suite on SQLite.
+func TestSQLite(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, func(t *testing.T, _ int32) storetest.Harness[*sql.Tx] {
+		db := testdb.OpenSQLite(t)
+		return testdb.SQLiteHarness(db, sqlitestore.New(db))
+	})
+}
