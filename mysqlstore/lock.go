@@ -445,8 +445,8 @@ func credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
 	return store(ctx, tx, p.Limit, k.all, driver.CreditStates(p, k.had, k.at))
 }
 
-// deleteKey is driver.Store.Delete.
-func deleteKey(ctx context.Context, tx *sql.Tx, p driver.KeyParams) error {
+// reset is driver.Store.Reset.
+func reset(ctx context.Context, tx *sql.Tx, p driver.ResetParams) error {
 	return wrap(ctx, tx, "delete the limit's rows", queries.DeleteKey(ctx, tx, gen.DeleteKeyParams{Name: []byte(p.Name), Key: []byte(p.Key)}))
 }
 

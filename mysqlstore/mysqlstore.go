@@ -157,7 +157,9 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) err
 // documentation lists (ErrDSN otherwise, naming the parameter), and has the
 // txlimit table with every column the library uses (txlimit.ErrNotMigrated
 // otherwise).
-func (s *Store) Ping(ctx context.Context) error { return ping(ctx, s.db) }
+// The store has no escrow mode (txlimit.New refuses Config.Escrow on it), so
+// p.Escrow asks for nothing more.
+func (s *Store) Ping(ctx context.Context, _ driver.PingParams) error { return ping(ctx, s.db) }
 
 // Take implements driver.Store.
 func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
@@ -180,12 +182,17 @@ func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) e
 	return credit(ctx, tx, p)
 }
 
-// Delete implements driver.Store.
-func (s *Store) Delete(ctx context.Context, tx *sql.Tx, p driver.KeyParams) error {
-	return deleteKey(ctx, tx, p)
+// Reset implements driver.Store. The store has no escrow calls to detach.
+func (s *Store) Reset(ctx context.Context, tx *sql.Tx, p driver.ResetParams) error {
+	return reset(ctx, tx, p)
 }
 
-// Prune implements driver.Store.
-func (s *Store) Prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneResult, error) {
-	return prune(ctx, tx, p)
+// Prune implements driver.Store: one batch in a short transaction of its
+// own.
+func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
+	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
+		res, err = prune(ctx, tx, p)
+		return err
+	})
+	return res, err
 }

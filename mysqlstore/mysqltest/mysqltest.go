@@ -27,6 +27,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -141,4 +143,23 @@ func Database(tb testing.TB, conns int) *sql.DB {
 		tb.Fatalf("migrations.Up: %v", err)
 	}
 	return db
+}
+
+// ServerName names the server the tests run against, such as
+// "MariaDB_10.11" or "MySQL_8.4", for subtest names.
+func ServerName(tb testing.TB) string {
+	tb.Helper()
+	db := Open(tb, Config(tb), 1)
+	var version string
+	if err := db.QueryRow("SELECT VERSION()").Scan(&version); err != nil {
+		tb.Fatal(err)
+	}
+	product := "MySQL"
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		product = "MariaDB"
+	}
+	if m := regexp.MustCompile(`^\d+\.\d+`).FindString(version); m != "" {
+		return product + "_" + m
+	}
+	return product
 }

@@ -1,0 +1,56 @@
+package mysqltest
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlimit/txlimit/internal/storetest"
+	"github.com/txlimit/txlimit/mysqlstore"
+)
+
+// Harness adapts mysqlstore on db to the conformance suite.
+func Harness(db *sql.DB) storetest.Harness[*sql.Tx] {
+	return storetest.Harness[*sql.Tx]{
+		Store: mysqlstore.New(db),
+		Begin: func(t *testing.T) *sql.Tx {
+			tx, err := db.BeginTx(context.Background(), nil)
+			require.NoError(t, err)
+			// A failed assertion must not leak the connection.
+			t.Cleanup(func() { _ = tx.Rollback() })
+			return tx
+		},
+		Commit:   func(tx *sql.Tx) error { return tx.Commit() },
+		Rollback: func(tx *sql.Tx) { _ = tx.Rollback() },
+		Rows:     func(t *testing.T, name, key string) []string { return Rows(t, db, name, key) },
+		Conns:    db.Stats().MaxOpenConnections - 1,
+		// A sharded call takes from one shard that no other transaction
+		// holds (FOR UPDATE SKIP LOCKED).
+		SkipsLocked: true,
+	}
+}
+
+// Rows returns the stored rows of (name, key) as text, in shard order: the
+// value as the shortest decimal that is the same float64, the time to the
+// microsecond.
+func Rows(t *testing.T, db *sql.DB, name, key string) []string {
+	t.Helper()
+	rows, err := db.Query("SELECT shard, value, ts FROM txlimit WHERE name = ? AND `key` = ? ORDER BY shard", []byte(name), []byte(key))
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var shard int
+		var value float64
+		var ts time.Time
+		require.NoError(t, rows.Scan(&shard, &value, &ts))
+		out = append(out, fmt.Sprintf("%d %s %s", shard, strconv.FormatFloat(value, 'g', -1, 64), ts.Format("2006-01-02 15:04:05.000000")))
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
