@@ -1,0 +1,148 @@
+package mysqltest
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/algocase"
+	"github.com/txlimit/txlimit/mysqlstore"
+	"github.com/txlimit/txlimit/mysqlstore/internal/takerow"
+)
+
+// TestTakeRowMatchesAlgo is the differential test of the one-statement take
+// on MySQL: random configs, prior states, counts and clocks go through
+// algo.Take and through takerow.SQL, which must grant exactly when algo
+// grants and store exactly algo's state, bit for bit (DOUBLE is IEEE
+// arithmetic, TIMESTAMPDIFF and TIMESTAMPADD on DATETIME(6) exact). A
+// denial must write nothing. The store's whole Take must match algo too.
+func TestTakeRowMatchesAlgo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := Database(t, 2)
+	store := mysqlstore.New(db)
+	cases := algocase.Generate(27, 1000)
+	algocase.RequireCoverage(t, cases)
+	run := func(fn func(tx *sql.Tx)) {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, tx.Rollback()) }()
+		fn(tx)
+	}
+	for i, c := range cases {
+		name := fmt.Sprintf("case %d: %+v state %+v now %d count %v reserve %v", i, c.Limit, c.State, c.Now, c.Count, c.Reserve)
+		want, wantD := c.Want()
+		now := time.UnixMicro(c.Now)
+		p := driver.TakeParams{Limit: c.Limit, Count: c.Count, Reserve: c.Reserve, Now: &now}
+		require.True(t, driver.InSQL(p), name)
+
+		run(func(tx *sql.Tx) {
+			seed(ctx, t, tx, c)
+			r, err := takerow.Run(ctx, tx, p, &now)
+			require.NoError(t, err, name)
+			granted := r.Affected > 0 && r.Granted
+			rows := stored(ctx, t, tx, c)
+			if !wantD.OK || algocase.LongReservation(c, want) {
+				require.False(t, granted, "%s: algo denies, the statement grants %+v", name, r)
+				algocase.RequireStored(t, c.State, rows, name+": a denial writes nothing")
+				return
+			}
+			if !granted && c.State != nil && r.Affected == 0 && want == *c.State {
+				// A grant that changes nothing (Count 0 within a window)
+				// counts no affected row: the store's locked path grants
+				// it again, to the same effect (the Take below).
+				algocase.RequireStored(t, c.State, rows, name+": nothing to write")
+				return
+			}
+			require.True(t, granted, "%s: algo grants %+v %+v, the statement: %+v", name, want, wantD, r)
+			require.Equal(t, wantD, driver.Granted(c.Limit.Config, algo.State{Value: r.Value, TS: r.TS.UnixMicro()}, c.Now), name)
+			algocase.RequireBits(t, want, algo.State{Value: r.Value, TS: r.TS.UnixMicro()}, name)
+			require.Equal(t, now.UTC(), r.Clock, name)
+			require.Len(t, rows, 1, name)
+			algocase.RequireBits(t, want, rows[0], name+": stored")
+		})
+		run(func(tx *sql.Tx) {
+			seed(ctx, t, tx, c)
+			res, err := store.Take(ctx, tx, p)
+			require.NoError(t, err, name)
+			require.Equal(t, wantD, res.Decision, name)
+			rows := stored(ctx, t, tx, c)
+			if !wantD.OK {
+				algocase.RequireStored(t, c.State, rows, name+": a denial writes nothing")
+				return
+			}
+			require.Len(t, rows, 1, name)
+			algocase.RequireBits(t, want, rows[0], name+": stored by Take")
+		})
+	}
+}
+
+// seed stores c's prior row, if it has one, in tx.
+func seed(ctx context.Context, t *testing.T, tx *sql.Tx, c algocase.Case) {
+	t.Helper()
+	_, err := tx.ExecContext(ctx, "DELETE FROM txlimit WHERE name = ? AND `key` = ?", []byte(c.Limit.Name), []byte(c.Limit.Key))
+	require.NoError(t, err)
+	if c.State != nil {
+		_, err = tx.ExecContext(ctx, "INSERT INTO txlimit (name, `key`, shard, value, ts) VALUES (?, ?, 0, ?, ?)",
+			[]byte(c.Limit.Name), []byte(c.Limit.Key), c.State.Value, time.UnixMicro(c.State.TS).UTC())
+		require.NoError(t, err)
+	}
+}
+
+func stored(ctx context.Context, t *testing.T, tx *sql.Tx, c algocase.Case) []algo.State {
+	t.Helper()
+	rows, err := tx.QueryContext(ctx, "SELECT value, ts FROM txlimit WHERE name = ? AND `key` = ?", []byte(c.Limit.Name), []byte(c.Limit.Key))
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []algo.State
+	for rows.Next() {
+		var s algo.State
+		var ts time.Time
+		require.NoError(t, rows.Scan(&s.Value, &ts))
+		s.TS = ts.UnixMicro()
+		out = append(out, s)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// A key whose rows were written under Shards 4 and is now taken with Shards
+// 1 is pooled into one row (driver.Decide), not served from shard 0 alone:
+// the one-statement take writes shard 0, finds the other shards, and the
+// locked path decides on shard 0 as it was before.
+func TestTakeRowLeavesReshardToGo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := Database(t, 2)
+	s := mysqlstore.New(db)
+	now := time.UnixMicro(1_700_000_000_000_000).UTC()
+	l := driver.Limit{Name: "reshard", Key: "k", Shards: 1,
+		Config: algo.Config{Kind: algo.TokenBucket, Rate: 8, Period: 3_600_000_000, Capacity: 8}}
+	var had []driver.Row
+	for shard := range 4 {
+		had = append(had, driver.Row{Shard: int32(shard), Value: 0.5, TS: now})
+		_, err := db.ExecContext(ctx, "INSERT INTO txlimit (name, `key`, shard, value, ts) VALUES (?, ?, ?, 0.5, ?)",
+			[]byte(l.Name), []byte(l.Key), shard, now)
+		require.NoError(t, err)
+	}
+	for _, count := range []float64{0.25, 1.5} { // shard 0 alone has the first, the pool the second
+		p := driver.TakeParams{Limit: l, Count: count, Now: &now}
+		want, wantD, _ := driver.Decide(p, had, now)
+		require.True(t, wantD.OK, "the four shards pool 2 tokens")
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		res, err := s.Take(ctx, tx, p)
+		require.NoError(t, err)
+		require.Equal(t, wantD, res.Decision)
+		rows := stored(ctx, t, tx, algocase.Case{Limit: l})
+		require.Len(t, rows, 1, "the extra shards are deleted")
+		algocase.RequireBits(t, want[0], rows[0], "pooled")
+		require.NoError(t, tx.Rollback())
+	}
+}
