@@ -292,7 +292,9 @@ func take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResu
 		}
 		prior = pr
 	}
-	if driver.FitsOneShard(p) {
+	// A reservation on a sharded limit locks every shard: the fast path
+	// grants from one shard only what that shard has.
+	if driver.FitsOneShard(p) && !p.Reserve {
 		res, done, err := takeOneShard(ctx, tx, p)
 		if err != nil || done {
 			res.LockWait = lockWait()
@@ -331,19 +333,20 @@ func replaceShard(rows []driver.Row, r driver.Row) []driver.Row {
 // as the transaction's snapshot has it (locking nothing) and answers a
 // denial that state already decides: concurrent transactions can only lower
 // it. Otherwise it locks, without waiting, one shard that the snapshot says
-// holds the tokens and no other transaction holds (FOR UPDATE SKIP LOCKED),
-// going up from a random one, and takes from it when it has them.
+// holds plenty and that no other transaction holds (FOR UPDATE SKIP
+// LOCKED), going round from a random one, and takes from it when it has the
+// tokens. done is false when it locked nothing: the caller then locks every
+// shard, in shard order, waiting.
 //
-// InnoDB keeps every row lock until the transaction ends, even one taken
-// after a savepoint that was rolled back: a shard locked here stays locked
-// whatever the call decides. So only a shard the snapshot says has the
-// tokens is locked, with a margin (twice the count) so that it still has
-// them when another call took from it since the snapshot. If it has not
-// (done false), the caller locks every shard, in shard order, which may
-// wait for a transaction that waits for the one shard held here; InnoDB
-// then rolls one of them back with a deadlock (1213), which Retryable
-// classifies. The snapshot's margin makes that rare; docs/mysql.md has the
-// measurement.
+// InnoDB keeps a row lock until the transaction ends, even one taken after
+// a savepoint that was rolled back. So, unlike PostgreSQL, the store cannot
+// let go of a shard that turns out to lack the tokens (another call took
+// them since the snapshot): holding it, it must not wait for the other
+// shards, since a call that locks every shard in order may hold those and
+// wait for this one (a deadlock InnoDB ends by rolling one caller back). It
+// locks a shard only when the snapshot gives it twice the count, which makes
+// that rare, and when it happens it takes the other shards that are free
+// without waiting (takeFromFree).
 func takeOneShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, bool, error) {
 	read, err := readShards(ctx, tx, p.Name, p.Key, p.Now)
 	if err != nil {
@@ -352,19 +355,17 @@ func takeOneShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.
 	at := read.At.UnixMicro()
 	states, resharded := p.States(read.Rows, at)
 	if resharded || len(read.Rows) != p.Shards {
-		return driver.TakeResult{}, false, nil
-	}
-	if !p.Reserve {
-		if _, d := algo.TakeShards(p.Shard(p.Shards), states, at, p.Count, false); !d.OK {
-			return driver.TakeResult{Decision: d, At: read.At, States: states}, true, nil
-		}
+		return driver.TakeResult{}, false, nil // new, or another config's rows: lock every shard
 	}
 	cfg := p.Shard(p.Shards)
+	if _, d := algo.TakeShards(cfg, states, at, p.Count, false); !d.OK {
+		return driver.TakeResult{Decision: d, At: read.At, States: states}, true, nil
+	}
+	margin := 2 * p.Count
 	start := rand.IntN(p.Shards)
 	for i := range p.Shards {
 		shard := (start + i) % p.Shards
-		projected := algo.Project(cfg, states[shard], at)
-		if projected.Value < 2*p.Count {
+		if algo.Project(cfg, states[shard], at).Value < margin {
 			continue
 		}
 		row, err := queries.TryLockShard(ctx, tx, gen.TryLockShardParams{Name: []byte(p.Name), Key: []byte(p.Key), Shard: int32(shard)})
@@ -381,9 +382,11 @@ func takeOneShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.
 		if p.Now != nil {
 			now = time.UnixMicro(p.Now.UnixMicro()).UTC()
 		}
-		next, d := driver.DecideOne(p, driver.Row{Shard: row.Shard, Value: row.Value, TS: row.Ts}, now)
+		held := driver.Row{Shard: row.Shard, Value: row.Value, TS: row.Ts}
+		next, d := driver.DecideOne(p, held, now)
 		if !d.OK {
-			return driver.TakeResult{}, false, nil
+			res, err := takeFromFree(ctx, tx, p, held, states, now)
+			return res, err == nil, err
 		}
 		if err := write(ctx, tx, []rowWrite{{name: p.Name, key: p.Key, shard: row.Shard, state: next}}, nil); err != nil {
 			return driver.TakeResult{}, false, err
@@ -397,6 +400,70 @@ func takeOneShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.
 		return res, true, nil
 	}
 	return driver.TakeResult{}, false, nil
+}
+
+// takeFromFree decides a sharded call whose one locked shard, held, lacks
+// the tokens, without waiting for any other shard (see takeOneShard): it
+// locks every other shard that no transaction holds (SKIP LOCKED) and
+// decides on every shard it then holds, as on one limit of that many
+// shards (algo.TakeShards), which never admits more than the whole limit
+// could. When it holds every shard that is the store's usual decision; when
+// some are held elsewhere and those it holds lack the tokens, the call is
+// denied, with the wait until the shards it holds would have them: more
+// than the wait of the whole limit, never less. snapshot is every shard as
+// the transaction's snapshot had it.
+func takeFromFree(ctx context.Context, tx *sql.Tx, p driver.TakeParams, held driver.Row, snapshot []algo.State, now time.Time) (driver.TakeResult, error) {
+	var others []int32
+	for sh := range p.Shards {
+		if int32(sh) != held.Shard {
+			others = append(others, int32(sh))
+		}
+	}
+	free, err := queries.TryLockShards(ctx, tx, gen.TryLockShardsParams{Name: []byte(p.Name), Key: []byte(p.Key), Shards: others})
+	if err != nil {
+		return driver.TakeResult{}, wrap(ctx, tx, "lock the free shards", err)
+	}
+	rows := []driver.Row{held}
+	for _, r := range free {
+		rows = append(rows, driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts})
+	}
+	slices.SortFunc(rows, func(a, b driver.Row) int { return int(a.Shard) - int(b.Shard) })
+	at := now.UnixMicro()
+	if len(rows) == p.Shards {
+		next, d, write := driver.Decide(p, rows, now)
+		res := driver.TakeResult{Decision: d, At: now, States: next}
+		if !write {
+			return res, nil
+		}
+		return res, store(ctx, tx, p.Limit, rows, next)
+	}
+	cfg := p.Shard(p.Shards)
+	states := make([]algo.State, len(rows))
+	for i, r := range rows {
+		states[i] = algo.State{Value: r.Value, TS: r.TS.UnixMicro()}
+	}
+	next, d := algo.TakeShards(cfg, states, at, p.Count, false)
+	res := driver.TakeResult{Decision: d, At: now, Partial: true}
+	if !d.OK {
+		res.Partial = false
+		res.States = slices.Clone(snapshot)
+		for i, r := range rows {
+			res.States[r.Shard] = states[i]
+		}
+		return res, nil
+	}
+	writes := make([]rowWrite, len(rows))
+	for i, r := range rows {
+		writes[i] = rowWrite{name: p.Name, key: p.Key, shard: r.Shard, state: next[i]}
+	}
+	if p.ReadAll {
+		res.Partial = false
+		res.States = slices.Clone(snapshot)
+		for i, r := range rows {
+			res.States[r.Shard] = next[i]
+		}
+	}
+	return res, write(ctx, tx, writes, nil)
 }
 
 // readShards reads every row of (name, key) as the transaction's snapshot
