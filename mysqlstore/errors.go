@@ -104,6 +104,14 @@ func wrap(ctx context.Context, q querier, op string, err error) error {
 		if isDSNError(err) {
 			return err
 		}
+		// PostgreSQL's drivers (pgx's *pgconn.PgError, lib/pq's *pq.Error)
+		// give a SQLSTATE by this method; its transaction is aborted, so
+		// wrongDatabase could not ask it anything.
+		var pgErr interface{ SQLState() string }
+		if errors.As(err, &pgErr) {
+			return fmt.Errorf("%w: it answered with SQLSTATE %s, so it is PostgreSQL; use pgsqlstore.New(db) for PostgreSQL on "+
+				"database/sql (%s: %w)", ErrWrongDatabase, pgErr.SQLState(), op, err)
+		}
 		if strings.Contains(err.Error(), "unsupported Scan, storing driver.Value type []uint8 into type *time.Time") {
 			return fmt.Errorf("%w: add parseTime=true to the DSN: the store reads DATETIME columns as time.Time (%s: %w)", ErrDSN, op, err)
 		}
