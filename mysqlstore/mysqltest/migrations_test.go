@@ -1,0 +1,66 @@
+package mysqltest
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlimit/txlimit/migrations"
+)
+
+// migrations.Up on MySQL: its own version table beside the application's
+// goose history, idempotent, undone by Down, and the files usable as plain
+// goose migrations; several instances starting at once apply them once
+// (goose's lock row in migrations.LockTable).
+func TestMigrations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := Open(t, EmptyDatabase(t), 12)
+	_, err := db.Exec("CREATE TABLE goose_db_version (id INT, version_id BIGINT, is_applied BOOL)")
+	require.NoError(t, err)
+
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = migrations.Up(ctx, db, migrations.MySQL) }()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.NoError(t, migrations.Up(ctx, db, migrations.MySQL), "Up is idempotent")
+	_, err = db.Exec("INSERT INTO txlimit (name, `key`, shard, value, ts) VALUES ('n', 'k', 0, 1, UTC_TIMESTAMP(6))")
+	require.NoError(t, err)
+	_, err = db.Exec("INSERT INTO txlimit (name, `key`, shard, value, ts) VALUES ('n', 'k', -1, 1, UTC_TIMESTAMP(6))")
+	require.Error(t, err, "a negative shard is refused")
+	var n int
+	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM goose_db_version").Scan(&n))
+	require.Zero(t, n, "the application's goose table is untouched")
+	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM "+migrations.VersionTable+" WHERE version_id = 1").Scan(&n))
+	require.Equal(t, 1, n, "applied once")
+
+	p, err := migrations.Provider(db, migrations.MySQL)
+	require.NoError(t, err)
+	v, err := p.GetDBVersion(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, v)
+	_, err = p.DownTo(ctx, 0)
+	require.NoError(t, err)
+	_, err = db.Exec("SELECT 1 FROM txlimit")
+	require.Error(t, err, "down drops the table")
+
+	fsys, err := migrations.FS(migrations.MySQL)
+	require.NoError(t, err)
+	_, err = db.Exec("DROP TABLE goose_db_version")
+	require.NoError(t, err)
+	plain, err := goose.NewProvider(goose.DialectMySQL, db, fsys)
+	require.NoError(t, err)
+	_, err = plain.Up(ctx)
+	require.NoError(t, err)
+	_, err = db.Exec("SELECT 1 FROM txlimit")
+	require.NoError(t, err, "the files are plain goose migrations too")
+}
