@@ -24,6 +24,9 @@ func takeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (res driver.T
 	if err != nil {
 		return driver.TakeResult{}, false, nil, wrap(ctx, tx, "take", err)
 	}
+	if !r.Ran {
+		return driver.TakeResult{}, false, nil, nil
+	}
 	// Affected is 0 when the call was not granted, or was granted without
 	// changing the row (which the locked path grants again to the same
 	// effect). With clientFoundRows=true a row left as it was counts 1:

@@ -148,9 +148,13 @@ func main() {
 
 // config is what the flags set.
 type config struct {
-	DSN           string
-	Redis         string // address of the Redis to measure; "" leaves Redis out
-	SQLite        bool
+	DSN    string
+	Redis  string // address of the Redis to measure; "" leaves Redis out
+	SQLite bool
+	// MySQL is the DSN (go-sql-driver/mysql) of the MySQL or MariaDB
+	// server to measure; "" leaves it out.
+	MySQL         string
+	MySQLClients  []int
 	Duration      time.Duration // of one timed cell
 	Repeats       int
 	Clients       []int // PostgreSQL client counts
@@ -176,11 +180,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var (
 		cfg                          config
 		clients, sqliteClients, shds string
+		mysqlClients                 string
 		subjects                     string
 	)
 	fs.StringVar(&cfg.DSN, "dsn", "", "PostgreSQL connection string (required), e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	fs.StringVar(&cfg.Redis, "redis", "127.0.0.1:6379", "address of the Redis the Redis limiter runs on (keys txlimit-bench:<run id>:…, deleted at the end); -redis= leaves Redis out")
 	fs.BoolVar(&cfg.SQLite, "sqlite", true, "also measure SQLite, on a WAL file in a temporary directory")
+	fs.StringVar(&cfg.MySQL, "mysql", "", "also measure MySQL or MariaDB, in a database of its own on this server (a go-sql-driver/mysql DSN, e.g. root:@tcp(127.0.0.1:3306)/); the run adds parseTime and interpolateParams")
+	fs.StringVar(&mysqlClients, "mysql-clients", "1,8,32", "MySQL client counts, comma-separated")
 	fs.DurationVar(&cfg.Duration, "duration", 2*time.Second, "how long each timed cell runs")
 	fs.IntVar(&cfg.Repeats, "repeat", 3, "how many times each cell runs; the median is reported")
 	fs.StringVar(&clients, "clients", "1,8,32", "PostgreSQL client counts, comma-separated")
@@ -192,7 +199,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.SettleEvery, "settle-every", 100*time.Millisecond, "period of escrow's settling job (Limiter.Settle), run in a goroutine during every escrow run")
 	fs.BoolVar(&cfg.Profile, "profile", false, "time every PostgreSQL statement and print where each cell's calls spend their time")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: txlimit-bench -dsn postgres://... [-redis 127.0.0.1:6379] [-sqlite] [-duration 2s] [-repeat 3] [-subjects floor,escrow,redis] [-out docs/bench] [-quick]")
+		fmt.Fprintln(stderr, "usage: txlimit-bench -dsn postgres://... [-redis 127.0.0.1:6379] [-sqlite] [-mysql root:@tcp(127.0.0.1:3306)/] [-duration 2s] [-repeat 3] [-subjects floor,escrow,redis] [-out docs/bench] [-quick]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -206,6 +213,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return config{}, err
 	}
 	if cfg.SQLiteClients, err = parseCounts("-sqlite-clients", sqliteClients, 1, 512); err != nil {
+		return config{}, err
+	}
+	if cfg.MySQLClients, err = parseCounts("-mysql-clients", mysqlClients, 1, 512); err != nil {
 		return config{}, err
 	}
 	if cfg.Shards, err = parseCounts("-shards", shds, 2, txlimit.MaxShards); err != nil {
@@ -234,6 +244,8 @@ func (c config) validate() error {
 		return fmt.Errorf("-repeat must be at least 1, got %d", c.Repeats)
 	case len(c.Clients) == 0:
 		return errors.New("-clients needs at least one client count, e.g. -clients 1,8,32")
+	case c.MySQL != "" && len(c.MySQLClients) == 0:
+		return errors.New("-mysql-clients needs at least one client count, e.g. -mysql-clients 1,8,32 (or leave -mysql out)")
 	case c.SQLite && len(c.SQLiteClients) == 0:
 		return errors.New("-sqlite-clients needs at least one client count, e.g. -sqlite-clients 1,8 (or pass -sqlite=false)")
 	case c.SettleEvery <= 0:

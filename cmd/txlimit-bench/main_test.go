@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"database/sql"
 	"encoding/csv"
 	"encoding/json"
 	"encoding/xml"
@@ -17,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -545,4 +548,83 @@ func TestSubjectsRun(t *testing.T) {
 	require.Zero(t, ratios[0].VsRedis, "Redis is not measured")
 	require.Contains(t, stdout.String(), "subjects: escrow, floor")
 	require.Contains(t, stdout.String(), "escrow's settling job")
+}
+
+// TestMySQLSubjects runs the MySQL subjects in a smoke run: the floor,
+// txlimit on mysqlstore and the business transaction with no limit, on
+// distinct keys and one hot key, alone and in the business transaction,
+// each with its ratio to the floor and its admission checks, on the server
+// of TEST_MYSQL_DSN or the local one (a skip without one, a failure under
+// CI=true); its database is dropped at the end.
+func TestMySQLSubjects(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a short run against MySQL; skipped under -short")
+	}
+	dsn := testMySQL(t)
+	cfg, err := parseFlags([]string{"-dsn", testdb.URL(t), "-redis=", "-sqlite=false", "-quick", "-clients", "1", "-shards", "",
+		"-subjects", "none,floor,txlimit", "-mysql", dsn, "-mysql-clients", "1,8"}, io.Discard)
+	require.NoError(t, err)
+	var stdout bytes.Buffer
+	rep, err := run(context.Background(), cfg, &stdout)
+	t.Log(stdout.String())
+	require.NoError(t, err)
+	require.NotEmpty(t, rep.MySQL)
+	cells := map[string]int{}
+	for _, r := range rep.Rows {
+		if r.DB != "mysql" {
+			continue
+		}
+		cells[r.Scenario+" "+r.Impl]++
+		require.Positive(t, r.OpsPerSec, "%s %s %d", r.Scenario, r.Impl, r.Clients)
+		if r.Impl == implTxlimit {
+			require.Positive(t, r.VsFloor, "%s %d: a ratio to the floor", r.Scenario, r.Clients)
+		}
+	}
+	require.Equal(t, map[string]int{
+		"distinct floor": 2, "distinct txlimit": 2, "hot floor": 2, "hot txlimit": 2,
+		"business none": 2, "business floor": 2, "business txlimit": 2,
+		"business-hot floor": 2, "business-hot txlimit": 2,
+	}, cells)
+	var checks, targets int
+	for _, c := range rep.Checks {
+		if strings.Contains(c.Name, "/mysql/") {
+			checks++
+			require.True(t, c.OK, "%s: %s", c.Name, c.Detail)
+		}
+	}
+	for _, tg := range rep.Targets {
+		if strings.HasPrefix(tg.Name, "mysql distinct keys") {
+			targets++
+		}
+	}
+	require.Positive(t, checks, "admission checks ran on MySQL")
+	require.Equal(t, 2, targets, "one floor target per client count")
+	var left int
+	cfgDSN, err := mysql.ParseDSN(dsn)
+	require.NoError(t, err)
+	db, err := sql.Open("mysql", cfgDSN.FormatDSN())
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name LIKE 'txlimit\\_bench\\_%'").Scan(&left))
+	require.Zero(t, left, "the run drops its database")
+}
+
+// testMySQL returns the DSN of the MySQL server to test against:
+// TEST_MYSQL_DSN, else the local one. Without one the test skips, except
+// under CI=true, where it fails.
+func testMySQL(t *testing.T) string {
+	t.Helper()
+	dsn := cmp.Or(os.Getenv("TEST_MYSQL_DSN"), "root:@tcp(127.0.0.1:3306)/test")
+	db, err := sql.Open("mysql", dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("MySQL or MariaDB is required under CI=true: %v", err)
+		}
+		t.Skipf("SKIPPING: no MySQL or MariaDB (set TEST_MYSQL_DSN or run scripts/mariadb.sh): %v", err)
+	}
+	return dsn
 }

@@ -24,6 +24,9 @@ func (r *Report) markdown() string {
 	if r.Redis != "" {
 		p("- %s\n", r.Redis)
 	}
+	if r.MySQL != "" {
+		p("- MySQL: %s\n", r.MySQL)
+	}
 	if r.SQLite != "" {
 		p("- SQLite %s (WAL file)\n", r.SQLite)
 	}

@@ -106,6 +106,7 @@ type Report struct {
 	CPUs      int       `json:"cpus"`
 	Postgres  string    `json:"postgres"`
 	SQLite    string    `json:"sqlite,omitempty"`
+	MySQL     string    `json:"mysql,omitempty"`
 	Redis     string    `json:"redis,omitempty"`
 	Duration  string    `json:"duration_per_run"`
 	Repeats   int       `json:"repeats"`
@@ -507,8 +508,11 @@ func (r *Report) panel(b *strings.Builder, db string, y0 int) {
 	base := y0 + plotTop + plotH
 	top := niceCeil(peak)
 	title := "PostgreSQL"
-	if db == "sqlite" {
+	switch db {
+	case "sqlite":
 		title = "SQLite (WAL file)"
+	case "mysql":
+		title = "MySQL/MariaDB"
 	}
 	fmt.Fprintf(b, `<text x="%d" y="%d" font-size="14" font-weight="bold">%s</text>`+"\n", plotLeft, y0+plotTop-22, title)
 	// Y axis, grid and ticks.

@@ -65,7 +65,7 @@ func (s scenario) keys(clients int) []string {
 
 // cell is one measured combination.
 type cell struct {
-	db       string // "postgres" or "sqlite"
+	db       string // "postgres", "sqlite" or "mysql"
 	scenario scenario
 	impl     string // "floor", "txlimit", "redis", "none", or a variant's name
 	clients  int
@@ -185,6 +185,18 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 		rep.SQLite = senv.version
 		fmt.Fprintf(w, "\nSQLite %s: WAL file, BEGIN IMMEDIATE\n\n", senv.version)
 		if err := b.sqlite(ctx, senv); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.MySQL != "" {
+		menv, cleanup, err := openMySQL(ctx, cfg.MySQL)
+		if err != nil {
+			return nil, err
+		}
+		defer cleanup()
+		rep.MySQL = menv.version
+		fmt.Fprintf(w, "\nMySQL %s: database %s (dropped at the end)\n\n", menv.version, menv.name)
+		if err := b.mysql(ctx, menv); err != nil {
 			return nil, err
 		}
 	}
@@ -531,6 +543,12 @@ func targets(rows []Row) []Target {
 	for _, r := range rows {
 		if r.DB == "postgres" && r.Impl == implEscrow && r.Scenario == "business-hot" && r.Clients >= 8 {
 			out = append(out, escrowTargets(r)...)
+		}
+		if r.DB == "mysql" && r.Impl == implTxlimit && r.Scenario == "distinct" {
+			out = append(out, Target{
+				Name: fmt.Sprintf("mysql distinct keys, %d clients: txlimit >= 1.0x the floor", r.Clients),
+				Want: 1.0, Got: r.VsFloor, Met: r.VsFloor >= 1.0,
+			})
 		}
 		if r.DB != "postgres" || r.Impl != implTxlimit {
 			continue

@@ -10,17 +10,21 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"regexp"
+	"strings"
 	"time"
 
+	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
 )
 
-// SQL is one admitted call on an unsharded limit in one statement:
-// it creates the row or locks it (waiting for the transaction that holds
-// it), refills it to the clock, decides and writes, as algo.Take does. It
-// writes nothing when the call is not granted or when the stored value is
-// not finite; the store's locked path, which decides with algo in Go, then
-// takes over (a denial costs it one more round trip).
+// header starts the statement compile writes: one admitted call on an
+// unsharded limit in one statement. It creates the row or locks it (waiting for the transaction that holds it),
+// refills it to the clock, decides and writes, as algo.Take does, and
+// writes nothing when the call is not granted or the stored value is not
+// finite; the store's locked path, which decides with algo in Go, then
+// takes over (a denial costs it a round trip more).
 //
 // Why an INSERT: under REPEATABLE READ, InnoDB locks the gap where a row it
 // looks for is missing, and gap locks do not conflict with each other but do
@@ -30,72 +34,144 @@ import (
 // UPDATE takes no gap lock: it creates a missing row (locked by its
 // creation) or locks the one it finds by its primary key.
 //
-// A missing row is full (full_value at full_ts, algo.Full). The SELECT
-// proposes that row, taken from, only when the call fits a full bucket: a
-// call that does not fit a full bucket fits no row, and with nothing
-// proposed there is no conflict, so the ON DUPLICATE KEY branch is not
-// evaluated. On a conflict that branch refills the locked row (its latest
-// version, not the transaction's snapshot) and decides. MySQL assigns
-// ON DUPLICATE KEY UPDATE's columns from left to right, each seeing the
+// A missing row is full (algo.Full), and a call on it leaves Capacity -
+// Count whatever the clock: Run computes that value in Go and proposes the
+// row only when the call fits a full bucket without a reservation (a call
+// that does not fit a full bucket fits no row; a reservation on a new key
+// takes the locked path). The ON DUPLICATE KEY UPDATE branch refills the
+// row it locked (its latest version, not the transaction's snapshot) and
+// decides. MySQL assigns its columns from left to right, each seeing the
 // ones before it already assigned, so the decision is made once, in the
 // first assignment, and carried to the second in the user variable
 // @txlimit_ok; the same assignment keeps the row's old state in
-// @txlimit_value and @txlimit_ts (ReadSQL reads them, for a key found
-// to have other shards), and the clock is kept in @txlimit_now. These are
-// session variables of the connection that runs the caller's transaction,
-// set by every call before it reads them. (MySQL 8.0.13 deprecated setting
-// user variables inside other statements, with a warning; MariaDB has not.)
+// @txlimit_value and @txlimit_ts (ReadSQL reads them, for a key found to
+// have other shards), and the new row's time expression sets the variables
+// for a row it creates, the clock included (@txlimit_now). They are session
+// variables of the connection that runs the caller's transaction, set by
+// every call before it reads them. (MySQL 8.0.13 deprecated setting user
+// variables inside other statements, with a warning; MariaDB has not.)
 //
 // The arithmetic is algo's, operation for operation, on DOUBLE (IEEE
 // doubles) and BIGINT microseconds (TIMESTAMPDIFF and TIMESTAMPADD are exact
 // on DATETIME(6)), so that the state written is bit for bit the one algo
 // computes; TestTakeRowMatchesAlgo (mysqltest) holds it to algo. Every
-// parameter goes through CAST once, in c: with interpolateParams the driver
-// writes a float64 such as 0.5 as a literal that MySQL reads as DECIMAL, and
-// DECIMAL arithmetic is not IEEE arithmetic. kind is algo.Kind (1 token
-// bucket, 2 fixed window); tol is algo's tolerance. A reservation is granted
-// here only when its wait is surely below 2e15 µs (63 years, a bound from
-// above); a longer one is left to the Go path, which refuses waits a
-// Decision cannot hold.
+// float64 argument goes through CAST: with interpolateParams the driver
+// writes 0.5 as a literal that MySQL reads as DECIMAL, and an expression of
+// DECIMALs alone is not IEEE arithmetic. A reservation is granted here only
+// when its wait is surely below 2e15 µs (63 years, a bound from above); a
+// longer one is left to the Go path, which refuses waits a Decision cannot
+// hold.
 //
-// The clock is UTC_TIMESTAMP(6) unless the call brings its own: the server's
-// time in UTC whatever the session's time_zone, read (like NOW(6)) when the
-// statement starts. See "Clock" in the package documentation for why that
-// and not SYSDATE(6).
+// The statement is specialized by the limit's kind (algo.Project's two
+// branches: projected and newTS below) and by the clock: :now is
+// UTC_TIMESTAMP(6), the server's time in UTC whatever the session's
+// time_zone, read (like NOW(6)) when the statement starts, or the call's
+// own. See "Clock" in mysqlstore's package documentation for why that and
+// not SYSDATE(6). The statement is one INSERT … VALUES: INSERT … SELECT
+// from a derived table would cost the server a temporary table per call.
 //
 // sqlc's MySQL engine does not compile it: it leaves sqlc.arg() inside a
 // user variable assignment unreplaced, and knows UTC_TIMESTAMP only without
 // its precision. Its first line names it as sqlc names the others.
-var SQL = `-- name: TakeRow :execrows
-INSERT INTO txlimit (name, ` + "`key`" + `, shard, value, ts)
-SELECT c.name, c.k, 0, ` + newValue("c.full_value", "c.full_e") + `, ` + newTS("c.full_ts", "c.full_e") + `
-FROM (
-    SELECT b.*, TIMESTAMPDIFF(MICROSECOND, b.full_ts, b.now) AS full_e
-    FROM (
-        SELECT CAST(? AS BINARY) AS name, CAST(? AS BINARY) AS k,
-               @txlimit_now := CAST(COALESCE(?, UTC_TIMESTAMP(6)) AS DATETIME(6)) AS now,
-               CAST(? AS SIGNED) AS kind, CAST(? AS DOUBLE) AS rate, CAST(? AS SIGNED) AS period,
-               CAST(? AS DOUBLE) AS capacity, CAST(? AS DOUBLE) AS max_reserved,
-               CAST(? AS DOUBLE) AS count, CAST(? AS SIGNED) AS reserve,
-               CAST(? AS DOUBLE) AS full_value, CAST(? AS DATETIME(6)) AS full_ts,
-               1e-9 * GREATEST(1e0, CAST(? AS DOUBLE)) AS tol,
-               @txlimit_ok := 1 AS ok, @txlimit_value := NULL AS old_value, @txlimit_ts := NULL AS old_ts
-    ) AS b
-) AS c
-WHERE ` + fits("c.full_value", "c.full_e") + `
-ON DUPLICATE KEY UPDATE
-    value = IF((@txlimit_value := value) IS NULL OR (@txlimit_ts := ts) IS NULL
-               OR NOT (@txlimit_ok := ` + fits("value", rowElapsed) + `),
-               value, ` + newValue("value", rowElapsed) + `),
-    ts = IF(@txlimit_ok, ` + newTS("ts", rowElapsed) + `, ts)`
+const header = "-- name: TakeRow :execrows\n"
 
-// ReadSQL reads what SQL did, in the same transaction just
-// after it: the row as the transaction now has it (its own write; a
-// consistent read), the clock, whether it granted, the row's state before
-// it, and the highest shard of the key as the snapshot has it (a consistent
-// read, locking nothing): rows beyond shard 0, left by a sharded config, make
-// the call one for the locked path, which pools them. It is bound by hand
-// for the user variables, which sqlc cannot type.
+// rowElapsed is e for the row ON DUPLICATE KEY UPDATE found: the
+// microseconds from its ts to the clock.
+const rowElapsed = "TIMESTAMPDIFF(MICROSECOND, ts, :now)"
+
+// projected is algo.Project's value of the row found, for kind.
+func projected(kind algo.Kind) string {
+	e := rowElapsed
+	if kind == algo.FixedWindow {
+		// Whole windows of the period refill Rate each; within one nothing
+		// is added; the value is capped at Capacity.
+		return "IF(" + e + " < :period, LEAST(value, CAST(:capacity AS DOUBLE))," +
+			" LEAST(value + CAST(:rate AS DOUBLE) * CAST(" + e + " DIV :period AS DOUBLE), CAST(:capacity AS DOUBLE)))"
+	}
+	// The elapsed microseconds times Rate per Period, nothing for a clock at
+	// or behind ts, capped at Capacity.
+	return "IF(" + e + " <= 0, LEAST(value, CAST(:capacity AS DOUBLE))," +
+		" LEAST(value + CAST(" + e + " AS DOUBLE) * CAST(:rate AS DOUBLE) / CAST(:period_f AS DOUBLE), CAST(:capacity AS DOUBLE)))"
+}
+
+// newTS is algo.Project's time for a row at t, e microseconds before the
+// clock: unchanged when nothing was added, else the clock (a token bucket)
+// or the current window's start (a fixed window).
+func newTS(kind algo.Kind, t, e string) string {
+	if kind == algo.FixedWindow {
+		return "IF(" + e + " < :period, " + t + ", TIMESTAMPADD(MICROSECOND, -(" + e + " MOD :period), :now))"
+	}
+	return "IF(" + e + " <= 0, " + t + ", :now)"
+}
+
+// compile writes out the statement for kind, with :now the server's clock
+// or the call's.
+func compile(kind algo.Kind, serverClock bool) statement {
+	left := "(" + projected(kind) + " - CAST(:count AS DOUBLE))"
+	tol := "CAST(:tol AS DOUBLE)"
+	// algo.TakeShards on one shard: what is left, floored at 0 within the
+	// tolerance.
+	newValue := "IF(" + left + " >= -" + tol + ", IF(" + left + " > 0, " + left + ", 0e0), " + left + ")"
+	// The grant: a finite stored value, and the count fits, or is a
+	// reservation within MaxReserved whose wait is surely representable.
+	fits := "(value BETWEEN -1e300 AND 1e300 AND (" + left + " >= -" + tol +
+		" OR (:reserve = 1 AND (:capped = 0 OR " + projected(kind) + " - CAST(:target AS DOUBLE) >= -" + tol + ")" +
+		" AND (-" + left + " / CAST(:rate AS DOUBLE) + 2) * CAST(:period_f AS DOUBLE) + CAST(GREATEST(-" + rowElapsed + ", 0) AS DOUBLE) < 2e15)))"
+	fullTS := "CAST(:full_ts AS DATETIME(6))"
+	s := "INSERT INTO txlimit (name, `key`, shard, value, ts)\n" +
+		"VALUES (:name, :key, 0, CAST(:full_value AS DOUBLE),\n" +
+		"        IF((@txlimit_ok := 1) = 1 AND (@txlimit_value := NULL) IS NULL AND (@txlimit_now := :now) IS NOT NULL,\n" +
+		"           " + newTS(kind, fullTS, "TIMESTAMPDIFF(MICROSECOND, "+fullTS+", :now)") + ", NULL))\n" +
+		"ON DUPLICATE KEY UPDATE\n" +
+		"    value = IF((@txlimit_value := value) IS NULL OR (@txlimit_ts := ts) IS NULL\n" +
+		"               OR NOT (@txlimit_ok := " + fits + "), value, " + newValue + "),\n" +
+		"    ts = IF(@txlimit_ok, " + newTS(kind, "ts", rowElapsed) + ", ts)"
+	if serverClock {
+		s = strings.ReplaceAll(s, ":now", "UTC_TIMESTAMP(6)")
+	} else {
+		s = strings.ReplaceAll(s, ":now", "CAST(:now AS DATETIME(6))")
+	}
+	var st statement
+	st.sql = header + named.ReplaceAllStringFunc(s, func(m string) string {
+		st.args = append(st.args, m[1:])
+		return "?"
+	})
+	return st
+}
+
+var named = regexp.MustCompile(`:[a-z_]+`)
+
+// statement is the statement for one kind and clock, with its named arguments
+// in the order of its placeholders.
+type statement struct {
+	sql  string
+	args []string
+}
+
+// statements are the statement compiled for each kind, on the server's clock
+// ([kind][0]) and on the call's ([kind][1]).
+var statements = map[algo.Kind][2]statement{
+	algo.TokenBucket: {compile(algo.TokenBucket, true), compile(algo.TokenBucket, false)},
+	algo.FixedWindow: {compile(algo.FixedWindow, true), compile(algo.FixedWindow, false)},
+}
+
+// SQL returns the statement for a limit of kind, on the server's clock or
+// on the call's.
+func SQL(kind algo.Kind, serverClock bool) string {
+	i := 1
+	if serverClock {
+		i = 0
+	}
+	return statements[kind][i].sql
+}
+
+// ReadSQL reads what the statement did, in the same transaction just after
+// it: the row as the transaction now has it (its own write; a consistent
+// read), the clock, whether it granted, the row's state before it, and the
+// highest shard of the key as the snapshot has it (a consistent read,
+// locking nothing): rows beyond shard 0, left by a sharded config, make the
+// call one for the locked path, which pools them. It is bound by hand for
+// the user variables, which sqlc cannot type.
 const ReadSQL = `-- name: TakeRowRead :one
 SELECT t.value, t.ts, CAST(@txlimit_now AS DATETIME(6)) AS clock, CAST(@txlimit_ok AS SIGNED) AS ok,
        CAST(@txlimit_value AS DOUBLE) AS old_value, CAST(@txlimit_ts AS DATETIME(6)) AS old_ts,
@@ -103,54 +179,14 @@ SELECT t.value, t.ts, CAST(@txlimit_now AS DATETIME(6)) AS clock, CAST(@txlimit_
 FROM txlimit AS t
 WHERE t.name = ? AND t.` + "`key`" + ` = ? AND t.shard = 0`
 
-// The steps of algo.Take, each written once as SQL over a row's value v,
-// its time t and e, the microseconds from t to the clock, with the
-// parameters in c. SQL uses them for a missing row (the full state)
-// and for the row it found.
-
-// rowElapsed is e for the row ON DUPLICATE KEY UPDATE found.
-const rowElapsed = "TIMESTAMPDIFF(MICROSECOND, ts, c.now)"
-
-// projected is algo.Project's value: nothing added for e <= 0 or within a
-// window, the value capped at Capacity.
-func projected(v, e string) string {
-	return "(CASE WHEN " + e + " <= 0 OR (c.kind = 2 AND " + e + " < c.period) THEN LEAST(" + v + ", c.capacity)" +
-		" WHEN c.kind = 2 THEN LEAST(" + v + " + c.rate * CAST(" + e + " DIV c.period AS DOUBLE), c.capacity)" +
-		" ELSE LEAST(" + v + " + CAST(" + e + " AS DOUBLE) * c.rate / CAST(c.period AS DOUBLE), c.capacity) END)"
-}
-
-// left is what the count leaves.
-func left(v, e string) string { return "(" + projected(v, e) + " - c.count)" }
-
-// newValue is algo.TakeShards's value on one shard: what is left, floored
-// at 0 within the tolerance.
-func newValue(v, e string) string {
-	l := left(v, e)
-	return "(CASE WHEN " + l + " >= -c.tol THEN CASE WHEN " + l + " > 0 THEN " + l + " ELSE 0e0 END ELSE " + l + " END)"
-}
-
-// newTS is algo.Project's time: the clock, or for a fixed window the start
-// of the current window, unless nothing was added.
-func newTS(t, e string) string {
-	return "(CASE WHEN " + e + " <= 0 OR (c.kind = 2 AND " + e + " < c.period) THEN " + t +
-		" WHEN c.kind = 2 THEN TIMESTAMPADD(MICROSECOND, -(" + e + " MOD c.period), c.now)" +
-		" ELSE c.now END)"
-}
-
-// fits is the grant: a finite stored value, and the count fits or is a
-// reservation within MaxReserved whose wait is surely representable.
-func fits(v, e string) string {
-	l := left(v, e)
-	return "(" + v + " BETWEEN -1e300 AND 1e300 AND (" + l + " >= -c.tol" +
-		" OR (c.reserve = 1 AND (c.max_reserved = 0 OR " + projected(v, e) + " - (c.count - c.max_reserved) >= -c.tol)" +
-		" AND (-" + l + " / c.rate + 2) * CAST(c.period AS DOUBLE) + CAST(GREATEST(-(" + e + "), 0) AS DOUBLE) < 2e15)))"
-}
-
-// Result is what SQL did and ReadSQL read back.
+// Result is what the statement did and ReadSQL read back.
 type Result struct {
-	// Affected is SQL's affected-rows count: 1 when it created the row, 2
-	// when it updated it, 0 when it proposed nothing or left the row as it
-	// was (ReadSQL is not run then).
+	// Ran is false when the call did not fit a full bucket without a
+	// reservation: the statement was not sent.
+	Ran bool
+	// Affected is the statement's affected-rows count: 1 when it created
+	// the row, 2 when it updated it, 0 when it left the row as it was
+	// (ReadSQL is not run then).
 	Affected int64
 	// Value and TS are the row as the transaction now has it, Clock the
 	// clock of the call.
@@ -164,38 +200,78 @@ type Result struct {
 	Top int64
 }
 
-// Run runs SQL for p and, when it changed a row, ReadSQL, in tx. now is the
-// call's clock, nil for the server's.
+// Run runs the statement for p and, when it changed a row, ReadSQL, in tx.
+// now is the call's clock, nil for the server's.
 func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time) (Result, error) {
 	c := p.Config
 	full := p.Full()
-	var at any
-	if now != nil {
-		at = now.UTC()
+	// A call on a missing row: algo.Take on the full state, whose refill
+	// leaves Capacity whatever the clock.
+	tol := 1e-9 * max(1, c.Capacity)
+	left := full.Value - p.Count
+	if left < -tol {
+		return Result{}, nil
+	}
+	fullValue := left
+	if !(left > 0) {
+		fullValue = 0
+	}
+	st, ok := statements[c.Kind]
+	if !ok {
+		return Result{}, fmt.Errorf("takerow: unknown kind %v", c.Kind)
+	}
+	var s statement
+	if now == nil {
+		s = st[0]
+	} else {
+		s = st[1]
 	}
 	name, key := []byte(p.Name), []byte(p.Key)
-	r, err := tx.ExecContext(ctx, SQL, name, key, at, int64(c.Kind), c.Rate, c.Period, c.Capacity, c.MaxReserved,
-		p.Count, p.Reserve, full.Value, time.UnixMicro(full.TS).UTC(), c.Capacity)
+	capped := 0
+	if c.MaxReserved != 0 {
+		capped = 1
+	}
+	reserve := 0
+	if p.Reserve {
+		reserve = 1
+	}
+	values := map[string]any{
+		"name": name, "key": key, "full_value": fullValue, "full_ts": time.UnixMicro(full.TS).UTC(),
+		"count": p.Count, "tol": tol, "reserve": reserve, "capped": capped, "target": p.Count - c.MaxReserved,
+		"rate": c.Rate, "period": c.Period, "period_f": float64(c.Period), "capacity": c.Capacity,
+	}
+	if now != nil {
+		values["now"] = now.UTC()
+	}
+	args := make([]any, len(s.args))
+	for i, a := range s.args {
+		v, ok := values[a]
+		if !ok {
+			return Result{}, fmt.Errorf("takerow: no value for :%s", a)
+		}
+		args[i] = v
+	}
+	r, err := tx.ExecContext(ctx, s.sql, args...)
 	if err != nil {
 		return Result{}, err
 	}
-	var out Result
+	out := Result{Ran: true}
 	if out.Affected, err = r.RowsAffected(); err != nil || out.Affected == 0 {
 		return out, err
 	}
 	var (
-		ok       int64
+		granted  int64
 		oldValue sql.NullFloat64
 		oldTS    sql.NullTime
 	)
-	err = tx.QueryRowContext(ctx, ReadSQL, name, key, name, key).Scan(&out.Value, &out.TS, &out.Clock, &ok, &oldValue, &oldTS, &out.Top)
+	err = tx.QueryRowContext(ctx, ReadSQL, name, key, name, key).Scan(&out.Value, &out.TS, &out.Clock, &granted, &oldValue, &oldTS, &out.Top)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Result{}, errors.New("txlimit/mysqlstore: the row the one-statement take wrote is not there")
 	}
 	if err != nil {
 		return Result{}, err
 	}
-	out.Granted = ok == 1
+	out.Granted = granted == 1
 	if oldValue.Valid && oldTS.Valid {
 		out.Prior = &driver.Row{Shard: 0, Value: oldValue.Float64, TS: oldTS.Time}
 	}
