@@ -42,8 +42,9 @@ import (
 // row it locked (its latest version, not the transaction's snapshot) and
 // decides. MySQL assigns its columns from left to right, each seeing the
 // ones before it already assigned, so the decision is made once, in the
-// first assignment, and carried to the second in the user variable
-// @txlimit_ok; the same assignment keeps the row's old state in
+// first assignment (its steps kept in user variables, see compile), and
+// carried to the second in the user variable @txlimit_ok; the same
+// assignment keeps the row's old state in
 // @txlimit_value and @txlimit_ts (ReadSQL reads them, for a key found to
 // have other shards), and the new row's time expression sets the variables
 // for a row it creates, the clock included (@txlimit_now). They are session
@@ -75,13 +76,9 @@ import (
 // its precision. Its first line names it as sqlc names the others.
 const header = "-- name: TakeRow :execrows\n"
 
-// rowElapsed is e for the row ON DUPLICATE KEY UPDATE found: the
-// microseconds from its ts to the clock.
-const rowElapsed = "TIMESTAMPDIFF(MICROSECOND, ts, :now)"
-
-// projected is algo.Project's value of the row found, for kind.
-func projected(kind algo.Kind) string {
-	e := rowElapsed
+// projected is algo.Project's value of the row found, for kind, from the
+// microseconds e from its ts to the clock.
+func projected(kind algo.Kind, e string) string {
 	if kind == algo.FixedWindow {
 		// Whole windows of the period refill Rate each; within one nothing
 		// is added; the value is capped at Capacity.
@@ -105,18 +102,22 @@ func newTS(kind algo.Kind, t, e string) string {
 }
 
 // compile writes out the statement for kind, with :now the server's clock
-// or the call's.
+// or the call's. Each step of the ON DUPLICATE KEY UPDATE branch is computed
+// once, in the first assignment's condition, and kept in a user variable for
+// the steps after it (MySQL evaluates an OR from left to right and stops at
+// the first true operand): @txlimit_e the elapsed microseconds, @txlimit_p
+// the refilled value, @txlimit_l what the count leaves of it.
 func compile(kind algo.Kind, serverClock bool) statement {
-	left := "(" + projected(kind) + " - CAST(:count AS DOUBLE))"
+	const e, p, l = "@txlimit_e", "@txlimit_p", "@txlimit_l"
 	tol := "CAST(:tol AS DOUBLE)"
-	// algo.TakeShards on one shard: what is left, floored at 0 within the
-	// tolerance.
-	newValue := "IF(" + left + " >= -" + tol + ", IF(" + left + " > 0, " + left + ", 0e0), " + left + ")"
 	// The grant: a finite stored value, and the count fits, or is a
 	// reservation within MaxReserved whose wait is surely representable.
-	fits := "(value BETWEEN -1e300 AND 1e300 AND (" + left + " >= -" + tol +
-		" OR (:reserve = 1 AND (:capped = 0 OR " + projected(kind) + " - CAST(:target AS DOUBLE) >= -" + tol + ")" +
-		" AND (-" + left + " / CAST(:rate AS DOUBLE) + 2) * CAST(:period_f AS DOUBLE) + CAST(GREATEST(-" + rowElapsed + ", 0) AS DOUBLE) < 2e15)))"
+	fits := "(value BETWEEN -1e300 AND 1e300 AND (" + l + " >= -" + tol +
+		" OR (:reserve = 1 AND (:capped = 0 OR " + p + " - CAST(:target AS DOUBLE) >= -" + tol + ")" +
+		" AND (-" + l + " / CAST(:rate AS DOUBLE) + 2) * CAST(:period_f AS DOUBLE) + CAST(GREATEST(-" + e + ", 0) AS DOUBLE) < 2e15)))"
+	// algo.TakeShards on one shard: what is left, floored at 0 within the
+	// tolerance.
+	newValue := "IF(" + l + " >= -" + tol + ", IF(" + l + " > 0, " + l + ", 0e0), " + l + ")"
 	fullTS := "CAST(:full_ts AS DATETIME(6))"
 	s := "INSERT INTO txlimit (name, `key`, shard, value, ts)\n" +
 		"VALUES (:name, :key, 0, CAST(:full_value AS DOUBLE),\n" +
@@ -124,8 +125,12 @@ func compile(kind algo.Kind, serverClock bool) statement {
 		"           " + newTS(kind, fullTS, "TIMESTAMPDIFF(MICROSECOND, "+fullTS+", :now)") + ", NULL))\n" +
 		"ON DUPLICATE KEY UPDATE\n" +
 		"    value = IF((@txlimit_value := value) IS NULL OR (@txlimit_ts := ts) IS NULL\n" +
-		"               OR NOT (@txlimit_ok := " + fits + "), value, " + newValue + "),\n" +
-		"    ts = IF(@txlimit_ok, " + newTS(kind, "ts", rowElapsed) + ", ts)"
+		"               OR (" + e + " := TIMESTAMPDIFF(MICROSECOND, ts, :now)) IS NULL\n" +
+		"               OR (" + p + " := " + projected(kind, e) + ") IS NULL\n" +
+		"               OR (" + l + " := " + p + " - CAST(:count AS DOUBLE)) IS NULL\n" +
+		"               OR NOT (@txlimit_ok := " + fits + "),\n" +
+		"               value, " + newValue + "),\n" +
+		"    ts = IF(@txlimit_ok, " + newTS(kind, "ts", e) + ", ts)"
 	if serverClock {
 		s = strings.ReplaceAll(s, ":now", "UTC_TIMESTAMP(6)")
 	} else {
@@ -139,10 +144,12 @@ func compile(kind algo.Kind, serverClock bool) statement {
 	return st
 }
 
+// named matches the statement's named arguments, written as ? in the
+// order they come.
 var named = regexp.MustCompile(`:[a-z_]+`)
 
-// statement is the statement for one kind and clock, with its named arguments
-// in the order of its placeholders.
+// statement is the statement for one kind and clock, with its named
+// arguments in the order of its placeholders.
 type statement struct {
 	sql  string
 	args []string
