@@ -14,12 +14,14 @@ import (
 	"github.com/txlimit/txlimit/mysqlstore"
 )
 
-// Harness adapts mysqlstore on db to the conformance suite.
-func Harness(db *sql.DB) storetest.Harness[*sql.Tx] {
+// Harness adapts mysqlstore on db to the conformance suite; its
+// transactions run at the isolation level iso (sql.LevelDefault: the
+// server's, REPEATABLE READ unless configured otherwise).
+func Harness(db *sql.DB, iso sql.IsolationLevel) storetest.Harness[*sql.Tx] {
 	return storetest.Harness[*sql.Tx]{
 		Store: mysqlstore.New(db),
 		Begin: func(t *testing.T) *sql.Tx {
-			tx, err := db.BeginTx(context.Background(), nil)
+			tx, err := db.BeginTx(context.Background(), &sql.TxOptions{Isolation: iso})
 			require.NoError(t, err)
 			// A failed assertion must not leak the connection.
 			t.Cleanup(func() { _ = tx.Rollback() })

@@ -2,20 +2,27 @@ package mysqltest
 
 import (
 	"database/sql"
+	"strings"
 	"testing"
 
 	"github.com/txlimit/txlimit/internal/storetest"
 )
 
 // TestMariaDB runs the conformance suite on the MySQL or MariaDB server
-// the tests find (TEST_MYSQL_DSN or 127.0.0.1:3306); its subtests are named
-// after the server (TestMariaDB/MariaDB_10.11/limits/…), so that -v shows
+// the tests find (TEST_MYSQL_DSN or 127.0.0.1:3306), with the callers'
+// transactions at InnoDB's default isolation, REPEATABLE READ, and at READ
+// COMMITTED; its subtests are named after the server
+// (TestMariaDB/MariaDB_10.11/repeatable_read/limits/…), so that -v shows
 // which one passed.
 func TestMariaDB(t *testing.T) {
 	t.Parallel()
 	t.Run(ServerName(t), func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T, conns int32) storetest.Harness[*sql.Tx] {
-			return Harness(Database(t, int(conns)))
-		})
+		for _, iso := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelReadCommitted} {
+			t.Run(strings.ReplaceAll(strings.ToLower(iso.String()), " ", "_"), func(t *testing.T) {
+				storetest.Run(t, func(t *testing.T, conns int32) storetest.Harness[*sql.Tx] {
+					return Harness(Database(t, int(conns)), iso)
+				})
+			})
+		}
 	})
 }
