@@ -91,7 +91,7 @@ func TestUpDownAndVersionTable(t *testing.T) {
 }
 
 func TestUnknownDialect(t *testing.T) {
-	_, err := migrations.FS("mysql")
-	require.ErrorContains(t, err, "migrations.Postgres or migrations.SQLite")
-	require.Error(t, migrations.Up(context.Background(), sqliteDB(t), "mysql"))
+	_, err := migrations.FS("oracle")
+	require.ErrorContains(t, err, "migrations.Postgres, migrations.SQLite or migrations.MySQL")
+	require.Error(t, migrations.Up(context.Background(), sqliteDB(t), "oracle"))
 }
