@@ -37,8 +37,8 @@ func (k Kind) String() string {
 // with an *InvalidError for its Count, and nothing is taken.
 const MaxWait = time.Duration(algo.MaxWait) * time.Microsecond
 
-// MaxShards is the largest Shards a Config may have.
-const MaxShards = 1024
+// maxShards is the largest Shards a Config may have.
+const maxShards = 1024
 
 // Config defines one limit.
 type Config struct {
@@ -58,7 +58,7 @@ type Config struct {
 	// Shards spreads the limit over this many rows so that concurrent
 	// transactions do not queue on one row lock. Each shard holds
 	// Rate/Shards, Capacity/Shards and MaxReserved/Shards. Defaults to 1;
-	// at most MaxShards. A row is held until its transaction commits, so
+	// at most 1024. A row is held until its transaction commits, so
 	// give a hot limit about as many shards as transactions hold it at
 	// once, and keep Capacity/Shards several times the count of one call
 	// (docs/sharding.md).
@@ -115,8 +115,8 @@ func (c Config) normalized(name string) (Config, error) {
 	if c.Shards == 0 {
 		c.Shards = 1
 	}
-	if c.Shards < 1 || c.Shards > MaxShards {
-		return bad("Shards", "must be between 1 and %d (0 means 1), got %d", MaxShards, c.Shards)
+	if c.Shards < 1 || c.Shards > maxShards {
+		return bad("Shards", "must be between 1 and %d (0 means 1), got %d", maxShards, c.Shards)
 	}
 	if c.Escrow && c.Shards > 1 {
 		return bad("Shards", "must be 1 (or 0) for an Escrow limit, got %d: escrow already keeps the row from being held, so shards add nothing", c.Shards)

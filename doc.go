@@ -55,7 +55,7 @@
 // # Waits
 //
 // RetryAfter and NextToken are never negative and never more than MaxWait,
-// half the range of time.Duration, so that ReadyAt, jitter.Spread and the
+// half the range of time.Duration, so that At + RetryAfter, jitter.Spread and the
 // Retry-After of package httplimit never overflow. A denial whose wait is
 // longer (a Rate of 1e-300, a Period of a century and a large count) reports
 // MaxWait.

@@ -43,6 +43,6 @@ func TestEscrowRejectedWhereItCannotWork(t *testing.T) {
 	require.NoError(t, err)
 	_, err = sl.Limit(context.Background(), "e", "k", txlimit.WithConfig(cfg))
 	require.ErrorIs(t, err, txlimit.ErrInvalid)
-	_, err = sl.Settle(context.Background(), nil)
+	_, err = sl.Settle(context.Background(), 0)
 	require.ErrorIs(t, err, txlimit.ErrInvalid)
 }

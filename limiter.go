@@ -46,7 +46,7 @@ type Options struct {
 //
 // A Limiter is safe for concurrent use.
 type Limiter[TTx any] struct {
-	store           Store[TTx]
+	store           driver.Store[TTx]
 	limits          map[string]Config
 	clock           func() time.Time
 	observer        Observer
@@ -58,7 +58,7 @@ type Limiter[TTx any] struct {
 // New returns a Limiter on store with the named limits. Every config is
 // validated; the first invalid one is returned as an *InvalidError. opts may
 // be nil.
-func New[TTx any](store Store[TTx], limits map[string]Config, opts *Options) (*Limiter[TTx], error) {
+func New[TTx any](store driver.Store[TTx], limits map[string]Config, opts *Options) (*Limiter[TTx], error) {
 	if store == nil {
 		return nil, &InvalidError{Field: "store", Problem: "is nil; pass pgstore.New(pool), pgsqlstore.New(db) or sqlitestore.New(db)"}
 	}
@@ -148,12 +148,12 @@ func (l *Limiter[TTx]) limitIn(ctx context.Context, tx *TTx, name, key string, o
 			return r.result(t.Decision, t.At, t.States)
 		})
 	}
-	return l.finish(ctx, OpLimit, r, res, err, tx == nil)
+	return l.finish(ctx, opLimit, r, res, err, tx == nil)
 }
 
 // finish ends a Limit or Check call: it applies Options.FailOpen to the
 // error of a form without Tx (mayFailOpen) and tells the Observer.
-func (l *Limiter[TTx]) finish(ctx context.Context, op Op, r request, res Result, err error, mayFailOpen bool) (Result, error) {
+func (l *Limiter[TTx]) finish(ctx context.Context, op string, r request, res Result, err error, mayFailOpen bool) (Result, error) {
 	failedOpen := mayFailOpen && l.failOpen(err)
 	switch {
 	case failedOpen:
@@ -187,7 +187,7 @@ func (l *Limiter[TTx]) checkIn(ctx context.Context, tx *TTx, name, key string, o
 	if err == nil {
 		res, err = in(ctx, l, tx, true, func(tx TTx) (Result, error) { return l.check(ctx, tx, r) })
 	}
-	return l.finish(ctx, OpCheck, r, res, err, tx == nil)
+	return l.finish(ctx, opCheck, r, res, err, tx == nil)
 }
 
 func (l *Limiter[TTx]) check(ctx context.Context, tx TTx, r request) (Result, error) {
@@ -218,7 +218,7 @@ func (l *Limiter[TTx]) resetIn(ctx context.Context, tx *TTx, name, key string) e
 			return struct{}{}, l.store.Reset(ctx, tx, driver.ResetParams{Name: r.name, Key: r.key, Escrow: l.limits[r.name].Escrow})
 		})
 	}
-	l.report(ctx, r.obs, OpReset, r, Result{}, err, false)
+	l.report(ctx, r.obs, opReset, r, Result{}, err, false)
 	return err
 }
 
@@ -249,7 +249,7 @@ func (l *Limiter[TTx]) valueIn(ctx context.Context, tx *TTx, name, key string, o
 			return Snapshot{Value: algo.Pooled(r.shard(), states, now), At: read.At, Config: r.config}, nil
 		})
 	}
-	l.report(ctx, r.obs, OpValue, r, Result{}, err, false)
+	l.report(ctx, r.obs, opValue, r, Result{}, err, false)
 	return s, err
 }
 
@@ -278,7 +278,7 @@ func (l *Limiter[TTx]) creditIn(ctx context.Context, tx *TTx, name, key string, 
 			return struct{}{}, l.store.Credit(ctx, tx, driver.CreditParams{Limit: r.limit, Count: r.count, Now: l.now()})
 		})
 	}
-	l.report(ctx, r.obs, OpCredit, r, Result{}, err, false)
+	l.report(ctx, r.obs, opCredit, r, Result{}, err, false)
 	return err
 }
 

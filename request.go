@@ -82,7 +82,7 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observat
 	} else {
 		c, ok := l.limits[name]
 		if !ok {
-			return r, &InvalidError{Limit: name, Field: "name", unknown: true,
+			return r, &InvalidError{Limit: name, Field: "name",
 				Problem: "is not a limit given to txlimit.New; add it there or pass txlimit.WithConfig"}
 		}
 		r.config = c

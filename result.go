@@ -58,12 +58,6 @@ type Result struct {
 // later.
 func (r Result) Reserved() bool { return r.OK && r.RetryAfter > 0 }
 
-// ReadyAt returns At plus RetryAfter: for a reservation, when the reserved
-// work may run (a job's scheduled time); for a denial, when the same request
-// would be granted; for an ordinary grant, At. It is on the clock the
-// decision used (the database's, unless Options.Clock).
-func (r Result) ReadyAt() time.Time { return r.At.Add(r.RetryAfter) }
-
 // Err returns nil when the result is OK (a reservation included) and a
 // *RateLimitedError otherwise, for code that prefers the error style.
 func (r Result) Err() error {

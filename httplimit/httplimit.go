@@ -272,7 +272,7 @@ func (m *Limit[TTx]) requests(r *http.Request) ([]txlimit.Request, error) {
 		if ru.Count != nil {
 			opts = append(opts, txlimit.Count(ru.Count(r)))
 		}
-		reqs[i] = txlimit.Req(ru.Name, key, opts...)
+		reqs[i] = txlimit.Request{Name: ru.Name, Key: key, Options: opts}
 	}
 	return reqs, nil
 }

@@ -16,6 +16,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/httplimit"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
@@ -44,7 +45,7 @@ func (c *clock) Advance(d time.Duration) {
 
 // backend is one store with a way to run a handler's own transaction.
 type backend[TTx any] struct {
-	store txlimit.Store[TTx]
+	store driver.Store[TTx]
 	// inTx runs fn in a new transaction, committing when fn returns nil.
 	inTx func(ctx context.Context, fn func(tx TTx) error) error
 }

@@ -100,7 +100,7 @@ const DefaultEscrowSettleEvery = time.Second
 // (txlimit.Config.Escrow) in the background: an escrow call made at least d
 // after the last background settlement started, while none is running,
 // starts one in a goroutine of its own, which settles what Limiter.Settle
-// with default options would (every key, up to txlimit.DefaultSettleMax
+// with default options would (every key, up to driver.DefaultSettleMax
 // calls) on the store's pool and ends; its errors are dropped (a later one,
 // or Limiter.Settle, settles what it left). So while escrow calls are made,
 // a rolled-back call's tokens come back within about d, and the escrow

@@ -40,7 +40,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		require.Contains(t, err.Error(), "SHA-256", "the error says what to do")
 		require.Empty(t, h.Rows(t, name, longest+"x"), "nothing written")
 
-		_, err = l.Limit(ctx, strings.Repeat("n", txlimit.MaxNameLen+1), "k", cfg)
+		_, err = l.Limit(ctx, strings.Repeat("n", 256+1), "k", cfg)
 		require.ErrorAs(t, err, &invalid)
 		require.Equal(t, "name", invalid.Field)
 	})
@@ -78,7 +78,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			res, err = l.Limit(ctx, name, "k", cfg(tc.to), txlimit.Count(2), txlimit.Reserve())
 			require.NoError(t, err)
 			require.True(t, res.Reserved(), "%d -> %d: %+v", tc.from, tc.to, res)
-			m, err := l.LimitAll(ctx, txlimit.Req(name, "k", cfg(tc.from), txlimit.Count(0), txlimit.Reserve()))
+			m, err := l.LimitAll(ctx, txlimit.Request{Name: name, Key: "k", Options: []txlimit.Option{cfg(tc.from), txlimit.Count(0), txlimit.Reserve()}})
 			require.NoError(t, err)
 			require.True(t, m.OK)
 			require.InDelta(t, -2, m.Results[0].Remaining, 1e-9, "the debt moves with the tokens")
@@ -162,7 +162,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 				return err
 			},
 			"LimitAll": func() error {
-				_, err := l.LimitAll(ctx, txlimit.Req(name, "other", hourly), txlimit.Req(name, "k", far...))
+				_, err := l.LimitAll(ctx, txlimit.Request{Name: name, Key: "other", Options: []txlimit.Option{hourly}}, txlimit.Request{Name: name, Key: "k", Options: far})
 				return err
 			},
 		}
@@ -207,14 +207,14 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			require.NoError(t, err)
 			require.False(t, res.OK)
 			require.Equal(t, txlimit.MaxWait, res.RetryAfter, "%+v", cfg)
-			require.True(t, res.ReadyAt().After(res.At))
+			require.True(t, res.At.Add(res.RetryAfter).After(res.At))
 			if cfg.Rate < 1 {
 				require.Equal(t, txlimit.MaxWait, res.NextToken)
 			}
 			res, err = l.Check(ctx, name, "k", opt, count)
 			require.NoError(t, err)
 			require.Equal(t, txlimit.MaxWait, res.RetryAfter)
-			m, err := l.LimitAll(ctx, txlimit.Req(name, "k", opt, count))
+			m, err := l.LimitAll(ctx, txlimit.Request{Name: name, Key: "k", Options: []txlimit.Option{opt, count}})
 			require.NoError(t, err)
 			require.False(t, m.OK)
 			require.Equal(t, txlimit.MaxWait, m.RetryAfter)
@@ -285,17 +285,17 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("observer sees every operation", func(t *testing.T) {
 		var mu sync.Mutex
 		var ops []string
-		obs := txlimit.ObserverFunc(func(_ context.Context, e txlimit.Event) {
+		obs := ObserverFunc(func(_ context.Context, e txlimit.Event) {
 			mu.Lock()
 			defer mu.Unlock()
-			outcome := e.Outcome()
-			if e.Op == txlimit.OpValue || e.Op == txlimit.OpCredit || e.Op == txlimit.OpReset || e.Op == txlimit.OpPrune {
+			outcome := e.Outcome
+			if e.Op == "value" || e.Op == "credit" || e.Op == "reset" || e.Op == "prune" {
 				outcome = "ok"
 				if e.Err != nil {
 					outcome = "error"
 				}
 			}
-			ops = append(ops, e.Op.String()+":"+outcome)
+			ops = append(ops, e.Op+":"+outcome)
 		})
 		name := UniqueName(t, "observed")
 		l, err := txlimit.New(h.Store, map[string]txlimit.Config{
@@ -309,7 +309,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		require.NoError(t, l.Credit(ctx, name, "k", 1))
 		require.NoError(t, l.Reset(ctx, name, "k"))
 		_, err = l.Value(ctx, "no such limit", "k")
-		require.ErrorIs(t, err, txlimit.ErrUnknownLimit)
+		RequireUnknownLimit(t, err)
 		_, err = l.Prune(ctx, &txlimit.PruneOptions{MaxBatches: 1})
 		require.NoError(t, err)
 		require.Equal(t, []string{"limit:allowed", "value:ok", "credit:ok", "reset:ok", "value:error", "prune:ok"}, ops)

@@ -16,12 +16,12 @@ package storetest
 import (
 	"testing"
 
-	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 )
 
 // Harness adapts one store to the suite.
 type Harness[TTx any] struct {
-	Store txlimit.Store[TTx]
+	Store driver.Store[TTx]
 	// Begin opens a transaction on its own connection.
 	Begin    func(t *testing.T) TTx
 	Commit   func(tx TTx) error
