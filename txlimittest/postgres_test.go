@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/pgsqlstore"
 	"github.com/txlimit/txlimit/txlimittest"
@@ -149,7 +150,7 @@ func TestPostgres(t *testing.T) {
 		t.Errorf("Prune a minute later = %+v, want alice's row deleted", r)
 	}
 	// pgstore has escrow mode, and nothing to settle here.
-	if r := txlimittest.Settle(t, l); r != (txlimit.SettleResult{}) {
+	if r := txlimittest.Settle(t, l); r != (driver.SettleResult{}) {
 		t.Errorf("Settle = %+v, want nothing settled", r)
 	}
 }
@@ -218,7 +219,7 @@ func TestPostgresDatabaseSQL(t *testing.T) {
 		txlimittest.RequireAdmittedTx(t, l, tx, "send", "bob")
 	})
 	// pgsqlstore has no escrow mode: nothing to settle.
-	if r := txlimittest.Settle(t, l); r != (txlimit.SettleResult{}) {
+	if r := txlimittest.Settle(t, l); r != (driver.SettleResult{}) {
 		t.Errorf("Settle = %+v, want the zero SettleResult", r)
 	}
 	if err := l.Ping(ctx); err != nil {

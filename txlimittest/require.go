@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 )
 
 // callTimeout is the deadline of each database call an assertion makes.
@@ -276,15 +277,15 @@ func mayEscrow[TTx any](l *txlimit.Limiter[TTx], name string) bool {
 // without escrow mode (sqlitestore, pgsqlstore), where no limit can be in
 // escrow mode, there is nothing to settle: it returns the zero
 // SettleResult.
-func Settle[TTx any](t testing.TB, l *txlimit.Limiter[TTx]) txlimit.SettleResult {
+func Settle[TTx any](t testing.TB, l *txlimit.Limiter[TTx]) driver.SettleResult {
 	t.Helper()
-	var sum txlimit.SettleResult
+	var sum driver.SettleResult
 	for {
 		ctx, cancel := callContext()
-		r, err := l.Settle(ctx, nil)
+		r, err := l.Settle(ctx, 0)
 		cancel()
-		if errors.Is(err, txlimit.ErrInvalid) { // with nil options: a store without escrow mode
-			return txlimit.SettleResult{}
+		if errors.Is(err, txlimit.ErrInvalid) { // with max 0: a store without escrow mode
+			return driver.SettleResult{}
 		}
 		if err != nil {
 			t.Fatalf("txlimittest: Settle: %v", explain(err))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/sqlitestore"
 	"github.com/txlimit/txlimit/txlimittest"
 )
@@ -486,7 +487,7 @@ func TestSettle(t *testing.T) {
 	// sqlitestore has no escrow mode: nothing to settle, no failure.
 	l, _, _ := sqliteLimiter(t, perMinute)
 	mustPass(t, func(tb testing.TB) {
-		if r := txlimittest.Settle(tb, l); r != (txlimit.SettleResult{}) {
+		if r := txlimittest.Settle(tb, l); r != (driver.SettleResult{}) {
 			t.Errorf("Settle = %+v, want the zero SettleResult", r)
 		}
 	})
