@@ -73,6 +73,7 @@ import (
 
 	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/pgproto"
+	"github.com/txlimit/txlimit/internal/sqltx"
 )
 
 // Store is txlimit's store for PostgreSQL on database/sql.
@@ -116,24 +117,9 @@ func SingleKeyStatements() Option {
 // Value) is begun read-only. It is rolled back when fn returns an error or
 // panics (the panic then continues) and committed otherwise.
 func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
-	if s.db == nil {
-		return driver.ErrNoPool
-	}
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: readOnly})
-	if err != nil {
-		return &beginError{err} // Retryable: nothing ran
-	}
-	done := false
-	defer func() {
-		if !done {
-			_ = tx.Rollback()
-		}
-	}()
-	if err := fn(tx); err != nil {
-		return err
-	}
-	done = true
-	return s.mapErr(ctx, nil, tx.Commit())
+	return sqltx.InTx(ctx, s.db, readOnly, fn,
+		func(err error) error { return &beginError{err} }, // Retryable: nothing ran
+		func(err error) error { return s.mapErr(ctx, nil, err) })
 }
 
 // Ping implements driver.Store: it checks that db is PostgreSQL and that

@@ -108,6 +108,7 @@ import (
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/sqltx"
 	gen "github.com/txlimit/txlimit/sqlitestore/internal/db"
 )
 
@@ -190,28 +191,9 @@ func clock(now *time.Time) time.Time {
 // when fn returns an error or panics (the panic then continues) and
 // committed otherwise.
 func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
-	if s.db == nil {
-		return driver.ErrNoPool
-	}
-	var opts *sql.TxOptions
-	if readOnly {
-		opts = &sql.TxOptions{ReadOnly: true}
-	}
-	tx, err := s.db.BeginTx(ctx, opts)
-	if err != nil {
-		return wrap("begin", err)
-	}
-	done := false
-	defer func() {
-		if !done {
-			_ = tx.Rollback()
-		}
-	}()
-	if err := fn(tx); err != nil {
-		return err
-	}
-	done = true
-	return wrap("commit", tx.Commit())
+	return sqltx.InTx(ctx, s.db, readOnly, fn,
+		func(err error) error { return wrap("begin", err) },
+		func(err error) error { return wrap("commit", err) })
 }
 
 // Ping implements driver.Store: it checks that db is SQLite and that the
