@@ -22,7 +22,7 @@
 //
 // # Limits
 //
-// A limit has a name, configured once with New (or inline with WithConfig),
+// A limit has a name, configured once with New (or inline with Inline),
 // and is applied per key: a user ID, an API key, an IP address; the empty key
 // is one global limit for the name. Two kinds:
 //

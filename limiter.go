@@ -229,7 +229,7 @@ func (l *Limiter[TTx]) Value(ctx context.Context, name, key string, opts ...Opti
 
 // ValueTx returns the tokens of (name, key) projected to now and summed over
 // all shards, with the time of the reading and the config: what a UI needs to
-// draw the limit. It locks and writes nothing. Only WithConfig is used among
+// draw the limit. It locks and writes nothing. Only Inline is used among
 // opts.
 func (l *Limiter[TTx]) ValueTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Snapshot, error) {
 	return l.valueIn(ctx, &tx, name, key, opts)
@@ -260,7 +260,7 @@ func (l *Limiter[TTx]) Credit(ctx context.Context, name, key string, count float
 
 // CreditTx gives count tokens back to (name, key), for example those of a
 // reservation whose work was cancelled (Result.Count is what it took), never
-// lifting the limit above its Capacity. Only WithConfig is used among opts.
+// lifting the limit above its Capacity. Only Inline is used among opts.
 //
 // A credit is not tied to any reservation: crediting twice gives the tokens
 // twice. Make it happen once by crediting in the same transaction as the

@@ -9,7 +9,7 @@ import (
 )
 
 // Request is one limit of a LimitAll call: the name and key of the limit and
-// the options LimitTx would take for it (Count, Reserve, WithConfig), with
+// the options LimitTx would take for it (Count, Reserve, Inline), with
 // the same defaults (Count defaults to 1):
 //
 //	txlimit.Request{Name: "send", Key: user, Options: []txlimit.Option{txlimit.Count(3)}}

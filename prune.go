@@ -23,7 +23,7 @@ type PruneOptions struct {
 	// one stopped. Defaults to 0: go through every key once.
 	MaxBatches int
 	// Limits gives the configuration of names the Limiter was not given
-	// (limits used only with WithConfig), and replaces the Limiter's own
+	// (limits used only with Inline), and replaces the Limiter's own
 	// for the names it lists. Prune must judge each limit by the
 	// configuration its calls use: a row that is full under a smaller
 	// Capacity is not full under a larger one.

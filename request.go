@@ -30,18 +30,18 @@ func Count(n float64) Option { return func(o *callOptions) { o.count = n } }
 // an *InvalidError for Count, taking nothing.
 func Reserve() Option { return func(o *callOptions) { o.reserve = true } }
 
-// WithRemaining makes a call on a sharded limit report Result.Remaining and
-// NextToken even when PostgreSQL serves it from one free shard: that call
-// then reads every shard, in the statement that takes its shard (no extra
-// round trip, but more work on the hottest path: 10 to 40% more time per
-// call in noisy local measurements). Calls that lock or read every shard
-// anyway (unsharded limits, SQLite, LimitAll, Check) always report them.
-func WithRemaining() Option { return func(o *callOptions) { o.remaining = true } }
+// ReportRemaining makes a call on a sharded limit report Result.Remaining
+// and NextToken even when PostgreSQL serves it from one free shard: that
+// call then reads every shard, in the statement that takes its shard (no
+// extra round trip, but more work on the hottest path; docs/sharding.md).
+// Calls that lock or read every shard anyway (unsharded limits, SQLite,
+// LimitAll, Check) always report them.
+func ReportRemaining() Option { return func(o *callOptions) { o.remaining = true } }
 
-// WithConfig gives the limit's configuration inline. It is required for a
+// Inline gives the limit's configuration in the call. It is required for a
 // name that was not given to New and replaces the configuration of one that
 // was.
-func WithConfig(c Config) Option { return func(o *callOptions) { cc := c; o.config = &cc } }
+func Inline(c Config) Option { return func(o *callOptions) { cc := c; o.config = &cc } }
 
 // request is one call, validated by newRequest.
 type request struct {
@@ -83,7 +83,7 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observat
 		c, ok := l.limits[name]
 		if !ok {
 			return r, &InvalidError{Limit: name, Field: "name",
-				Problem: "is not a limit given to txlimit.New; add it there or pass txlimit.WithConfig"}
+				Problem: "is not a limit given to txlimit.New; add it there or pass txlimit.Inline"}
 		}
 		r.config = c
 	}

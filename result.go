@@ -36,7 +36,7 @@ type Result struct {
 	// It is read under the call's locks, except where the call locked
 	// nothing or not every shard (a denial decided on committed state, a
 	// sharded limit served from one free shard on PostgreSQL with
-	// WithRemaining): there the other shards count as last committed, and
+	// ReportRemaining): there the other shards count as last committed, and
 	// transactions that hold them may be changing them. It is 0 when
 	// Partial is set.
 	Remaining float64
@@ -50,7 +50,7 @@ type Result struct {
 	NextToken time.Duration
 	// Partial reports that the call read only one shard of a sharded
 	// limit, so that Remaining and NextToken are unknown (and 0): a call
-	// PostgreSQL served from one free shard, without WithRemaining.
+	// PostgreSQL served from one free shard, without ReportRemaining.
 	Partial bool
 }
 

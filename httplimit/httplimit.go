@@ -39,7 +39,7 @@
 // request gets 429 Too Many Requests with Retry-After: Result.RetryAfter in
 // whole seconds rounded up (1.2s → 2), so a client that waits that long is
 // never early. The values are those of the call, which asks for them with
-// txlimit.WithRemaining: on a sharded limit served from one free shard, the
+// txlimit.ReportRemaining: on a sharded limit served from one free shard, the
 // other shards count as last committed (Result.Remaining says more).
 package httplimit
 
@@ -259,7 +259,7 @@ func (m *Limit[TTx]) Tx(w http.ResponseWriter, r *http.Request, tx TTx) (bool, e
 	return m.respond(w, r, res), nil
 }
 
-// requests returns the limits of r's call. WithRemaining: the header
+// requests returns the limits of r's call. ReportRemaining: the header
 // fields need Remaining on every path, sharded limits included.
 func (m *Limit[TTx]) requests(r *http.Request) ([]txlimit.Request, error) {
 	reqs := make([]txlimit.Request, len(m.rules))
@@ -268,7 +268,7 @@ func (m *Limit[TTx]) requests(r *http.Request) ([]txlimit.Request, error) {
 		if err != nil {
 			return nil, err
 		}
-		opts := []txlimit.Option{txlimit.WithRemaining()}
+		opts := []txlimit.Option{txlimit.ReportRemaining()}
 		if ru.Count != nil {
 			opts = append(opts, txlimit.Count(ru.Count(r)))
 		}

@@ -32,13 +32,9 @@
 // DSN: otherwise it parses each statement with parameters in one round trip
 // and executes it in the next.
 //
-// Measured one call after another (BenchmarkPgsqlstoreSerial in the root
-// package: BEGIN, LimitTx, COMMIT, with pgx's driver), an unsharded call
-// sends the same three round trips as pgstore's and takes 1.05–1.10× its
-// time; the difference is database/sql's own work on the client (a
-// goroutine per transaction and per query in it, the conversion of every
-// argument and column), not anything sent to the server. A sharded call
-// sends six against four and takes about 1.3× pgstore's time.
+// database/sql's own work on the client (a goroutine per transaction and
+// per query, the conversion of every argument and column) makes a call a
+// little slower than pgstore's (docs/performance.md).
 //
 // # Poolers and drivers
 //

@@ -124,7 +124,7 @@ func requireDenied(t testing.TB, c string, retryAfter time.Duration, res txlimit
 // unless it is want, to within a relative 1e-9 (an absolute 1e-9 below one
 // token): refills are computed in float64, so a limit that has refilled one
 // token may hold 0.9999999999999999. It returns the Snapshot it read. Only
-// WithConfig is used among opts. While reservations are outstanding the
+// Inline is used among opts. While reservations are outstanding the
 // value is negative.
 func RequireRemaining[TTx any](t testing.TB, l *txlimit.Limiter[TTx], name, key string, want float64, opts ...txlimit.Option) txlimit.Snapshot {
 	t.Helper()
@@ -165,7 +165,7 @@ func requireRemaining(t testing.TB, c string, want float64, s txlimit.Snapshot, 
 // the transaction back, and requires that the limit then reads as it did
 // before. It ends the test when fn changed nothing (the rollback would prove
 // nothing), when the rollback did not restore the limit, or on an error.
-// Only WithConfig is used among opts.
+// Only Inline is used among opts.
 //
 // begin is db.Begin for a *sql.DB, or a function that calls pool.Begin(ctx)
 // for pgx. The transaction is rolled back with its Rollback method (pgx.Tx's
@@ -264,7 +264,7 @@ func rollbackFunc(tx any) (func() error, error) {
 }
 
 // mayEscrow reports whether the limit name may be in escrow mode: it is, or
-// its config comes from WithConfig, which txlimittest cannot read.
+// its config comes from Inline, which txlimittest cannot read.
 func mayEscrow[TTx any](l *txlimit.Limiter[TTx], name string) bool {
 	c, ok := l.Config(name)
 	return !ok || c.Escrow

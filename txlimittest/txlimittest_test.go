@@ -289,7 +289,7 @@ func TestRequireAdmitted(t *testing.T) {
 		txlimittest.RequireAdmittedTx(tb, l, tx, "send", "carol", txlimit.Count(2))
 	}, `txlimittest: LimitTx("send", "carol")`, "want admitted", "got denied with RetryAfter 40s for Count 2")
 	mustFail(t, func(tb testing.TB) { txlimittest.RequireAdmitted(tb, l, "nope", "carol") },
-		`Limit("nope", "carol")`, "want admitted, got error", "WithConfig")
+		`Limit("nope", "carol")`, "want admitted, got error", "Inline")
 	mustFail(t, func(tb testing.TB) { txlimittest.RequireAdmitted(tb, l, "send", "dave", txlimit.Count(4)) },
 		"want admitted, got error", "exceeds Capacity")
 
@@ -367,8 +367,8 @@ func TestRequireRemaining(t *testing.T) {
 		// Within the documented tolerance.
 		txlimittest.RequireRemaining(tb, l, "send", "alice", 0.5+1e-10)
 		txlimittest.RequireRemaining(tb, l, "send", "bob", 3*(1-1e-10))
-		// WithConfig, for a limit New was not given.
-		txlimittest.RequireRemaining(tb, l, "other", "bob", 7, txlimit.WithConfig(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 7, Period: time.Hour}))
+		// Inline, for a limit New was not given.
+		txlimittest.RequireRemaining(tb, l, "other", "bob", 7, txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 7, Period: time.Hour}))
 
 		tx := begin(tb, db)
 		defer tx.Rollback()

@@ -47,7 +47,7 @@ func RequireExactAdmission[TTx any](t *testing.T, l *txlimit.Limiter[TTx], name 
 }
 
 // RequireUnknownLimit requires err to be the *InvalidError of a call on a
-// name that New was not given, without WithConfig.
+// name that New was not given, without Inline.
 func RequireUnknownLimit(t testing.TB, err error) {
 	t.Helper()
 	var inv *txlimit.InvalidError

@@ -23,7 +23,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("key and name length", func(t *testing.T) {
 		l, err := txlimit.New(h.Store, nil, opts)
 		require.NoError(t, err)
-		cfg := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})
+		cfg := txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})
 		name := UniqueName(t, "long")
 		longest := strings.Repeat("0123456789abcdef", txlimit.MaxKeyLen/16)
 		res, err := l.Limit(ctx, name, longest, cfg)
@@ -52,7 +52,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		}{{1, 4, txlimit.TokenBucket}, {4, 1, txlimit.TokenBucket}, {3, 5, txlimit.FixedWindow}, {8, 2, txlimit.FixedWindow}} {
 			name := UniqueName(t, "reshard")
 			cfg := func(shards int) txlimit.Option {
-				return txlimit.WithConfig(txlimit.Config{Kind: tc.kind, Rate: 20, Period: time.Hour, Shards: shards, Start: roundHourStart(tc.kind)})
+				return txlimit.Inline(txlimit.Config{Kind: tc.kind, Rate: 20, Period: time.Hour, Shards: shards, Start: roundHourStart(tc.kind)})
 			}
 			l, err := txlimit.New(h.Store, nil, opts)
 			require.NoError(t, err)
@@ -143,7 +143,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 
 		// A reservation 3e6 hours (342 years) away cannot be represented:
 		// refused as bad input by every form, nothing written.
-		hourly := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})
+		hourly := txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})
 		name := UniqueName(t, "far")
 		far := []txlimit.Option{hourly, txlimit.Count(3e6), txlimit.Reserve()}
 		calls := map[string]func() error{
@@ -184,7 +184,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		require.ErrorAs(t, err, &invalid)
 		require.Equal(t, before, h.Rows(t, name, "k"))
 		// MaxReserved caps the debt: then the same count is a plain denial.
-		capped := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, MaxReserved: 10})
+		capped := txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, MaxReserved: 10})
 		_, err = l.Limit(ctx, UniqueName(t, "capped"), "k", capped, txlimit.Count(3e6), txlimit.Reserve())
 		require.ErrorAs(t, err, &invalid, "above Capacity+MaxReserved: still bad input")
 
@@ -196,7 +196,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			{Kind: txlimit.FixedWindow, Rate: 1, Period: 100 * 365 * 24 * time.Hour, Capacity: 2, Start: T0},
 		} {
 			name := UniqueName(t, "slow")
-			opt := txlimit.WithConfig(cfg)
+			opt := txlimit.Inline(cfg)
 			count := txlimit.Count(cfg.Capacity)
 			res, err := l.Limit(ctx, name, "k", opt, count)
 			require.NoError(t, err)
@@ -249,7 +249,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			// A rate so high that a debt of 1e308 is repaid in 100 s: the
 			// first reservation is representable, a second would take the
 			// value to -Inf.
-			opt := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1e300, Period: time.Microsecond, Capacity: 1, Shards: shards})
+			opt := txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1e300, Period: time.Microsecond, Capacity: 1, Shards: shards})
 			name := UniqueName(t, "huge")
 			res, err := l.Limit(ctx, name, "k", opt, txlimit.Count(1e308), txlimit.Reserve())
 			require.NoError(t, err)
@@ -276,7 +276,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		// With an hourly rate, the Count(1e308) is refused at once:
 		// its wait is beyond MaxWait.
 		name := UniqueName(t, "hourly")
-		_, err = l.Limit(ctx, name, "k", txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour}),
+		_, err = l.Limit(ctx, name, "k", txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour}),
 			txlimit.Count(1e308), txlimit.Reserve())
 		require.ErrorAs(t, err, &invalid)
 		require.Empty(t, h.Rows(t, name, "k"))

@@ -217,9 +217,9 @@ func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 		require.True(t, limitAll(t, l, txlimit.Request{Name: a, Key: "k"}, txlimit.Request{Name: b, Key: "k"}).OK)
 		// Inline configs work as in LimitTx.
 		inline := UniqueName(t, "inline")
-		res := limitAll(t, l, txlimit.Request{Name: inline, Key: "k", Options: []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})}})
+		res := limitAll(t, l, txlimit.Request{Name: inline, Key: "k", Options: []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})}})
 		require.True(t, res.OK)
-		require.False(t, limitAll(t, l, txlimit.Request{Name: inline, Key: "k", Options: []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})}}).OK)
+		require.False(t, limitAll(t, l, txlimit.Request{Name: inline, Key: "k", Options: []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})}}).OK)
 	})
 
 	t.Run("OpposingOrdersNeverDeadlockAndAdmitExactly", func(t *testing.T) {

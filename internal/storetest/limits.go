@@ -383,13 +383,13 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 			{"Inf count", name, "k", "Count", []txlimit.Option{txlimit.Count(math.Inf(1))}},
 			{"count above capacity", name, "k", "Count", []txlimit.Option{txlimit.Count(6)}},
 			{"count above capacity+MaxReserved", name, "k", "Count", []txlimit.Option{txlimit.Count(10.5), txlimit.Reserve()}},
-			{"zero rate", name, "k", "Rate", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Period: time.Second})}},
-			{"NaN rate", name, "k", "Rate", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: math.NaN(), Period: time.Second})}},
-			{"zero period", name, "k", "Period", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1})}},
-			{"negative capacity", name, "k", "Capacity", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Capacity: -1})}},
-			{"too many shards", name, "k", "Shards", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Shards: 1024 + 1})}},
-			{"no kind", name, "k", "Kind", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Rate: 1, Period: time.Second})}},
-			{"start on a token bucket", name, "k", "Start", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Start: T0})}},
+			{"zero rate", name, "k", "Rate", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Period: time.Second})}},
+			{"NaN rate", name, "k", "Rate", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: math.NaN(), Period: time.Second})}},
+			{"zero period", name, "k", "Period", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1})}},
+			{"negative capacity", name, "k", "Capacity", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Capacity: -1})}},
+			{"too many shards", name, "k", "Shards", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Shards: 1024 + 1})}},
+			{"no kind", name, "k", "Kind", []txlimit.Option{txlimit.Inline(txlimit.Config{Rate: 1, Period: time.Second})}},
+			{"start on a token bucket", name, "k", "Start", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Start: T0})}},
 		}
 		for _, tc := range cases {
 			t.Run(tc.desc, func(t *testing.T) {
