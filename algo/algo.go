@@ -44,6 +44,10 @@ type Config struct {
 type State struct {
 	Value float64
 	TS    int64
+	// Prev is a third stored number that only a SlidingWindow uses. Every
+	// other kind ignores it and writes 0, so a row stored before the
+	// column existed (0) reads the same.
+	Prev float64
 }
 
 // Decision is the outcome of Take.
