@@ -131,12 +131,30 @@ func firstAtOrAfter(loc *time.Location, wall int64) int64 {
 		at := time.UnixMicro(t).In(loc)
 		_, offset := at.Zone()
 		reads := max(wall-int64(offset)*1_000_000, t)
-		_, end := at.ZoneBounds()
-		if end.IsZero() || reads < end.UnixMicro() {
+		end, ok := zoneEnd(at)
+		if !ok || reads < end {
 			return reads
 		}
-		t = end.UnixMicro()
+		t = end
 	}
+}
+
+// zoneEnd returns when the period of the zone in effect at at ends, or
+// false when it never does. Past the last transition its tzdata lists
+// (2037), Go computes the periods a year at a time, and ZoneBounds on
+// December 31 of a leap year ends the year's last period at December 31
+// 00:00 UTC, before at (Go 1.26). The offset it reports there is right;
+// only the bound is early: the period runs on to the next UTC year, where
+// the lookup starts a new one.
+func zoneEnd(at time.Time) (int64, bool) {
+	_, end := at.ZoneBounds()
+	switch {
+	case end.IsZero():
+		return 0, false
+	case end.After(at):
+		return end.UnixMicro(), true
+	}
+	return time.Date(at.UTC().Year()+1, time.January, 1, 0, 0, 0, 0, time.UTC).UnixMicro(), true
 }
 
 // after returns the start of the window n windows after the one that holds

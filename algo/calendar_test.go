@@ -130,6 +130,19 @@ func TestCalendarMonthsAndYears(t *testing.T) {
 	})
 }
 
+// Past 2037 Go extends a zone's rules a year at a time, and ZoneBounds on
+// December 31 of a leap year says the zone ended that day at 00:00 UTC, before
+// the instant asked about. Before zoneEnd allowed for it, the windows of
+// New Year's Day 2041 were never found (the search made no progress).
+func TestCalendarLeapYearPastTheTzdata(t *testing.T) {
+	runWindowCases(t, []windowCase{
+		{name: "New York, day", zone: "America/New_York", unit: Day, at: utc(2041, 1, 1, 0, 0), start: utc(2040, 12, 31, 5, 0), end: utc(2041, 1, 1, 5, 0)},
+		{name: "New York, year", zone: "America/New_York", unit: Year, at: utc(2041, 1, 1, 12, 0), start: utc(2041, 1, 1, 5, 0), end: utc(2042, 1, 1, 5, 0)},
+		{name: "Dublin, day", zone: "Europe/Dublin", unit: Day, at: utc(2040, 12, 31, 23, 0), start: utc(2040, 12, 31, 0, 0), end: utc(2041, 1, 1, 0, 0)},
+		{name: "Chatham, month", zone: "Pacific/Chatham", unit: Month, at: utc(2041, 1, 1, 0, 0), start: utc(2040, 12, 31, 10, 15), end: utc(2041, 1, 31, 10, 15)},
+	})
+}
+
 func calendarWindow(rate, capacity float64, cal Calendar) Config {
 	return Config{Kind: FixedWindow, Rate: rate, Capacity: capacity, Calendar: cal}
 }
