@@ -140,11 +140,13 @@ func FuzzCalendarTake(f *testing.F) {
 	f.Add(uint8(6), uint8(1), uint8(3), 7.0, 7.0, 0.0, 2.0, utc(2006, 10, 29, 2, 30), utc(2006, 10, 29, 2, 45), 5.0, false, uint8(0), []byte{})
 	f.Fuzz(func(t *testing.T, zone, unit, weekday uint8, rate, capacity, maxReserved, value float64, ts, now int64, count float64, reserve bool, shards uint8, layout []byte) {
 		cal := fuzzCalendar(zone, unit, weekday)
-		c, ok := fuzzConfig(2, rate, unitLength(cal.Unit), capacity, maxReserved)
+		c, ok := fuzzConfig(2, rate, 1, capacity, maxReserved)
 		if !ok || !finite(value) || !finite(count) {
 			t.Skip()
 		}
-		c.Calendar = cal
+		// algo ignores Period for calendar windows; checkTake reads it as
+		// the longest a window lasts.
+		c.Calendar, c.Period = cal, unitLength(cal.Unit)
 		value = fold(value, math.Min(maxTokens, maxDebtRatio*math.Max(1, c.Capacity)))
 		count = fold(count, math.Min(maxTokens, maxDebtRatio*math.Max(1, c.Capacity)))
 		ts, now = foldInt(ts, maxInstant), foldInt(now, maxInstant)
@@ -177,12 +179,17 @@ func checkCalendarDecision(t *testing.T, c Config, states []State, now int64, co
 				d.RetryAfter, c, states, now, count, reserve)
 		}
 	}
-	if d.OK && now >= slices.MaxFunc(states, func(a, b State) int { return cmpInt(a.TS, b.TS) }).TS {
-		// Every shard stamped the start of the window that holds now.
-		want, _ := c.Calendar.Window(now)
+	latest := slices.MaxFunc(states, func(a, b State) int { return cmpInt(a.TS, b.TS) }).TS
+	if d.OK && now >= latest {
+		// Every shard is stamped an instant of the window that holds now:
+		// its start, once a window ended since the latest stored TS (a TS
+		// that is not a window start, written under another config, stays
+		// while its window lasts: TS never moves back).
+		start, end := c.Calendar.Window(now)
 		for i, s := range next {
-			if s.TS != want {
-				t.Fatalf("calendar: shard %d stamped %v, want the window start %v", i, time.UnixMicro(s.TS).UTC(), time.UnixMicro(want).UTC())
+			if s.TS < start || s.TS >= end || (latest < start && s.TS != start) {
+				t.Fatalf("calendar: shard %d stamped %v, now's window is [%v, %v)", i,
+					time.UnixMicro(s.TS).UTC(), time.UnixMicro(start).UTC(), time.UnixMicro(end).UTC())
 			}
 		}
 	}
