@@ -159,8 +159,8 @@ func zoneEnd(at time.Time) (int64, bool) {
 
 // after returns the start of the window n windows after the one that holds
 // t. n is at least 1; counts so large that the result would be past MaxWait
-// from any instant the library handles are capped, which keeps the dates in
-// range: the caller clamps the wait to MaxWait.
+// from any instant the library handles (and a NaN) are capped, which keeps
+// the dates in range: the caller clamps the wait to MaxWait.
 func (cal Calendar) after(t int64, n float64) int64 {
 	// MaxWait is about 146 years (53,300 days); even a zone that skips a
 	// day now and then has more than 300 days a year, so each of these
@@ -176,8 +176,11 @@ func (cal Calendar) after(t int64, n float64) int64 {
 	default:
 		limit = 150
 	}
+	if !(n < limit) { // a NaN too: a wait that cannot be computed is MaxWait
+		n = limit
+	}
 	i, _ := cal.window(t)
-	return cal.start(i + int64(math.Min(n, limit)))
+	return cal.start(i + int64(n))
 }
 
 // projectCalendar is Project for a FixedWindow with calendar windows: the

@@ -1,6 +1,7 @@
 package algo
 
 import (
+	"math"
 	"testing"
 	"time"
 	_ "time/tzdata" // the tests' zones, whatever the machine has
@@ -248,6 +249,17 @@ func TestCalendarFixedWindow(t *testing.T) {
 		require.Equal(t, State{Value: 0, TS: april}, next)
 		// The next window is May, counted from the stored start.
 		requireExact(t, c, []State{next}, utc(2024, 3, 20, 0, 0), 1, false, may-utc(2024, 3, 20, 0, 0))
+	})
+
+	t.Run("waits past MaxWait", func(t *testing.T) {
+		// 1 a year, 200 missing: 200 years. And a wait that cannot be
+		// computed (a NaN, from a state no store writes) says MaxWait.
+		c := calendarWindow(1, 1, Calendar{Unit: Year, Location: zone(t, "Europe/Berlin")})
+		_, d := Take(c, State{Value: -199, TS: utc(2023, 12, 31, 23, 0)}, utc(2024, 3, 1, 0, 0), 1, false)
+		require.Equal(t, Decision{RetryAfter: MaxWait}, d)
+		_, d = Take(c, State{Value: -199, TS: utc(2023, 12, 31, 23, 0)}, utc(2024, 3, 1, 0, 0), 1, true)
+		require.Equal(t, Decision{Overflow: true}, d)
+		require.Equal(t, MaxWait, clampDuration(float64(berlin.after(utc(2024, 3, 1, 0, 0), math.NaN())-utc(2024, 3, 1, 0, 0))))
 	})
 
 	t.Run("full", func(t *testing.T) {
