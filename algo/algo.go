@@ -51,10 +51,10 @@ const (
 	//	b + min(r, b)·(L - 1µs)/p
 	//
 	// tokens: for L = p and the default b = r, at most r·(2 - 1µs/p), just
-	// under 2·Rate. Every fixed window admits at most b, and at most r on
-	// average over many windows. A smaller Capacity or a shorter Period
-	// tightens the bound at the price of bursts: b = r/2 bounds every
-	// window of p at r (and admits r/2 per Period); Rate r/k per p/k with
+	// under 2·Rate. Every fixed window admits at most b, and many windows
+	// at most min(r, b) each on average. A smaller Capacity or a shorter
+	// Period tightens the bound at the price of bursts: b = r/2 bounds
+	// every window of p at r (and admits r/2 per Period); Rate r/k per p/k with
 	// b = r/k bounds a window of p at r·(1 + 1/k) and admits r per p in
 	// bursts of r/k. An exact bound of Rate with bursts of Rate needs the
 	// time of every call in the window (a sliding log), which one row per
