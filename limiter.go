@@ -140,12 +140,12 @@ func (l *Limiter[TTx]) limitIn(ctx context.Context, tx *TTx, name, key string, o
 		// a second connection of the same pool.
 		r.ownTx = tx == nil
 		res, err = in(ctx, l, tx, false, func(tx TTx) (Result, error) {
-			t, err := l.store.Take(ctx, tx, r.take(l.now()))
+			t, err := l.store.Take(ctx, tx, r.take())
 			if err != nil {
 				return Result{}, err
 			}
 			r.obs.addLockWait(t.LockWait)
-			return r.result(t.Decision, t.At, t.States)
+			return r.result(t)
 		})
 	}
 	return l.finish(ctx, opLimit, r, res, err, tx == nil)
@@ -191,13 +191,12 @@ func (l *Limiter[TTx]) checkIn(ctx context.Context, tx *TTx, name, key string, o
 }
 
 func (l *Limiter[TTx]) check(ctx context.Context, tx TTx, r request) (Result, error) {
-	now := l.now()
-	read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: now})
+	read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: r.now})
 	if err != nil {
 		return Result{}, err
 	}
-	t := driver.Check(r.take(now), read)
-	return r.result(t.Decision, t.At, t.States)
+	t := driver.Check(r.take(), read)
+	return r.result(t)
 }
 
 // Reset is ResetTx in a short transaction of its own.
@@ -240,7 +239,7 @@ func (l *Limiter[TTx]) valueIn(ctx context.Context, tx *TTx, name, key string, o
 	var s Snapshot
 	if err == nil {
 		s, err = in(ctx, l, tx, true, func(tx TTx) (Snapshot, error) {
-			read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: l.now()})
+			read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: r.now})
 			if err != nil {
 				return Snapshot{}, err
 			}
@@ -275,7 +274,7 @@ func (l *Limiter[TTx]) creditIn(ctx context.Context, tx *TTx, name, key string, 
 	r, err := l.newRequest(name, key, append(opts[:len(opts):len(opts)], Count(count)), l.observe())
 	if err == nil {
 		_, err = in(ctx, l, tx, false, func(tx TTx) (struct{}, error) {
-			return struct{}{}, l.store.Credit(ctx, tx, driver.CreditParams{Limit: r.limit, Count: r.count, Now: l.now()})
+			return struct{}{}, l.store.Credit(ctx, tx, driver.CreditParams{Limit: r.limit, Count: r.count, Now: r.now})
 		})
 	}
 	l.report(ctx, r.obs, opCredit, r, Result{}, err, false)

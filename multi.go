@@ -170,10 +170,11 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 }
 
 func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
-	now := l.now()
-	p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(rs)), Now: now, TimeLocks: obs != nil}
+	// One clock for the call: the first request's reading.
+	p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(rs)), Now: rs[0].now, TimeLocks: obs != nil}
 	for i, r := range rs {
-		p.Takes[i] = r.take(now)
+		r.now = p.Now
+		p.Takes[i] = r.take()
 	}
 	all, err := l.store.TakeAll(ctx, tx, p)
 	if err != nil {
@@ -182,8 +183,11 @@ func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *
 	obs.addLockWait(all.LockWait)
 	out := MultiResult{OK: all.OK, Results: make([]Result, len(rs)), At: all.At}
 	for i, t := range all.Results {
-		if out.Results[i], err = rs[i].result(t.Decision, t.At, t.States); err != nil {
+		if out.Results[i], err = rs[i].result(t); err != nil {
 			return MultiResult{}, err
+		}
+		if !out.OK {
+			out.Results[i].Taken = 0 // nothing was taken from any limit
 		}
 		if out.Results[i].OK == out.OK {
 			// The longest wait among the denials, or among the

@@ -115,7 +115,11 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 			return res, err
 		}
 		obs := l.observe()
-		batch, err := l.store.Prune(ctx, driver.PruneParams{After: after, Max: o.BatchSize, Now: l.now(), Limits: limits})
+		now, err := l.now()
+		var batch driver.PruneResult
+		if err == nil {
+			batch, err = l.store.Prune(ctx, driver.PruneParams{After: after, Max: o.BatchSize, Now: now, Limits: limits})
+		}
 		l.report(ctx, obs, opPrune, request{count: float64(batch.Deleted)}, Result{}, err, false)
 		if err != nil {
 			return res, err

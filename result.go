@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
 )
 
 // Result is the outcome of Limit or Check, or of one limit of LimitAll.
@@ -15,6 +16,10 @@ type Result struct {
 	// Count is the number of tokens the call asked for: what a cancelled
 	// reservation gives back with Credit.
 	Count float64
+	// Taken is the number of tokens the call took: Count for a grant (a
+	// reservation included), what UpTo found for a call with UpTo, 0 for a
+	// denial. For Check, what LimitTx would take now.
+	Taken float64
 	// OK reports whether the tokens were granted (or, for Check, would be).
 	OK bool
 	// FailedOpen reports that the store failed and Options.FailOpen
@@ -79,23 +84,27 @@ type Snapshot struct {
 	Config Config
 }
 
-// result is the Result of decision d made at at, where states are the
+// result is the Result of what a store decided for r: t.States are the
 // shards after the call (unchanged when nothing was taken), or nil when the
 // store read one shard only (Partial).
-func (r request) result(d algo.Decision, at time.Time, states []algo.State) (Result, error) {
+func (r request) result(t driver.TakeResult) (Result, error) {
+	d := t.Decision
 	if d.Overflow {
 		return Result{}, r.overflowError()
 	}
 	res := Result{
-		Name: r.name, Key: r.key, Count: r.count, OK: d.OK,
+		Name: r.name, Key: r.key, Count: r.count, OK: d.OK, Taken: t.Taken,
 		RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
-		At:         at,
-		Partial:    states == nil,
+		At:         t.At,
+		Partial:    t.States == nil,
 	}
-	if states != nil {
-		now := at.UnixMicro()
-		res.Remaining = algo.Pooled(r.shard(), states, now)
-		res.NextToken = r.nextToken(states, now, res.Remaining)
+	if !r.upTo && d.OK {
+		res.Taken = r.count
+	}
+	if t.States != nil {
+		now := t.At.UnixMicro()
+		res.Remaining = algo.Pooled(r.shard(), t.States, now)
+		res.NextToken = r.nextToken(t.States, now, res.Remaining)
 	}
 	return res, nil
 }

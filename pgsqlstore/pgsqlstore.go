@@ -203,3 +203,7 @@ func (s *Store) mapErr(ctx context.Context, q querier, err error) error {
 	}
 	return err
 }
+
+// ClockRange implements driver.ClockRanger: the instants PostgreSQL's
+// timestamptz holds.
+func (s *Store) ClockRange() (first, last time.Time) { return pgproto.ClockRange() }

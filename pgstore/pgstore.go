@@ -296,3 +296,7 @@ func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.Pru
 
 // queries runs the generated statements of escrow mode.
 var queries = pgdb.New()
+
+// ClockRange implements driver.ClockRanger: the instants PostgreSQL's
+// timestamptz holds.
+func (s *Store) ClockRange() (first, last time.Time) { return pgproto.ClockRange() }

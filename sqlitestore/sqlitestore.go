@@ -228,7 +228,7 @@ func (s *Store) lockKey(ctx context.Context, tx *sql.Tx, name, key string, now *
 	}
 	out := make([]driver.Row, len(rows))
 	for i, r := range rows {
-		out[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, TS: time.UnixMicro(r.Ts)}
+		out[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts)}
 	}
 	return out, clock(now), nil
 }
@@ -247,11 +247,11 @@ func (s *Store) store(ctx context.Context, tx *sql.Tx, l driver.Limit, had []dri
 		var err error
 		if exists[i] {
 			err = s.queries.WriteShard(ctx, s.on(tx), gen.WriteShardParams{
-				Name: l.Name, Key: l.Key, Shard: int64(i), Value: st.Value, Ts: st.TS,
+				Name: l.Name, Key: l.Key, Shard: int64(i), Value: st.Value, Prev: st.Prev, Ts: st.TS,
 			})
 		} else {
 			_, err = s.queries.InsertShard(ctx, s.on(tx), gen.InsertShardParams{
-				Name: l.Name, Key: l.Key, Shard: int64(i), Value: st.Value, Ts: st.TS,
+				Name: l.Name, Key: l.Key, Shard: int64(i), Value: st.Value, Prev: st.Prev, Ts: st.TS,
 			})
 		}
 		if err != nil {
@@ -290,12 +290,10 @@ func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driv
 	if err != nil {
 		return driver.TakeResult{}, err
 	}
-	res := driver.TakeResult{At: at}
+	res, write := driver.Decide(p, rows, at)
 	if p.TimeLocks {
 		res.LockWait = time.Since(start)
 	}
-	var write bool
-	res.States, res.Decision, write = driver.Decide(p, rows, at)
 	if write {
 		if err := s.store(ctx, tx, p.Limit, rows, res.States); err != nil {
 			return driver.TakeResult{}, err
@@ -345,7 +343,7 @@ func (s *Store) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driv
 	}
 	out := driver.ReadResult{Rows: make([]driver.Row, len(rows)), At: clock(p.Now)}
 	for i, r := range rows {
-		out.Rows[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, TS: time.UnixMicro(r.Ts)}
+		out.Rows[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts)}
 	}
 	return out, nil
 }
@@ -410,7 +408,7 @@ func (s *Store) prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (dr
 		j := i
 		var keyRows []driver.Row
 		for ; j < len(rows) && rows[j].Name == rows[i].Name && rows[j].Key == rows[i].Key; j++ {
-			keyRows = append(keyRows, driver.Row{Shard: int32(rows[j].Shard), Value: rows[j].Value, TS: time.UnixMicro(rows[j].Ts)})
+			keyRows = append(keyRows, driver.Row{Shard: int32(rows[j].Shard), Value: rows[j].Value, Prev: rows[j].Prev, TS: time.UnixMicro(rows[j].Ts)})
 		}
 		k := driver.KeyRef{Name: rows[i].Name, Key: rows[i].Key}
 		if known[k] && p.Full(k.Name, k.Key, keyRows, at) {
@@ -425,4 +423,9 @@ func (s *Store) prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (dr
 		i = j
 	}
 	return out, nil
+}
+
+// ClockRange implements driver.ClockRanger: ts is microseconds in an int64.
+func (s *Store) ClockRange() (first, last time.Time) {
+	return driver.Microseconds[0], driver.Microseconds[1]
 }

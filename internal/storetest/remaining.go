@@ -62,7 +62,7 @@ func runRemaining[TTx any](t *testing.T, h Harness[TTx]) {
 	if h.SkipsLocked {
 		// Every shard holds at least 2.75: the one free shard grants, and
 		// without ReportRemaining the others are not read.
-		require.Equal(t, txlimit.Result{Name: sharded, Key: "k", Count: 1, OK: true, At: res.At, Partial: true}, res)
+		require.Equal(t, txlimit.Result{Name: sharded, Key: "k", Count: 1, Taken: 1, OK: true, At: res.At, Partial: true}, res)
 	} else {
 		require.Equal(t, want{true, 13, time.Second}, got(res))
 		require.False(t, res.Partial)
