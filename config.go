@@ -120,21 +120,12 @@ type Config struct {
 	Start time.Time
 	// Escrow takes the tokens at once, outside the caller's transaction,
 	// and only escrows them until it ends: kept if it commits, given back
-	// by settlement if it does not. The limit's row is then locked only for
-	// one statement, never until the caller commits, so one hot key no
-	// longer queues its callers. The price: the tokens of a caller that
-	// rolls back come back late (at the next call of the key that would be
-	// denied without them, or at the next settlement: pgstore settles in
-	// the background about once a second while escrow calls are made, and
-	// Limiter.Settle settles on demand), never early. An escrow limit has
-	// one shard (Shards must be 0 or 1). LimitAllTx takes escrow limits
-	// first and cancels them when another limit denies. PostgreSQL
-	// (pgstore, with a pool) only; run Limiter.Settle every few seconds for
-	// the calls left when the calls stop. Limit and LimitAll (the forms
-	// without Tx) take an escrow limit in their own short transaction, as
-	// the locked model does. See docs/escrow.md.
-	// Defaults to false: the row is locked until the caller's transaction
-	// ends. A SlidingWindow or a calendar window cannot be in escrow.
+	// by settlement if it does not (late, never early: Limiter.Settle). The
+	// limit's row is then locked for one statement, not until the caller
+	// commits, so a hot key no longer queues its callers. PostgreSQL
+	// (pgstore, with a pool) only; one shard; not for a SlidingWindow or a
+	// calendar window. docs/escrow.md. Defaults to false: the row is
+	// locked until the caller's transaction ends.
 	Escrow bool
 	// Calendar makes a FixedWindow's windows calendar units (Day, Week,
 	// Month, Year) in Zone, with Period 0: "100 a day", "10,000 a month,
