@@ -15,8 +15,36 @@ const (
 	// TokenBucket adds Rate tokens per Period continuously, up to Capacity.
 	TokenBucket Kind = Kind(algo.TokenBucket)
 	// FixedWindow adds Rate tokens at the start of each window of Period,
-	// up to Capacity.
+	// or of each calendar Day, Week, Month or Year (Config.Calendar), up to
+	// Capacity.
 	FixedWindow Kind = Kind(algo.FixedWindow)
+	// SlidingWindow admits at most Rate in a window of Period that slides
+	// with the clock, by the sliding window counter: a call is admitted
+	// when
+	//
+	//	prev·(1 - elapsed/Period) + curr + count <= Rate
+	//
+	// where curr is what the current window of Period (aligned as a
+	// FixedWindow's) has taken, prev what the previous one took and elapsed
+	// the time since the current one started. The weight is exact, never
+	// rounded down, so a limit never resets early, and a denied call
+	// counts nothing. After 10 calls at 12:00:59 under 10 per minute, a
+	// call at 12:01:01 is denied (a FixedWindow would admit 10 more).
+	//
+	// Worst case: the weighting assumes the previous window's calls were
+	// spread over it. When they all came at its end, a window of Period
+	// straddling the boundary admits them and nearly all of the next
+	// window's: with Capacity b and Rate r, any span of length L admits at
+	// most b + min(r, b)·(L - 1µs)/Period, reservations aside; for
+	// L = Period and the default b = r, just under 2·Rate. A tighter bound
+	// costs burst size, not state: Capacity r/2 bounds every window of
+	// Period at r (admitting r/2 per Period). docs/windows.md compares the
+	// window shapes.
+	//
+	// The state of a sliding window is counts, not tokens: Reset a limit's
+	// keys when its Kind changes to or from SlidingWindow. Escrow does not
+	// apply.
+	SlidingWindow Kind = Kind(algo.SlidingWindow)
 )
 
 func (k Kind) String() string {
@@ -25,9 +53,28 @@ func (k Kind) String() string {
 		return "token bucket"
 	case FixedWindow:
 		return "fixed window"
+	case SlidingWindow:
+		return "sliding window"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
+
+// CalendarUnit is the length of the windows of a calendar window
+// (Config.Calendar): a FixedWindow whose windows are calendar days, weeks,
+// months or years in a time zone.
+type CalendarUnit uint8
+
+// The calendar units. A window starts at local midnight of its first day
+// (a Week's Config.WeekStart, the 1st of a Month, January 1st) in
+// Config.Zone: a day lasts 23 to 25 hours across daylight saving changes,
+// and a month 28 to 31 days. Where the clocks skip midnight the window
+// starts when they jump; where midnight comes twice, at the first.
+const (
+	Day   CalendarUnit = CalendarUnit(algo.Day)
+	Week  CalendarUnit = CalendarUnit(algo.Week)
+	Month CalendarUnit = CalendarUnit(algo.Month)
+	Year  CalendarUnit = CalendarUnit(algo.Year)
+)
 
 // MaxWait is the longest wait a Result reports: half the range of
 // time.Duration, about 146 years (2^62 ns, in whole microseconds), so that
@@ -37,17 +84,19 @@ func (k Kind) String() string {
 // with an *InvalidError for its Count, and nothing is taken.
 const MaxWait = time.Duration(algo.MaxWait) * time.Microsecond
 
-// MaxShards is the largest Shards a Config may have.
-const MaxShards = 1024
+// maxShards is the largest Shards a Config may have.
+const maxShards = 1024
 
 // Config defines one limit.
 type Config struct {
-	// Kind is TokenBucket or FixedWindow. Required.
+	// Kind is TokenBucket, FixedWindow or SlidingWindow. Required.
 	Kind Kind
-	// Rate is the number of tokens added per Period. Required, > 0.
+	// Rate is the number of tokens added per Period (per calendar window
+	// for Calendar). Required, > 0.
 	Rate float64
 	// Period is the time over which Rate tokens are added. Required, at
-	// least one microsecond (state is kept at microsecond precision).
+	// least one microsecond (state is kept at microsecond precision), but
+	// for a calendar window, where it must be 0.
 	Period time.Duration
 	// Capacity is the most tokens the limit holds: the largest burst.
 	// Defaults to Rate.
@@ -58,7 +107,7 @@ type Config struct {
 	// Shards spreads the limit over this many rows so that concurrent
 	// transactions do not queue on one row lock. Each shard holds
 	// Rate/Shards, Capacity/Shards and MaxReserved/Shards. Defaults to 1;
-	// at most MaxShards. A row is held until its transaction commits, so
+	// at most 1024. A row is held until its transaction commits, so
 	// give a hot limit about as many shards as transactions hold it at
 	// once, and keep Capacity/Shards several times the count of one call
 	// (docs/sharding.md).
@@ -71,22 +120,32 @@ type Config struct {
 	Start time.Time
 	// Escrow takes the tokens at once, outside the caller's transaction,
 	// and only escrows them until it ends: kept if it commits, given back
-	// by settlement if it does not. The limit's row is then locked only for
-	// one statement, never until the caller commits, so one hot key no
-	// longer queues its callers. The price: the tokens of a caller that
-	// rolls back come back late (at the next call of the key that would be
-	// denied without them, or at the next settlement: pgstore settles in
-	// the background about once a second while escrow calls are made, and
-	// Limiter.Settle settles on demand), never early. An escrow limit has
-	// one shard (Shards must be 0 or 1). LimitAllTx takes escrow limits
-	// first and cancels them when another limit denies. PostgreSQL
-	// (pgstore, with a pool) only; run Limiter.Settle every few seconds for
-	// the calls left when the calls stop. Limit and LimitAll (the forms
-	// without Tx) take an escrow limit in their own short transaction, as
-	// the locked model does. See docs/escrow.md.
-	// Defaults to false: the row is locked until the caller's transaction
-	// ends.
+	// by settlement if it does not (late, never early: Limiter.Settle). The
+	// limit's row is then locked for one statement, not until the caller
+	// commits, so a hot key no longer queues its callers. PostgreSQL
+	// (pgstore, with a pool) only; one shard; not for a SlidingWindow or a
+	// calendar window. docs/escrow.md. Defaults to false: the row is
+	// locked until the caller's transaction ends.
 	Escrow bool
+	// Calendar makes a FixedWindow's windows calendar units (Day, Week,
+	// Month, Year) in Zone, with Period 0: "100 a day", "10,000 a month,
+	// reset on the 1st at midnight in the customer's zone". Unused Rate
+	// rolls over up to Capacity, as in every FixedWindow; a raised Rate
+	// arrives with the next window (Credit the difference to apply it at
+	// once). The boundaries are computed from the database's clock with
+	// Go's time zone rules (import time/tzdata on a machine without
+	// them). Defaults to 0: windows of Period.
+	Calendar CalendarUnit
+	// Zone is the IANA time zone of the calendar windows, such as
+	// "Europe/Berlin". Defaults to "" (UTC). "Local" is refused: machines
+	// would disagree on the windows.
+	Zone string
+	// WeekStart is the first day of a Week window. Defaults to Sunday
+	// (time.Weekday's zero value); time.Monday for ISO 8601 weeks.
+	WeekStart time.Weekday
+
+	// loc is Zone, loaded by normalized.
+	loc *time.Location
 }
 
 // normalized fills defaults and validates c. name is only used in errors.
@@ -94,13 +153,17 @@ func (c Config) normalized(name string) (Config, error) {
 	bad := func(field, problem string, args ...any) (Config, error) {
 		return Config{}, &InvalidError{Limit: name, Field: field, Problem: fmt.Sprintf(problem, args...)}
 	}
-	if c.Kind != TokenBucket && c.Kind != FixedWindow {
-		return bad("Kind", "must be txlimit.TokenBucket or txlimit.FixedWindow, got %v", c.Kind)
+	if c.Kind != TokenBucket && c.Kind != FixedWindow && c.Kind != SlidingWindow {
+		return bad("Kind", "must be txlimit.TokenBucket, txlimit.FixedWindow or txlimit.SlidingWindow, got %v", c.Kind)
 	}
 	if !finite(c.Rate) || c.Rate <= 0 {
 		return bad("Rate", "must be a finite number > 0, got %v", c.Rate)
 	}
-	if c.Period < time.Microsecond {
+	if c.Calendar != 0 {
+		if err := c.calendar(); err != nil {
+			return Config{}, &InvalidError{Limit: name, Field: err.Field, Problem: err.Problem}
+		}
+	} else if c.Period < time.Microsecond {
 		return bad("Period", "must be at least 1µs, got %v", c.Period)
 	}
 	if c.Capacity == 0 {
@@ -115,17 +178,57 @@ func (c Config) normalized(name string) (Config, error) {
 	if c.Shards == 0 {
 		c.Shards = 1
 	}
-	if c.Shards < 1 || c.Shards > MaxShards {
-		return bad("Shards", "must be between 1 and %d (0 means 1), got %d", MaxShards, c.Shards)
+	if c.Shards < 1 || c.Shards > maxShards {
+		return bad("Shards", "must be between 1 and %d (0 means 1), got %d", maxShards, c.Shards)
 	}
 	if c.Escrow && c.Shards > 1 {
 		return bad("Shards", "must be 1 (or 0) for an Escrow limit, got %d: escrow already keeps the row from being held, so shards add nothing", c.Shards)
 	}
 	if c.Kind == TokenBucket && !c.Start.IsZero() {
-		return bad("Start", "applies to FixedWindow only; leave it zero for a TokenBucket")
+		return bad("Start", "applies to FixedWindow and SlidingWindow only; leave it zero for a TokenBucket")
+	}
+	if c.Escrow && (c.Kind == SlidingWindow || c.Calendar != 0) {
+		return bad("Escrow", "supports TokenBucket and FixedWindow windows of Period; leave Escrow false for a %v", c.describe())
 	}
 	c.Period = c.Period.Truncate(time.Microsecond)
 	return c, nil
+}
+
+// calendar validates the calendar window fields of c and loads its Zone.
+func (c *Config) calendar() *InvalidError {
+	bad := func(field, problem string, args ...any) *InvalidError {
+		return &InvalidError{Field: field, Problem: fmt.Sprintf(problem, args...)}
+	}
+	switch {
+	case c.Calendar < Day || c.Calendar > Year:
+		return bad("Calendar", "must be txlimit.Day, txlimit.Week, txlimit.Month or txlimit.Year (or 0 for windows of Period), got %d", c.Calendar)
+	case c.Kind != FixedWindow:
+		return bad("Calendar", "applies to FixedWindow only, got a %v; a calendar window is a FixedWindow whose windows are days, weeks, months or years", c.Kind)
+	case c.Period != 0:
+		return bad("Period", "must be 0 for a calendar window (its Calendar unit is the period), got %v", c.Period)
+	case !c.Start.IsZero():
+		return bad("Start", "aligns windows of Period; a calendar window is aligned to the calendar: leave Start zero")
+	case c.WeekStart < time.Sunday || c.WeekStart > time.Saturday:
+		return bad("WeekStart", "must be a time.Weekday (Sunday to Saturday), got %d", c.WeekStart)
+	case c.WeekStart != time.Sunday && c.Calendar != Week:
+		return bad("WeekStart", "applies to Week windows only; leave it zero")
+	case c.Zone == "Local":
+		return bad("Zone", "must name a zone: \"Local\" is each machine's own, and machines would disagree on the windows")
+	}
+	loc, err := time.LoadLocation(c.Zone)
+	if err != nil {
+		return bad("Zone", "%q is not a time zone this program knows (%v); use an IANA name such as \"Europe/Berlin\", and import time/tzdata if the machine has no tzdata", c.Zone, err)
+	}
+	c.loc = loc
+	return nil
+}
+
+// describe names c's kind of window, for errors.
+func (c Config) describe() string {
+	if c.Calendar != 0 {
+		return "calendar window"
+	}
+	return c.Kind.String()
 }
 
 // stored is c as a store sees it, for every key.
@@ -134,6 +237,7 @@ func (c Config) stored() driver.LimitConfig {
 		Config: algo.Config{
 			Kind: algo.Kind(c.Kind), Rate: c.Rate, Period: c.Period.Microseconds(),
 			Capacity: c.Capacity, MaxReserved: c.MaxReserved,
+			Calendar: algo.Calendar{Unit: algo.CalendarUnit(c.Calendar), Weekday: c.WeekStart, Location: c.loc},
 		},
 		Shards: c.Shards, Start: c.Start.UnixMicro(), Aligned: !c.Start.IsZero(),
 	}

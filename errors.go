@@ -16,9 +16,6 @@ var (
 	ErrRateLimited = errors.New("txlimit: rate limited")
 	// ErrInvalid matches (errors.Is) every *InvalidError.
 	ErrInvalid = errors.New("txlimit: invalid argument")
-	// ErrUnknownLimit matches the *InvalidError for a name that New was not
-	// given, in a call without WithConfig.
-	ErrUnknownLimit = errors.New("txlimit: unknown limit")
 	// ErrNoPool is returned by the forms without Tx when the store has no
 	// pool or database.
 	ErrNoPool = driver.ErrNoPool
@@ -49,7 +46,6 @@ type InvalidError struct {
 	Limit   string // the limit's name, when known
 	Field   string // the offending field or argument
 	Problem string // what is wrong and how to fix it
-	unknown bool
 }
 
 func (e *InvalidError) Error() string {
@@ -64,11 +60,8 @@ func (e *InvalidError) Error() string {
 	return b.String()
 }
 
-// Is makes errors.Is(err, ErrInvalid) true, and errors.Is(err,
-// ErrUnknownLimit) for an unknown name.
-func (e *InvalidError) Is(target error) bool {
-	return target == ErrInvalid || (e.unknown && target == ErrUnknownLimit)
-}
+// Is makes errors.Is(err, ErrInvalid) true.
+func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
 
 func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 
@@ -79,20 +72,20 @@ func validName(name string) error {
 	return validText("name", name, name)
 }
 
-// MaxNameLen and MaxKeyLen bound the length in bytes of a limit's name and
-// key, so that (name, key, shard) fits one index entry on every store
-// (PostgreSQL's B-tree takes at most 2704 bytes). A longer key is an
+// MaxKeyLen bounds the length in bytes of a limit's key, and maxNameLen
+// that of its name, so that (name, key, shard) fits one index entry on every
+// store (PostgreSQL's B-tree takes at most 2704 bytes). A longer key is an
 // *InvalidError on every store; hash it first (for example the hex of its
 // SHA-256) when it can be longer.
 const (
-	MaxNameLen = 256
+	maxNameLen = 256
 	MaxKeyLen  = 2048
 )
 
 func validText(field, limit, s string) error {
 	bound := MaxKeyLen
 	if field == "name" {
-		bound = MaxNameLen
+		bound = maxNameLen
 	}
 	if len(s) > bound {
 		return &InvalidError{Limit: limit, Field: field, Problem: fmt.Sprintf(

@@ -9,7 +9,7 @@ import (
 
 // escrowStore is the Limiter's store's escrow mode, or nil when it has
 // none.
-func escrowStore[TTx any](store Store[TTx]) driver.Escrower {
+func escrowStore[TTx any](store driver.Store[TTx]) driver.Escrower {
 	e, _ := any(store).(driver.Escrower)
 	return e
 }
@@ -29,22 +29,6 @@ func checkEscrow(e driver.Escrower, name string, c Config) error {
 	return nil
 }
 
-// DefaultSettleMax is the number of pending calls one Settle examines when
-// SettleOptions.Max is 0.
-const DefaultSettleMax = driver.DefaultSettleMax
-
-// SettleOptions configures Settle. A nil *SettleOptions is the zero value,
-// which is ready to use.
-type SettleOptions struct {
-	// Max bounds the work of one call: the number of pending escrow calls
-	// it examines (in statements of at most 500). Defaults to
-	// DefaultSettleMax.
-	Max int
-}
-
-// SettleResult reports what Settle did.
-type SettleResult = driver.SettleResult
-
 // Settle settles the calls that escrow limits (Config.Escrow) took in
 // transactions that have ended since: the tokens of a committed call stay
 // taken, those of a call that did not commit go back to its limit, and the
@@ -59,7 +43,7 @@ type SettleResult = driver.SettleResult
 //
 //	go func() {
 //		for range time.Tick(5 * time.Second) {
-//			if _, err := limiter.Settle(ctx, nil); err != nil { log.Print(err) }
+//			if _, err := limiter.Settle(ctx, 0); err != nil { log.Print(err) }
 //		}
 //	}()
 //
@@ -68,19 +52,18 @@ type SettleResult = driver.SettleResult
 // the database settles every escrow limit in it. It runs short transactions
 // of its own on the store's pool (ErrNoPool without one) and returns
 // ErrInvalid for a store without escrow mode.
-func (l *Limiter[TTx]) Settle(ctx context.Context, opts *SettleOptions) (SettleResult, error) {
-	var o SettleOptions
-	if opts != nil {
-		o = *opts
+//
+// It returns what it did, a driver.SettleResult. max bounds the work of one call: the number of pending escrow calls it
+// examines (in statements of at most 500); 0 means 10000.
+func (l *Limiter[TTx]) Settle(ctx context.Context, max int) (driver.SettleResult, error) {
+	if max < 0 {
+		return driver.SettleResult{}, &InvalidError{Field: "max", Problem: fmt.Sprintf("must be >= 0 (0 means %d), got %d", driver.DefaultSettleMax, max)}
 	}
-	if o.Max < 0 {
-		return SettleResult{}, &InvalidError{Field: "SettleOptions.Max", Problem: fmt.Sprintf("must be >= 0 (0 means %d), got %d", DefaultSettleMax, o.Max)}
-	}
-	if o.Max == 0 {
-		o.Max = DefaultSettleMax
+	if max == 0 {
+		max = driver.DefaultSettleMax
 	}
 	if l.escrow == nil {
-		return SettleResult{}, &InvalidError{Field: "store", Problem: "has no escrow mode, so there is nothing to settle: only pgstore has one"}
+		return driver.SettleResult{}, &InvalidError{Field: "store", Problem: "has no escrow mode, so there is nothing to settle: only pgstore has one"}
 	}
-	return l.escrow.Settle(ctx, driver.SettleParams{Max: o.Max})
+	return l.escrow.Settle(ctx, driver.SettleParams{Max: max})
 }

@@ -62,7 +62,7 @@ func BenchmarkEscrow(b *testing.B) {
 							case <-stop:
 								return
 							case <-t.C:
-								if _, err := l.Settle(ctx, nil); err != nil {
+								if _, err := l.Settle(ctx, 0); err != nil {
 									b.Error(err)
 									return
 								}
@@ -115,7 +115,7 @@ func BenchmarkEscrow(b *testing.B) {
 		}
 		callers.Close()
 	}
-	res, err := l.Settle(ctx, nil)
+	res, err := l.Settle(ctx, 0)
 	require.NoError(b, err)
 	for _, clients := range []int{8, 32} {
 		at := func(s string) float64 { return tps[fmt.Sprintf("clients=%d/%s", clients, s)] }

@@ -41,8 +41,8 @@ func TestEscrowRejectedWhereItCannotWork(t *testing.T) {
 	// Inline configs are checked the same way, before anything is done.
 	sl, err := txlimit.New(sqlitestore.New(testdb.OpenSQLite(t)), nil, nil)
 	require.NoError(t, err)
-	_, err = sl.Limit(context.Background(), "e", "k", txlimit.WithConfig(cfg))
+	_, err = sl.Limit(context.Background(), "e", "k", txlimit.Inline(cfg))
 	require.ErrorIs(t, err, txlimit.ErrInvalid)
-	_, err = sl.Settle(context.Background(), nil)
+	_, err = sl.Settle(context.Background(), 0)
 	require.ErrorIs(t, err, txlimit.ErrInvalid)
 }

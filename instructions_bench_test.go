@@ -130,7 +130,7 @@ func BenchmarkServerInstructions(b *testing.B) {
 			}
 		}
 		if s == "escrow-settled" {
-			if res, err := l.Settle(ctx, nil); err != nil || res.Pending != 0 {
+			if res, err := l.Settle(ctx, 0); err != nil || res.Pending != 0 {
 				b.Fatalf("%s: Settle left %d pending calls, err %v", s, res.Pending, err)
 			}
 		}

@@ -46,7 +46,7 @@ type Options struct {
 //
 // A Limiter is safe for concurrent use.
 type Limiter[TTx any] struct {
-	store           Store[TTx]
+	store           driver.Store[TTx]
 	limits          map[string]Config
 	clock           func() time.Time
 	observer        Observer
@@ -58,7 +58,7 @@ type Limiter[TTx any] struct {
 // New returns a Limiter on store with the named limits. Every config is
 // validated; the first invalid one is returned as an *InvalidError. opts may
 // be nil.
-func New[TTx any](store Store[TTx], limits map[string]Config, opts *Options) (*Limiter[TTx], error) {
+func New[TTx any](store driver.Store[TTx], limits map[string]Config, opts *Options) (*Limiter[TTx], error) {
 	if store == nil {
 		return nil, &InvalidError{Field: "store", Problem: "is nil; pass pgstore.New(pool), pgsqlstore.New(db) or sqlitestore.New(db)"}
 	}
@@ -140,20 +140,20 @@ func (l *Limiter[TTx]) limitIn(ctx context.Context, tx *TTx, name, key string, o
 		// a second connection of the same pool.
 		r.ownTx = tx == nil
 		res, err = in(ctx, l, tx, false, func(tx TTx) (Result, error) {
-			t, err := l.store.Take(ctx, tx, r.take(l.now()))
+			t, err := l.store.Take(ctx, tx, r.take())
 			if err != nil {
 				return Result{}, err
 			}
 			r.obs.addLockWait(t.LockWait)
-			return r.result(t.Decision, t.At, t.States)
+			return r.result(t)
 		})
 	}
-	return l.finish(ctx, OpLimit, r, res, err, tx == nil)
+	return l.finish(ctx, opLimit, r, res, err, tx == nil)
 }
 
 // finish ends a Limit or Check call: it applies Options.FailOpen to the
 // error of a form without Tx (mayFailOpen) and tells the Observer.
-func (l *Limiter[TTx]) finish(ctx context.Context, op Op, r request, res Result, err error, mayFailOpen bool) (Result, error) {
+func (l *Limiter[TTx]) finish(ctx context.Context, op string, r request, res Result, err error, mayFailOpen bool) (Result, error) {
 	failedOpen := mayFailOpen && l.failOpen(err)
 	switch {
 	case failedOpen:
@@ -187,17 +187,16 @@ func (l *Limiter[TTx]) checkIn(ctx context.Context, tx *TTx, name, key string, o
 	if err == nil {
 		res, err = in(ctx, l, tx, true, func(tx TTx) (Result, error) { return l.check(ctx, tx, r) })
 	}
-	return l.finish(ctx, OpCheck, r, res, err, tx == nil)
+	return l.finish(ctx, opCheck, r, res, err, tx == nil)
 }
 
 func (l *Limiter[TTx]) check(ctx context.Context, tx TTx, r request) (Result, error) {
-	now := l.now()
-	read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: now})
+	read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: r.now})
 	if err != nil {
 		return Result{}, err
 	}
-	t := driver.Check(r.take(now), read)
-	return r.result(t.Decision, t.At, t.States)
+	t := driver.Check(r.take(), read)
+	return r.result(t)
 }
 
 // Reset is ResetTx in a short transaction of its own.
@@ -218,7 +217,7 @@ func (l *Limiter[TTx]) resetIn(ctx context.Context, tx *TTx, name, key string) e
 			return struct{}{}, l.store.Reset(ctx, tx, driver.ResetParams{Name: r.name, Key: r.key, Escrow: l.limits[r.name].Escrow})
 		})
 	}
-	l.report(ctx, r.obs, OpReset, r, Result{}, err, false)
+	l.report(ctx, r.obs, opReset, r, Result{}, err, false)
 	return err
 }
 
@@ -229,7 +228,7 @@ func (l *Limiter[TTx]) Value(ctx context.Context, name, key string, opts ...Opti
 
 // ValueTx returns the tokens of (name, key) projected to now and summed over
 // all shards, with the time of the reading and the config: what a UI needs to
-// draw the limit. It locks and writes nothing. Only WithConfig is used among
+// draw the limit. It locks and writes nothing. Only Inline is used among
 // opts.
 func (l *Limiter[TTx]) ValueTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Snapshot, error) {
 	return l.valueIn(ctx, &tx, name, key, opts)
@@ -240,7 +239,7 @@ func (l *Limiter[TTx]) valueIn(ctx context.Context, tx *TTx, name, key string, o
 	var s Snapshot
 	if err == nil {
 		s, err = in(ctx, l, tx, true, func(tx TTx) (Snapshot, error) {
-			read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: l.now()})
+			read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: r.now})
 			if err != nil {
 				return Snapshot{}, err
 			}
@@ -249,7 +248,7 @@ func (l *Limiter[TTx]) valueIn(ctx context.Context, tx *TTx, name, key string, o
 			return Snapshot{Value: algo.Pooled(r.shard(), states, now), At: read.At, Config: r.config}, nil
 		})
 	}
-	l.report(ctx, r.obs, OpValue, r, Result{}, err, false)
+	l.report(ctx, r.obs, opValue, r, Result{}, err, false)
 	return s, err
 }
 
@@ -260,7 +259,7 @@ func (l *Limiter[TTx]) Credit(ctx context.Context, name, key string, count float
 
 // CreditTx gives count tokens back to (name, key), for example those of a
 // reservation whose work was cancelled (Result.Count is what it took), never
-// lifting the limit above its Capacity. Only WithConfig is used among opts.
+// lifting the limit above its Capacity. Only Inline is used among opts.
 //
 // A credit is not tied to any reservation: crediting twice gives the tokens
 // twice. Make it happen once by crediting in the same transaction as the
@@ -275,10 +274,10 @@ func (l *Limiter[TTx]) creditIn(ctx context.Context, tx *TTx, name, key string, 
 	r, err := l.newRequest(name, key, append(opts[:len(opts):len(opts)], Count(count)), l.observe())
 	if err == nil {
 		_, err = in(ctx, l, tx, false, func(tx TTx) (struct{}, error) {
-			return struct{}{}, l.store.Credit(ctx, tx, driver.CreditParams{Limit: r.limit, Count: r.count, Now: l.now()})
+			return struct{}{}, l.store.Credit(ctx, tx, driver.CreditParams{Limit: r.limit, Count: r.count, Now: r.now})
 		})
 	}
-	l.report(ctx, r.obs, OpCredit, r, Result{}, err, false)
+	l.report(ctx, r.obs, opCredit, r, Result{}, err, false)
 	return err
 }
 

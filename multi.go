@@ -9,17 +9,14 @@ import (
 )
 
 // Request is one limit of a LimitAll call: the name and key of the limit and
-// the options LimitTx would take for it (Count, Reserve, WithConfig), with
-// the same defaults (Count defaults to 1).
+// the options LimitTx would take for it (Count, Reserve, Inline), with
+// the same defaults (Count defaults to 1):
+//
+//	txlimit.Request{Name: "send", Key: user, Options: []txlimit.Option{txlimit.Count(3)}}
 type Request struct {
 	Name    string
 	Key     string
 	Options []Option
-}
-
-// Req is shorthand for Request{Name: name, Key: key, Options: opts}.
-func Req(name, key string, opts ...Option) Request {
-	return Request{Name: name, Key: key, Options: opts}
 }
 
 // MultiResult is the outcome of LimitAll.
@@ -40,17 +37,6 @@ type MultiResult struct {
 	Results []Result
 	// At is the clock reading every decision was made at.
 	At time.Time
-}
-
-// Denied returns the results of the limits that denied, in request order.
-func (m MultiResult) Denied() []Result {
-	var out []Result
-	for _, r := range m.Results {
-		if !r.OK {
-			out = append(out, r)
-		}
-	}
-	return out
 }
 
 // Err returns nil when m is OK (reservations included) and otherwise the
@@ -95,14 +81,14 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, obs *observation, rs []req
 	}
 	if obs != nil {
 		if len(res.Results) != len(rs) {
-			l.report(ctx, obs, OpLimitAll, request{}, Result{}, err, false)
+			l.report(ctx, obs, opLimitAll, request{}, Result{}, err, false)
 		}
 		for i := range res.Results {
 			one := res.Results[i]
 			// A denied call took nothing from any limit: report each as
 			// denied, also those whose own tokens were there.
 			one.OK = one.OK && res.OK
-			l.report(ctx, obs, OpLimitAll, rs[i], one, err, failedOpen)
+			l.report(ctx, obs, opLimitAll, rs[i], one, err, failedOpen)
 		}
 	}
 	if failedOpen {
@@ -184,10 +170,11 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 }
 
 func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
-	now := l.now()
-	p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(rs)), Now: now, TimeLocks: obs != nil}
+	// One clock for the call: the first request's reading.
+	p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(rs)), Now: rs[0].now, TimeLocks: obs != nil}
 	for i, r := range rs {
-		p.Takes[i] = r.take(now)
+		r.now = p.Now
+		p.Takes[i] = r.take()
 	}
 	all, err := l.store.TakeAll(ctx, tx, p)
 	if err != nil {
@@ -196,8 +183,11 @@ func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *
 	obs.addLockWait(all.LockWait)
 	out := MultiResult{OK: all.OK, Results: make([]Result, len(rs)), At: all.At}
 	for i, t := range all.Results {
-		if out.Results[i], err = rs[i].result(t.Decision, t.At, t.States); err != nil {
+		if out.Results[i], err = rs[i].result(t); err != nil {
 			return MultiResult{}, err
+		}
+		if !out.OK {
+			out.Results[i].Taken = 0 // nothing was taken from any limit
 		}
 		if out.Results[i].OK == out.OK {
 			// The longest wait among the denials, or among the

@@ -18,60 +18,29 @@ type Observer interface {
 	Observe(ctx context.Context, e Event)
 }
 
-// ObserverFunc adapts a function to Observer.
-type ObserverFunc func(ctx context.Context, e Event)
-
-// Observe calls f.
-func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
-
-// Op names the operation an Event reports.
-type Op uint8
-
+// The operations an Event reports (Event.Op).
 const (
-	// OpLimit is Limit or LimitTx.
-	OpLimit Op = iota + 1
-	// OpCheck is Check or CheckTx.
-	OpCheck
-	// OpLimitAll is LimitAll or LimitAllTx: one Event per limit of the
-	// call, or one Event with Err when the call failed. When the call was
-	// denied, every limit's Event is a denial (nothing was taken from any
-	// of them), with RetryAfter 0 for a limit whose own tokens were there.
-	OpLimitAll
-	// OpValue is Value or ValueTx: an Event with Err, or with no Result
-	// (the Snapshot is the caller's).
-	OpValue
-	// OpCredit is Credit or CreditTx; Count is the count credited.
-	OpCredit
-	// OpReset is Reset or ResetTx.
-	OpReset
-	// OpPrune is one batch of Prune: Name and Key are empty, Count is the
-	// number of rows the batch deleted.
-	OpPrune
+	opLimit    = "limit"
+	opCheck    = "check"
+	opLimitAll = "limit_all"
+	opValue    = "value"
+	opCredit   = "credit"
+	opReset    = "reset"
+	opPrune    = "prune"
 )
-
-func (o Op) String() string {
-	switch o {
-	case OpLimit:
-		return "limit"
-	case OpCheck:
-		return "check"
-	case OpLimitAll:
-		return "limit_all"
-	case OpValue:
-		return "value"
-	case OpCredit:
-		return "credit"
-	case OpReset:
-		return "reset"
-	case OpPrune:
-		return "prune"
-	}
-	return "op?"
-}
 
 // Event is one call as an Observer sees it.
 type Event struct {
-	Op    Op
+	// Op names the operation: "limit" (Limit or LimitTx), "check",
+	// "value", "credit" (Count is the count credited), "reset", each with
+	// its …Tx form; "limit_all" (LimitAll or LimitAllTx: one Event per
+	// limit of the call, or one Event with Err when the call failed; when
+	// the call was denied, every limit's Event is a denial, since nothing
+	// was taken from any of them, with RetryAfter 0 for a limit whose own
+	// tokens were there); "prune" (one batch of Prune: Name and Key are
+	// empty, Count is the number of rows the batch deleted). A "value"
+	// Event has no Result: the Snapshot is the caller's.
+	Op    string
 	Name  string
 	Key   string
 	Count float64
@@ -91,11 +60,20 @@ type Event struct {
 	// plus those statements' round trips. A LockWait close to Duration on a
 	// busy limit is the sign that it needs Shards.
 	LockWait time.Duration
+	// Outcome classifies the event for a metric label: "allowed",
+	// "reserved", "denied", "failed_open" or "error".
+	Outcome string
+	// ErrorKind classifies Err for a metric label, with few values so that
+	// a label on it stays cheap: "" when Err is nil; "invalid" for bad
+	// input and unknown limits (ErrInvalid); "not_migrated"
+	// (ErrNotMigrated); "no_pool" (ErrNoPool); "canceled" and
+	// "deadline_exceeded" for the context; and "database" for every other
+	// error of the store.
+	ErrorKind string
 }
 
-// Outcome classifies the event for a metric label: "allowed", "reserved",
-// "denied", "failed_open" or "error".
-func (e Event) Outcome() string {
+// outcome is e's Outcome.
+func (e Event) outcome() string {
 	switch {
 	case e.FailedOpen:
 		return "failed_open"
@@ -109,12 +87,8 @@ func (e Event) Outcome() string {
 	return "denied"
 }
 
-// ErrorKind classifies Err for a metric label, with few values so that a
-// label on it stays cheap: "" when Err is nil; "invalid" for bad input and
-// unknown limits (ErrInvalid); "not_migrated" (ErrNotMigrated); "no_pool"
-// (ErrNoPool); "canceled" and "deadline_exceeded" for the context; and
-// "database" for every other error of the store.
-func (e Event) ErrorKind() string {
+// errorKind is e's ErrorKind.
+func (e Event) errorKind() string {
 	switch err := e.Err; {
 	case err == nil:
 		return ""
@@ -153,14 +127,16 @@ func (o *observation) addLockWait(d time.Duration) {
 	}
 }
 
-func (l *Limiter[TTx]) report(ctx context.Context, o *observation, op Op, r request, res Result, err error, failedOpen bool) {
+func (l *Limiter[TTx]) report(ctx context.Context, o *observation, op string, r request, res Result, err error, failedOpen bool) {
 	if o == nil {
 		return
 	}
-	l.observer.Observe(ctx, Event{
+	e := Event{
 		Op: op, Name: r.name, Key: r.key, Count: r.count, Result: res, Err: err, FailedOpen: failedOpen,
 		Duration: time.Since(o.start), LockWait: o.lockWait,
-	})
+	}
+	e.Outcome, e.ErrorKind = e.outcome(), e.errorKind()
+	l.observer.Observe(ctx, e)
 }
 
 // failOpen decides whether an error of a form without Tx is turned into a

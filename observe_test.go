@@ -53,13 +53,13 @@ func TestObserverSeesEveryDecision(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.Limit(ctx, name, "k", txlimit.Count(-1))
 	require.ErrorIs(t, err, txlimit.ErrInvalid)
-	multi, err := l.LimitAll(ctx, txlimit.Req(name, "a"), txlimit.Req(name, "k", txlimit.Count(2)))
+	multi, err := l.LimitAll(ctx, txlimit.Request{Name: name, Key: "a"}, txlimit.Request{Name: name, Key: "k", Options: []txlimit.Option{txlimit.Count(2)}})
 	require.NoError(t, err)
 	require.False(t, multi.OK)
 
 	var got []string
 	for _, e := range rec.Take() {
-		got = append(got, fmt.Sprintf("%s %s %s %v", e.Op, e.Key, e.Outcome(), e.Count))
+		got = append(got, fmt.Sprintf("%s %s %s %v", e.Op, e.Key, e.Outcome, e.Count))
 		require.GreaterOrEqual(t, e.Duration, e.LockWait)
 		if e.Err == nil {
 			require.Equal(t, e.Name, e.Result.Name)
@@ -105,7 +105,7 @@ func TestFailOpen(t *testing.T) {
 	res, err = open.Check(ctx, name, "k")
 	require.NoError(t, err)
 	require.True(t, res.FailedOpen)
-	multi, err := open.LimitAll(ctx, txlimit.Req(name, "a"), txlimit.Req(name, "b"))
+	multi, err := open.LimitAll(ctx, txlimit.Request{Name: name, Key: "a"}, txlimit.Request{Name: name, Key: "b"})
 	require.NoError(t, err)
 	require.True(t, multi.OK)
 	require.True(t, multi.Results[1].FailedOpen)
@@ -113,7 +113,7 @@ func TestFailOpen(t *testing.T) {
 	events := rec.Take()
 	require.Len(t, events, 4)
 	for _, e := range events {
-		require.Equal(t, "failed_open", e.Outcome())
+		require.Equal(t, "failed_open", e.Outcome)
 		require.Error(t, e.Err, "the observer gets the error that was swallowed")
 	}
 
@@ -159,7 +159,7 @@ func BenchmarkObserver(b *testing.B) {
 		obs  txlimit.Observer
 	}{
 		{"none", nil},
-		{"counting", txlimit.ObserverFunc(func(context.Context, txlimit.Event) { count++ })},
+		{"counting", storetest.ObserverFunc(func(context.Context, txlimit.Event) { count++ })},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			l, err := txlimit.New(sqlitestore.New(db), limits, &txlimit.Options{Observer: bc.obs})
@@ -197,10 +197,10 @@ func Example_observer() {
 
 	var mu sync.Mutex
 	counts := map[string]int{}
-	observer := txlimit.ObserverFunc(func(_ context.Context, e txlimit.Event) {
+	observer := storetest.ObserverFunc(func(_ context.Context, e txlimit.Event) {
 		mu.Lock()
 		defer mu.Unlock()
-		counts[e.Name+" "+e.Outcome()]++
+		counts[e.Name+" "+e.Outcome]++
 	})
 	clock := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	limiter, err := txlimit.New(sqlitestore.New(db), map[string]txlimit.Config{
@@ -244,6 +244,6 @@ func TestEventErrorKind(t *testing.T) {
 		{sql.ErrConnDone, "database"},
 		{errors.New("SQLSTATE 40001"), "database"},
 	} {
-		require.Equal(t, c.want, txlimit.Event{Err: c.err}.ErrorKind(), "%v", c.err)
+		require.Equal(t, c.want, txlimit.EventErrorKind(txlimit.Event{Err: c.err}), "%v", c.err)
 	}
 }

@@ -8,23 +8,22 @@ import (
 	"github.com/txlimit/txlimit/driver"
 )
 
-// DefaultPruneBatchSize is the number of keys one Prune batch examines when
+// defaultPruneBatchSize is the number of keys one Prune batch examines when
 // PruneOptions.BatchSize is 0.
-const DefaultPruneBatchSize = 1000
+const defaultPruneBatchSize = 1000
 
 // PruneOptions configures Prune. A nil *PruneOptions is the zero value,
 // which is ready to use.
 type PruneOptions struct {
 	// BatchSize is the number of (name, key) pairs one batch examines.
-	// Each batch is one short transaction. Defaults to
-	// DefaultPruneBatchSize.
+	// Each batch is one short transaction. Defaults to 1000.
 	BatchSize int
 	// MaxBatches bounds the work of one call: Prune stops after this many
 	// batches, and the next call on the same Limiter continues where this
 	// one stopped. Defaults to 0: go through every key once.
 	MaxBatches int
 	// Limits gives the configuration of names the Limiter was not given
-	// (limits used only with WithConfig), and replaces the Limiter's own
+	// (limits used only with Inline), and replaces the Limiter's own
 	// for the names it lists. Prune must judge each limit by the
 	// configuration its calls use: a row that is full under a smaller
 	// Capacity is not full under a larger one.
@@ -79,10 +78,10 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 		o = *opts
 	}
 	if o.BatchSize < 0 {
-		return PruneResult{}, &InvalidError{Field: "PruneOptions.BatchSize", Problem: fmt.Sprintf("must be >= 0 (0 means %d), got %d", DefaultPruneBatchSize, o.BatchSize)}
+		return PruneResult{}, &InvalidError{Field: "PruneOptions.BatchSize", Problem: fmt.Sprintf("must be >= 0 (0 means %d), got %d", defaultPruneBatchSize, o.BatchSize)}
 	}
 	if o.BatchSize == 0 {
-		o.BatchSize = DefaultPruneBatchSize
+		o.BatchSize = defaultPruneBatchSize
 	}
 	if o.MaxBatches < 0 {
 		return PruneResult{}, &InvalidError{Field: "PruneOptions.MaxBatches", Problem: fmt.Sprintf("must be >= 0 (0 means no limit), got %d", o.MaxBatches)}
@@ -116,8 +115,12 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 			return res, err
 		}
 		obs := l.observe()
-		batch, err := l.store.Prune(ctx, driver.PruneParams{After: after, Max: o.BatchSize, Now: l.now(), Limits: limits})
-		l.report(ctx, obs, OpPrune, request{count: float64(batch.Deleted)}, Result{}, err, false)
+		now, err := l.now()
+		var batch driver.PruneResult
+		if err == nil {
+			batch, err = l.store.Prune(ctx, driver.PruneParams{After: after, Max: o.BatchSize, Now: now, Limits: limits})
+		}
+		l.report(ctx, obs, opPrune, request{count: float64(batch.Deleted)}, Result{}, err, false)
 		if err != nil {
 			return res, err
 		}

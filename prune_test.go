@@ -95,9 +95,9 @@ func randomOps(rng *rand.Rand, limits map[string]txlimit.Config, n int) []pruneO
 			}
 		case r < 70:
 			op.kind = "limitAll"
-			op.all = []txlimit.Request{txlimit.Req(op.name, op.key, op.options()...)}
+			op.all = []txlimit.Request{txlimit.Request{Name: op.name, Key: op.key, Options: op.options()}}
 			if other := names[rng.IntN(len(names))]; other != op.name && rng.IntN(2) == 0 {
-				op.all = append(op.all, txlimit.Req(other, keys[rng.IntN(len(keys))]))
+				op.all = append(op.all, txlimit.Request{Name: other, Key: keys[rng.IntN(len(keys))]})
 			}
 		case r < 80:
 			op.kind = "credit"

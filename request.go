@@ -13,6 +13,7 @@ type Option func(*callOptions)
 
 type callOptions struct {
 	count     float64
+	upTo      bool
 	reserve   bool
 	config    *Config
 	remaining bool
@@ -22,6 +23,17 @@ type callOptions struct {
 // Defaults to 1. It may be fractional; it must be finite and >= 0.
 func Count(n float64) Option { return func(o *callOptions) { o.count = n } }
 
+// UpTo takes as many tokens as the limit holds, up to n (redis_rate's
+// AllowAtMost): n when they are there, otherwise the most whole tokens
+// there are; Result.Taken says how many. It denies, taking nothing, only
+// when not even one token is there (n itself when n is below one). It is
+// Count(n) that takes what there is, and it never reserves: with Reserve,
+// or on an escrow limit, it is an *InvalidError. In LimitAll every limit
+// called with UpTo takes the same amount, the least any of them could take
+// alone (each unit of the work needs a token of each), and the call still
+// takes from every limit or from none.
+func UpTo(n float64) Option { return func(o *callOptions) { o.count, o.upTo = n, true } }
+
 // Reserve lets Limit take the tokens even when the limit lacks them, as a
 // reservation: the result is OK with RetryAfter > 0, meaning the tokens are
 // yours and the work should run after RetryAfter without checking the limit
@@ -30,28 +42,30 @@ func Count(n float64) Option { return func(o *callOptions) { o.count = n } }
 // an *InvalidError for Count, taking nothing.
 func Reserve() Option { return func(o *callOptions) { o.reserve = true } }
 
-// WithRemaining makes a call on a sharded limit report Result.Remaining and
-// NextToken even when PostgreSQL serves it from one free shard: that call
-// then reads every shard, in the statement that takes its shard (no extra
-// round trip, but more work on the hottest path: 10 to 40% more time per
-// call in noisy local measurements). Calls that lock or read every shard
-// anyway (unsharded limits, SQLite, LimitAll, Check) always report them.
-func WithRemaining() Option { return func(o *callOptions) { o.remaining = true } }
+// ReportRemaining makes a call on a sharded limit report Result.Remaining
+// and NextToken even when PostgreSQL serves it from one free shard: that
+// call then reads every shard, in the statement that takes its shard (no
+// extra round trip, but more work on the hottest path; docs/sharding.md).
+// Calls that lock or read every shard anyway (unsharded limits, SQLite,
+// LimitAll, Check) always report them.
+func ReportRemaining() Option { return func(o *callOptions) { o.remaining = true } }
 
-// WithConfig gives the limit's configuration inline. It is required for a
+// Inline gives the limit's configuration in the call. It is required for a
 // name that was not given to New and replaces the configuration of one that
 // was.
-func WithConfig(c Config) Option { return func(o *callOptions) { cc := c; o.config = &cc } }
+func Inline(c Config) Option { return func(o *callOptions) { cc := c; o.config = &cc } }
 
 // request is one call, validated by newRequest.
 type request struct {
 	name      string
 	key       string
 	count     float64
+	upTo      bool
 	reserve   bool
 	remaining bool
 	config    Config
 	limit     driver.Limit
+	now       *time.Time   // Options.Clock's reading, nil for the store's clock
 	ownTx     bool         // the call runs in a transaction of the Limiter's own (Limit)
 	obs       *observation // nil unless the Limiter has an Observer
 }
@@ -63,7 +77,7 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observat
 	for _, opt := range opts {
 		opt(&o)
 	}
-	r := request{name: name, key: key, count: o.count, reserve: o.reserve, remaining: o.remaining, obs: obs}
+	r := request{name: name, key: key, count: o.count, upTo: o.upTo, reserve: o.reserve, remaining: o.remaining, obs: obs}
 	if err := validName(name); err != nil {
 		return r, err
 	}
@@ -82,25 +96,44 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observat
 	} else {
 		c, ok := l.limits[name]
 		if !ok {
-			return r, &InvalidError{Limit: name, Field: "name", unknown: true,
-				Problem: "is not a limit given to txlimit.New; add it there or pass txlimit.WithConfig"}
+			return r, &InvalidError{Limit: name, Field: "name",
+				Problem: "is not a limit given to txlimit.New; add it there or pass txlimit.Inline"}
 		}
 		r.config = c
 	}
 	if !finite(o.count) || o.count < 0 {
-		return r, &InvalidError{Limit: name, Field: "Count", Problem: fmt.Sprintf("must be a finite number >= 0, got %v", o.count)}
+		return r, &InvalidError{Limit: name, Field: r.countField(), Problem: fmt.Sprintf("must be a finite number >= 0, got %v", o.count)}
 	}
 	r.limit = r.config.stored().Limit(name, key)
-	return r, nil
+	var err error
+	r.now, err = l.now()
+	return r, err
 }
 
 // shard is the configuration of one of r's shards.
 func (r request) shard() algo.Config { return r.limit.Shard(r.limit.Shards) }
 
+// countField names the option that set r's count.
+func (r request) countField() string {
+	if r.upTo {
+		return "UpTo"
+	}
+	return "Count"
+}
+
 // checkCount rejects a count that no amount of waiting would grant.
 func (r request) checkCount() error {
 	c := r.config
 	switch {
+	case r.upTo && r.reserve:
+		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: "cannot be combined with Reserve: a reservation takes its whole count"}
+	case r.upTo && c.Escrow:
+		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: "does not apply to an Escrow limit, whose debit takes a whole count; use Count"}
+	case r.upTo && r.count >= 1 && c.Capacity < 1:
+		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: fmt.Sprintf(
+			"%v asks for whole tokens, but Capacity %v holds less than one; ask for at most Capacity", r.count, c.Capacity)}
+	case r.upTo:
+		return nil // it takes at most Capacity
 	case !r.reserve && r.count > c.Capacity:
 		return &InvalidError{Limit: r.name, Field: "Count", Problem: fmt.Sprintf(
 			"%v exceeds Capacity %v and could never be granted; raise Capacity or use Reserve", r.count, c.Capacity)}
@@ -112,19 +145,30 @@ func (r request) checkCount() error {
 }
 
 // take is the store's Take for r.
-func (r request) take(now *time.Time) driver.TakeParams {
+func (r request) take() driver.TakeParams {
 	return driver.TakeParams{
-		Limit: r.limit, Count: r.count, Reserve: r.reserve, ReadAll: r.remaining,
-		Now: now, TimeLocks: r.obs != nil, Escrow: r.config.Escrow && !r.ownTx,
+		Limit: r.limit, Count: r.count, UpTo: r.upTo, Reserve: r.reserve, ReadAll: r.remaining,
+		Now: r.now, TimeLocks: r.obs != nil, Escrow: r.config.Escrow && !r.ownTx,
 	}
 }
 
-func (l *Limiter[TTx]) now() *time.Time {
+// now reads Options.Clock, or returns nil for the store's clock. A reading
+// the store's database cannot hold (driver.ClockRanger) is an
+// *InvalidError, before any statement.
+func (l *Limiter[TTx]) now() (*time.Time, error) {
 	if l.clock == nil {
-		return nil
+		return nil, nil
 	}
-	t := time.UnixMicro(l.clock().UnixMicro())
-	return &t
+	t := l.clock()
+	if r, ok := l.store.(driver.ClockRanger); ok {
+		if first, last := r.ClockRange(); t.Before(first) || t.After(last) {
+			return nil, &InvalidError{Field: "Options.Clock", Problem: fmt.Sprintf(
+				"read %v, outside the instants the store's database can hold (%v to %v); keep the test clock within them",
+				t, first.Format(time.RFC3339), last.Format(time.RFC3339))}
+		}
+	}
+	t = time.UnixMicro(t.UnixMicro())
+	return &t, nil
 }
 
 // limitRequest validates a Limit call.

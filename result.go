@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
 )
 
 // Result is the outcome of Limit or Check, or of one limit of LimitAll.
@@ -15,6 +16,10 @@ type Result struct {
 	// Count is the number of tokens the call asked for: what a cancelled
 	// reservation gives back with Credit.
 	Count float64
+	// Taken is the number of tokens the call took: Count for a grant (a
+	// reservation included), what UpTo found for a call with UpTo, 0 for a
+	// denial. For Check, what LimitTx would take now.
+	Taken float64
 	// OK reports whether the tokens were granted (or, for Check, would be).
 	OK bool
 	// FailedOpen reports that the store failed and Options.FailOpen
@@ -36,7 +41,7 @@ type Result struct {
 	// It is read under the call's locks, except where the call locked
 	// nothing or not every shard (a denial decided on committed state, a
 	// sharded limit served from one free shard on PostgreSQL with
-	// WithRemaining): there the other shards count as last committed, and
+	// ReportRemaining): there the other shards count as last committed, and
 	// transactions that hold them may be changing them. It is 0 when
 	// Partial is set.
 	Remaining float64
@@ -50,19 +55,13 @@ type Result struct {
 	NextToken time.Duration
 	// Partial reports that the call read only one shard of a sharded
 	// limit, so that Remaining and NextToken are unknown (and 0): a call
-	// PostgreSQL served from one free shard, without WithRemaining.
+	// PostgreSQL served from one free shard, without ReportRemaining.
 	Partial bool
 }
 
 // Reserved reports whether the tokens were granted as a reservation for
 // later.
 func (r Result) Reserved() bool { return r.OK && r.RetryAfter > 0 }
-
-// ReadyAt returns At plus RetryAfter: for a reservation, when the reserved
-// work may run (a job's scheduled time); for a denial, when the same request
-// would be granted; for an ordinary grant, At. It is on the clock the
-// decision used (the database's, unless Options.Clock).
-func (r Result) ReadyAt() time.Time { return r.At.Add(r.RetryAfter) }
 
 // Err returns nil when the result is OK (a reservation included) and a
 // *RateLimitedError otherwise, for code that prefers the error style.
@@ -85,23 +84,27 @@ type Snapshot struct {
 	Config Config
 }
 
-// result is the Result of decision d made at at, where states are the
+// result is the Result of what a store decided for r: t.States are the
 // shards after the call (unchanged when nothing was taken), or nil when the
 // store read one shard only (Partial).
-func (r request) result(d algo.Decision, at time.Time, states []algo.State) (Result, error) {
+func (r request) result(t driver.TakeResult) (Result, error) {
+	d := t.Decision
 	if d.Overflow {
 		return Result{}, r.overflowError()
 	}
 	res := Result{
-		Name: r.name, Key: r.key, Count: r.count, OK: d.OK,
+		Name: r.name, Key: r.key, Count: r.count, OK: d.OK, Taken: t.Taken,
 		RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
-		At:         at,
-		Partial:    states == nil,
+		At:         t.At,
+		Partial:    t.States == nil,
 	}
-	if states != nil {
-		now := at.UnixMicro()
-		res.Remaining = algo.Pooled(r.shard(), states, now)
-		res.NextToken = r.nextToken(states, now, res.Remaining)
+	if !r.upTo && d.OK {
+		res.Taken = r.count
+	}
+	if t.States != nil {
+		now := t.At.UnixMicro()
+		res.Remaining = algo.Pooled(r.shard(), t.States, now)
+		res.NextToken = r.nextToken(t.States, now, res.Remaining)
 	}
 	return res, nil
 }

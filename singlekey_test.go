@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/pgsqlstore"
@@ -98,7 +99,7 @@ func tracedConfig(t *testing.T, log *statementLog) *pgx.ConnConfig {
 // touches rows of several keys: LimitAll creating and locking rows of three
 // limits (one of them sharded), LimitAll denied by one limit (the rows it
 // created for another are deleted again), and Prune deleting full rows.
-func singleKeyWorkload[TTx any](t *testing.T, store txlimit.Store[TTx]) {
+func singleKeyWorkload[TTx any](t *testing.T, store driver.Store[TTx]) {
 	ctx := context.Background()
 	clock := storetest.NewClock()
 	a, b, c := storetest.UniqueName(t, "a"), storetest.UniqueName(t, "b"), storetest.UniqueName(t, "c")
@@ -109,7 +110,7 @@ func singleKeyWorkload[TTx any](t *testing.T, store txlimit.Store[TTx]) {
 	}, &txlimit.Options{Clock: clock.Now})
 	require.NoError(t, err)
 
-	res, err := l.LimitAll(ctx, txlimit.Req(a, "k1"), txlimit.Req(b, "k1"), txlimit.Req(c, "k1"))
+	res, err := l.LimitAll(ctx, txlimit.Request{Name: a, Key: "k1"}, txlimit.Request{Name: b, Key: "k1"}, txlimit.Request{Name: c, Key: "k1"})
 	require.NoError(t, err)
 	require.True(t, res.OK)
 	for range 2 {
@@ -117,7 +118,7 @@ func singleKeyWorkload[TTx any](t *testing.T, store txlimit.Store[TTx]) {
 		require.NoError(t, err)
 		require.True(t, r.OK)
 	}
-	res, err = l.LimitAll(ctx, txlimit.Req(a, "k3"), txlimit.Req(b, "k3"), txlimit.Req(c, "k2"))
+	res, err = l.LimitAll(ctx, txlimit.Request{Name: a, Key: "k3"}, txlimit.Request{Name: b, Key: "k3"}, txlimit.Request{Name: c, Key: "k2"})
 	require.NoError(t, err)
 	require.False(t, res.OK, "c/k2 is empty")
 	v, err := l.Value(ctx, a, "k3")

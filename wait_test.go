@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/pgstore"
@@ -104,7 +105,7 @@ func (v *virtualTime) step(end time.Time) bool {
 	return true
 }
 
-func runWait[TTx any](t *testing.T, store txlimit.Store[TTx]) {
+func runWait[TTx any](t *testing.T, store driver.Store[TTx]) {
 	ctx := context.Background()
 
 	// Workers call Wait in a loop on one key of a token bucket of 5 tokens
@@ -288,7 +289,7 @@ func runWait[TTx any](t *testing.T, store txlimit.Store[TTx]) {
 		require.ErrorIs(t, err, txlimit.ErrInvalid)
 		require.ErrorContains(t, err, "Reserve does not go with Wait")
 		_, err = txlimit.WaitWithSleep(ctx, l, never, "nope", "k")
-		require.ErrorIs(t, err, txlimit.ErrUnknownLimit)
+		storetest.RequireUnknownLimit(t, err)
 	})
 
 	// On the real clock with real sleeps: every Wait ends granted, and the

@@ -23,8 +23,53 @@ type Kind uint8
 const (
 	// TokenBucket refills continuously at Rate/Period tokens per microsecond.
 	TokenBucket Kind = iota + 1
-	// FixedWindow grants Rate tokens at the start of each window of Period.
+	// FixedWindow grants Rate tokens at the start of each window of Period,
+	// or of each calendar unit (Config.Calendar).
 	FixedWindow
+	// SlidingWindow admits at most Rate in a window of Period that slides
+	// with the clock, counted as the sliding window counter does: the count
+	// of the current fixed window plus the previous window's count,
+	// weighted by the part of the previous window that the sliding window
+	// still covers:
+	//
+	//	prev·(1 - elapsed/Period) + curr + count <= Rate
+	//
+	// where elapsed is the time since the current window started (windows
+	// are aligned to an origin, as a FixedWindow's). The state is O(1): the
+	// two counts and the window's start (State.Value, State.Prev, State.TS).
+	// The weight is exact, never rounded, so a limit never resets early:
+	// under 1 per minute, the call after one at 12:00:30 is admitted at
+	// 12:02:00 at the earliest (CakePHP #19287 rounded the weighted count
+	// down and admitted it at 12:00:31).
+	//
+	// Worst case: the weighting assumes the previous window's calls were
+	// spread evenly over it. When they all came at its end, a window of
+	// Period that straddles the boundary admits them and nearly all of the
+	// next window's. With Capacity b and Rate r per Period p, any span of
+	// length L (reservations aside) admits at most
+	//
+	//	b + min(r, b)·(L - 1µs)/p
+	//
+	// tokens: for L = p and the default b = r, at most r·(2 - 1µs/p), just
+	// under 2·Rate. Every fixed window admits at most b, and many windows
+	// at most min(r, b) each on average. A smaller Capacity or a shorter
+	// Period tightens the bound at the price of bursts: b = r/2 bounds
+	// every window of p at r (and admits r/2 per Period); Rate r/k per p/k with
+	// b = r/k bounds a window of p at r·(1 + 1/k) and admits r per p in
+	// bursts of r/k. An exact bound of Rate with bursts of Rate needs the
+	// time of every call in the window (a sliding log), which one row per
+	// key cannot hold.
+	//
+	// Capacity (default Rate) caps the tokens, as in the other kinds: above
+	// Rate, unused Rate carries over to later windows up to Capacity (the
+	// count goes below 0, down to Rate-Capacity). A reservation's debt (a
+	// count above Rate) is never forgotten: each window that ends passes
+	// its count on to the next less Rate, so a debt is paid at Rate per
+	// Period, given back evenly over each window as the weighting gives
+	// back the previous window's count. Because the state is a count and
+	// not tokens, a changed Rate applies at once: raising it from 10 to 20
+	// per minute admits 10 more calls at once in a window that counted 10.
+	SlidingWindow
 )
 
 // Config is the configuration of one bucket (one shard of a limit). The
@@ -36,6 +81,10 @@ type Config struct {
 	Period      int64   // microseconds
 	Capacity    float64 // the most tokens the bucket holds
 	MaxReserved float64 // how far below zero a reservation may go; 0 = no cap
+	// Calendar, when its Unit is set, makes a FixedWindow's windows
+	// calendar units (Rate per unit, Capacity as for any FixedWindow);
+	// Period is then ignored. Other kinds ignore it.
+	Calendar Calendar
 }
 
 // State is the stored state of one bucket. Value may be negative while
@@ -44,6 +93,10 @@ type Config struct {
 type State struct {
 	Value float64
 	TS    int64
+	// Prev is a third stored number that only a SlidingWindow uses. Every
+	// other kind ignores it and writes 0, so a row stored before the
+	// column existed (0) reads the same.
+	Prev float64
 }
 
 // Decision is the outcome of Take.
@@ -81,9 +134,19 @@ func tolerance(c Config) float64 {
 }
 
 // Full returns a state that is full at every instant: what a missing row
-// means. For a fixed window its TS is the window origin, so that advancing it
-// to any instant lands on a window boundary aligned to origin.
+// means. For a fixed or sliding window its TS is the window origin, so that
+// advancing it to any instant lands on a window boundary aligned to origin;
+// a calendar window ignores origin, and its TS is the start of the window
+// that holds the epoch. A sliding window's Value is the count of a full
+// window, Rate-Capacity (0 by default).
 func Full(c Config, origin int64) State {
+	switch {
+	case c.calendar():
+		_, start := c.Calendar.window(0)
+		return State{Value: c.Capacity, TS: start}
+	case c.Kind == SlidingWindow:
+		return State{Value: c.low(), TS: floorMod(origin, c.Period)}
+	}
 	if c.Kind == FixedWindow {
 		return State{Value: c.Capacity, TS: floorMod(origin, c.Period)}
 	}
@@ -94,7 +157,15 @@ func Full(c Config, origin int64) State {
 // backwards (now before s.TS) adds nothing and never moves TS back, so no
 // stretch of time is ever credited twice. The value is capped at Capacity
 // even when no time has passed (a row written under a larger capacity).
+// For a SlidingWindow the state is a count (see SlidingWindow), capped so
+// that the tokens never exceed Capacity; Pooled gives its tokens.
 func Project(c Config, s State, now int64) State {
+	switch {
+	case c.Kind == SlidingWindow:
+		return projectSliding(c, s, now)
+	case c.calendar():
+		return projectCalendar(c, s, now)
+	}
 	elapsed := now - s.TS
 	if elapsed <= 0 {
 		return State{Value: math.Min(s.Value, c.Capacity), TS: s.TS}
@@ -140,7 +211,15 @@ func Take(c Config, s State, now int64, count float64, reserve bool) (State, Dec
 // unchanged with Decision.Overflow set.
 func TakeShards(c Config, states []State, now int64, count float64, reserve bool) ([]State, Decision) {
 	n := float64(len(states))
-	pooled, ts := pool(c, states, now)
+	var sliding slidingPool
+	var pooled float64
+	var ts int64
+	if c.Kind == SlidingWindow {
+		sliding = poolSliding(c, states, now)
+		pooled = sliding.tokens
+	} else {
+		pooled, ts = pool(c, states, now)
+	}
 	left := pooled - count
 	tol := tolerance(c) * n
 	// target is what the pooled value must reach for a grant (as a
@@ -153,12 +232,20 @@ func TakeShards(c Config, states []State, now int64, count float64, reserve bool
 	}
 	switch {
 	case left >= -tol:
+		if c.Kind == SlidingWindow {
+			return sliding.take(c, len(states), count, true), Decision{OK: true}
+		}
 		return spread(len(states), max(left, 0), ts), Decision{OK: true}
 	case reserve && (c.MaxReserved == 0 || pooled-target >= -tol):
 		if math.IsInf(left, 0) || math.IsNaN(left) {
 			return states, Decision{Overflow: true}
 		}
-		next := spread(len(states), left, ts)
+		var next []State
+		if c.Kind == SlidingWindow {
+			next = sliding.take(c, len(states), count, false)
+		} else {
+			next = spread(len(states), left, ts)
+		}
 		ra := RetryAfter(c, next[0], now)
 		if ra >= MaxWait {
 			return states, Decision{Overflow: true}
@@ -175,6 +262,9 @@ func TakeShards(c Config, states []State, now int64, count float64, reserve bool
 // shard that was behind gets its refill up to that instant, as an unsharded
 // bucket, stamped by the later call, would have had it.
 func Pooled(c Config, states []State, now int64) float64 {
+	if c.Kind == SlidingWindow {
+		return poolSliding(c, states, now).tokens
+	}
 	v, _ := pool(c, states, now)
 	return v
 }
@@ -184,6 +274,11 @@ func Pooled(c Config, states []State, now int64) float64 {
 // evenly, stamped like a grant of TakeShards. The values stay finite for
 // any finite count.
 func CreditShards(c Config, states []State, now int64, count float64) []State {
+	if c.Kind == SlidingWindow {
+		p := poolSliding(c, states, now)
+		room := math.Max(c.Capacity*float64(len(states))-p.tokens, 0)
+		return p.with(c, len(states), p.count-math.Min(count, room))
+	}
 	pooled, ts := pool(c, states, now)
 	return spread(len(states), math.Min(pooled+count, c.Capacity*float64(len(states))), ts)
 }
@@ -194,6 +289,12 @@ func CreditShards(c Config, states []State, now int64, count float64) []State {
 // pooled capacity, spread evenly and stamped like a grant. The limit holds
 // the same tokens (and the same debt) before and after.
 func Reshard(from Config, states []State, to Config, n int, now int64) []State {
+	if from.Kind == SlidingWindow {
+		// A count is the same whatever the shards (from and to are one
+		// limit's config): only the cap of the new shards applies.
+		p := poolSliding(from, states, now)
+		return p.with(to, n, p.count)
+	}
 	total, ts := pool(from, states, now)
 	return spread(n, math.Min(total, to.Capacity*float64(n)), ts)
 }
@@ -247,6 +348,9 @@ func RetryAfter(c Config, p State, now int64) int64 {
 // target, each shard refilling on its own and stopping at its capacity.
 // target must not exceed the pooled capacity.
 func timeUntil(c Config, states []State, now int64, target float64) int64 {
+	if c.Kind == SlidingWindow {
+		return slidingUntil(c, states, now, target)
+	}
 	pooled, ts := pool(c, states, now)
 	if pooled-target >= -(tolerance(c) * float64(len(states))) {
 		return 0
@@ -276,8 +380,12 @@ func timeUntil(c Config, states []State, now int64, target float64) int64 {
 			break
 		}
 	}
-	switch c.Kind {
-	case FixedWindow:
+	switch {
+	case c.calendar():
+		// As below, in calendar windows.
+		windows := math.Max(1, math.Ceil((refill-tolerance(c)/2)/c.Rate))
+		return clampDuration(float64(c.Calendar.after(ts, windows) - now))
+	case c.Kind == FixedWindow:
 		// The pooled value is short by more than the tolerance here, so at
 		// least one window is needed. Rounding may leave half a tolerance
 		// per shard short (an epsilon relative to refill/Rate instead can

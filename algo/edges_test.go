@@ -19,19 +19,19 @@ func TestShardsBehindGetTheirRefill(t *testing.T) {
 	whole := tokenBucket(2, sec, 4)
 
 	// Drain 4 at t0.
-	states, d := TakeShards(shard, []State{{2, 0}, {2, 0}}, t0, 4, false)
+	states, d := TakeShards(shard, []State{{Value: 2, TS: 0}, {Value: 2, TS: 0}}, t0, 4, false)
 	require.True(t, d.OK)
-	require.Equal(t, []State{{0, t0}, {0, t0}}, states)
-	u, d := Take(whole, State{4, 0}, t0, 4, false)
+	require.Equal(t, []State{{Value: 0, TS: t0}, {Value: 0, TS: t0}}, states)
+	u, d := Take(whole, State{Value: 4, TS: 0}, t0, 4, false)
 	require.True(t, d.OK)
 
 	// Take 1 at t2, from shard 0 alone: 0 + 2·1 = 2, capped at 2, minus 1.
 	states[0], d = Take(shard, states[0], t2, 1, false)
 	require.True(t, d.OK)
-	require.Equal(t, State{1, t2}, states[0])
+	require.Equal(t, State{Value: 1, TS: t2}, states[0])
 	u, d = Take(whole, u, t2, 1, false)
 	require.True(t, d.OK)
-	require.Equal(t, State{3, t2}, u)
+	require.Equal(t, State{Value: 3, TS: t2}, u)
 
 	// Take 2 with the clock at t1. The limit has seen t2: shard 0 holds 1
 	// as of t2, shard 1 (at 0 since t0) holds 2 as of t2: 3, as the
@@ -40,10 +40,10 @@ func TestShardsBehindGetTheirRefill(t *testing.T) {
 	require.Equal(t, 3.0, Pooled(shard, states, t1))
 	next, d := TakeShards(shard, states, t1, 2, false)
 	require.Equal(t, Decision{OK: true}, d)
-	require.Equal(t, []State{{0.5, t2}, {0.5, t2}}, next)
+	require.Equal(t, []State{{Value: 0.5, TS: t2}, {Value: 0.5, TS: t2}}, next)
 	u, d = Take(whole, u, t1, 2, false)
 	require.Equal(t, Decision{OK: true}, d)
-	require.Equal(t, State{1, t2}, u)
+	require.Equal(t, State{Value: 1, TS: t2}, u)
 
 	// At t2 both hold 1 (projecting shard 1 only to t1 and stamping it t2
 	// would leave 0).
@@ -59,27 +59,27 @@ func TestShardsBehindGetTheirRefill(t *testing.T) {
 
 	// Credit stamps the same way: at t1, with the limit at t2, shard 1
 	// (0 at t1) holds 1 as of t2: 0.5 + 1 + 2 = 3.5 → 1.75 each at t2.
-	require.Equal(t, []State{{1.75, t2}, {1.75, t2}}, CreditShards(shard, []State{{0.5, t2}, {0, t1}}, t1, 2))
+	require.Equal(t, []State{{Value: 1.75, TS: t2}, {Value: 1.75, TS: t2}}, CreditShards(shard, []State{{Value: 0.5, TS: t2}, {Value: 0, TS: t1}}, t1, 2))
 }
 
 func TestReshard(t *testing.T) {
 	one := tokenBucket(20, hour, 20)
 	four := tokenBucket(5, hour, 5)
 	// 5 of 20 in one shard → 1.25 in each of four, at the same instant.
-	require.Equal(t, []State{{1.25, t0}, {1.25, t0}, {1.25, t0}, {1.25, t0}}, Reshard(one, []State{{5, t0}}, four, 4, t0))
+	require.Equal(t, []State{{Value: 1.25, TS: t0}, {Value: 1.25, TS: t0}, {Value: 1.25, TS: t0}, {Value: 1.25, TS: t0}}, Reshard(one, []State{{Value: 5, TS: t0}}, four, 4, t0))
 	// And back, in debt: -2 pooled.
-	require.Equal(t, []State{{-2, t0}}, Reshard(four, []State{{-0.5, t0}, {-0.5, t0}, {-0.5, t0}, {-0.5, t0}}, one, 1, t0))
+	require.Equal(t, []State{{Value: -2, TS: t0}}, Reshard(four, []State{{Value: -0.5, TS: t0}, {Value: -0.5, TS: t0}, {Value: -0.5, TS: t0}, {Value: -0.5, TS: t0}}, one, 1, t0))
 	// Shards behind the latest timestamp get their refill up to it (5/h a
 	// shard: 30 min is 2.5), then the total is spread: 0 + 2.5 + 1 + 1 + 5
 	// capped... 1 + 2.5 = 3.5, 1, 1, 0 + 2.5 = 2.5: 8 over two shards of 10.
-	got := Reshard(four, []State{{1, t0}, {1, t0 + 30*minute}, {1, t0 + 30*minute}, {0, t0}}, tokenBucket(10, hour, 10), 2, t0)
-	require.Equal(t, []State{{4, t0 + 30*minute}, {4, t0 + 30*minute}}, got)
+	got := Reshard(four, []State{{Value: 1, TS: t0}, {Value: 1, TS: t0 + 30*minute}, {Value: 1, TS: t0 + 30*minute}, {Value: 0, TS: t0}}, tokenBucket(10, hour, 10), 2, t0)
+	require.Equal(t, []State{{Value: 4, TS: t0 + 30*minute}, {Value: 4, TS: t0 + 30*minute}}, got)
 	// The new capacity caps the total: 20 full into 2 shards of 5.
-	require.Equal(t, []State{{5, t0}, {5, t0}}, Reshard(four, []State{{5, t0}, {5, t0}, {5, t0}, {5, t0}}, tokenBucket(5, hour, 5), 2, t0))
+	require.Equal(t, []State{{Value: 5, TS: t0}, {Value: 5, TS: t0}}, Reshard(four, []State{{Value: 5, TS: t0}, {Value: 5, TS: t0}, {Value: 5, TS: t0}, {Value: 5, TS: t0}}, tokenBucket(5, hour, 5), 2, t0))
 	// A fixed window keeps its window start.
 	// 3 + one window of 2 = 5, 2.5 each from the window at w0+1m.
 	fw := fixedWindow(1, minute, 10)
-	require.Equal(t, []State{{2.5, w0 + minute}, {2.5, w0 + minute}}, Reshard(fixedWindow(2, minute, 20), []State{{3, w0}}, fw, 2, w0+90*sec))
+	require.Equal(t, []State{{Value: 2.5, TS: w0 + minute}, {Value: 2.5, TS: w0 + minute}}, Reshard(fixedWindow(2, minute, 20), []State{{Value: 3, TS: w0}}, fw, 2, w0+90*sec))
 }
 
 func TestMaxWait(t *testing.T) {
@@ -93,11 +93,11 @@ func TestMaxWait(t *testing.T) {
 			s     State
 			count float64
 		}{
-			{"rate 1e-300", tokenBucket(1e-300, sec, 1), State{0, t0}, 1},
+			{"rate 1e-300", tokenBucket(1e-300, sec, 1), State{Value: 0, TS: t0}, 1},
 			// 2 tokens at 1 per century: 200 years.
-			{"century token bucket", tokenBucket(1, 100*365*24*hour, 2), State{0, t0}, 2},
-			{"century windows", fixedWindow(1, 100*365*24*hour, 2), State{0, w0}, 2},
-			{"rate 1e-300, fixed window", fixedWindow(1e-300, sec, 1), State{0, w0}, 1},
+			{"century token bucket", tokenBucket(1, 100*365*24*hour, 2), State{Value: 0, TS: t0}, 2},
+			{"century windows", fixedWindow(1, 100*365*24*hour, 2), State{Value: 0, TS: w0}, 2},
+			{"rate 1e-300, fixed window", fixedWindow(1e-300, sec, 1), State{Value: 0, TS: w0}, 1},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				next, d := Take(tc.c, tc.s, t0, tc.count, false)
@@ -110,22 +110,22 @@ func TestMaxWait(t *testing.T) {
 			})
 		}
 		// Below MaxWait the wait is exact: 1 token per century, 100 years.
-		_, d := Take(tokenBucket(1, 100*365*24*hour, 2), State{1, t0}, t0, 2, false)
+		_, d := Take(tokenBucket(1, 100*365*24*hour, 2), State{Value: 1, TS: t0}, t0, 2, false)
 		require.Equal(t, Decision{RetryAfter: 100 * 365 * 24 * hour}, d)
 	})
 
 	t.Run("reservations beyond it are refused", func(t *testing.T) {
 		c := tokenBucket(1, hour, 1)
 		// 3e6 - 1 tokens of debt at 1/h: 342 years.
-		next, d := TakeShards(c, []State{{1, t0}}, t0, 3e6, true)
+		next, d := TakeShards(c, []State{{Value: 1, TS: t0}}, t0, 3e6, true)
 		require.Equal(t, Decision{Overflow: true}, d)
-		require.Equal(t, []State{{1, t0}}, next)
+		require.Equal(t, []State{{Value: 1, TS: t0}}, next)
 		// 1e6 hours (114 years) is fine, and exact.
-		next, d = TakeShards(c, []State{{1, t0}}, t0, 1e6+1, true)
+		next, d = TakeShards(c, []State{{Value: 1, TS: t0}}, t0, 1e6+1, true)
 		require.Equal(t, Decision{OK: true, RetryAfter: 1e6 * hour}, d)
-		require.Equal(t, []State{{-1e6, t0}}, next)
+		require.Equal(t, []State{{Value: -1e6, TS: t0}}, next)
 		// Sharded the same: 4 shards of 0.25/h.
-		_, d = TakeShards(tokenBucket(0.25, hour, 0.25), []State{{0.25, t0}, {0.25, t0}, {0.25, t0}, {0.25, t0}}, t0, 3e6, true)
+		_, d = TakeShards(tokenBucket(0.25, hour, 0.25), []State{{Value: 0.25, TS: t0}, {Value: 0.25, TS: t0}, {Value: 0.25, TS: t0}, {Value: 0.25, TS: t0}}, t0, 3e6, true)
 		require.Equal(t, Decision{Overflow: true}, d)
 	})
 
@@ -133,18 +133,18 @@ func TestMaxWait(t *testing.T) {
 		// 1e300 tokens a µs repay 1e308 in 1e8 µs: the first reservation
 		// is representable, the second would go to -Inf.
 		c := tokenBucket(1e300, 1, 1)
-		s, d := Take(c, State{1, t0}, t0, 1e308, true)
+		s, d := Take(c, State{Value: 1, TS: t0}, t0, 1e308, true)
 		require.Equal(t, Decision{OK: true, RetryAfter: 100 * sec}, d)
-		require.Equal(t, State{1 - 1e308, t0}, s)
+		require.Equal(t, State{Value: 1 - 1e308, TS: t0}, s)
 		next, d := Take(c, s, t0, 1e308, true)
 		require.Equal(t, Decision{Overflow: true}, d)
 		require.Equal(t, s, next)
 		// Credits cap at capacity.
 		cs := CreditShards(c, []State{s}, t0, 1e308)
 		cs = CreditShards(c, cs, t0, 1e308)
-		require.Equal(t, []State{{1, t0}}, cs)
-		cs = CreditShards(c, []State{{1, t0}}, t0, math.MaxFloat64)
-		require.Equal(t, []State{{1, t0}}, cs)
+		require.Equal(t, []State{{Value: 1, TS: t0}}, cs)
+		cs = CreditShards(c, []State{{Value: 1, TS: t0}}, t0, math.MaxFloat64)
+		require.Equal(t, []State{{Value: 1, TS: t0}}, cs)
 	})
 }
 

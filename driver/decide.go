@@ -2,6 +2,7 @@ package driver
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -41,7 +42,7 @@ func (l Limit) statesOf(rows []Row, m int) []algo.State {
 	}
 	for _, r := range rows {
 		if int(r.Shard) < m {
-			states[r.Shard] = algo.State{Value: r.Value, TS: r.TS.UnixMicro()}
+			states[r.Shard] = r.State()
 		}
 	}
 	return states
@@ -51,9 +52,24 @@ func (l Limit) statesOf(rows []Row, m int) []algo.State {
 func (l Limit) Rows(states []algo.State) []Row {
 	rows := make([]Row, len(states))
 	for i, s := range states {
-		rows[i] = Row{Shard: int32(i), Value: s.Value, TS: time.UnixMicro(s.TS)}
+		rows[i] = Row{Shard: int32(i), Value: s.Value, Prev: s.Prev, TS: time.UnixMicro(s.TS)}
 	}
 	return rows
+}
+
+// take is algo's decision for p on the states of its shards at now:
+// TakeUpTo with UpTo (taken is what it took), TakeShards otherwise (taken
+// is the count, or 0 for a denial).
+func (p TakeParams) take(states []algo.State, now int64) (next []algo.State, d algo.Decision, taken float64) {
+	c := p.Shard(p.Shards)
+	if p.UpTo {
+		return algo.TakeUpTo(c, states, now, p.Count)
+	}
+	next, d = algo.TakeShards(c, states, now, p.Count, p.Reserve)
+	if d.OK {
+		taken = p.Count
+	}
+	return next, d, taken
 }
 
 // Decide is the decision of Take on every row of the limit, which the store
@@ -61,14 +77,14 @@ func (l Limit) Rows(states []algo.State) []Row {
 // write the states (a grant, or rows that were resharded: a reshard keeps the
 // total, so writing it on a denial changes no decision). Rows of shards at
 // or beyond p.Shards that the store holds must then be deleted.
-func Decide(p TakeParams, rows []Row, now time.Time) (next []algo.State, d algo.Decision, write bool) {
+func Decide(p TakeParams, rows []Row, now time.Time) (TakeResult, bool) {
 	at := now.UnixMicro()
 	states, resharded := p.States(rows, at)
-	next, d = algo.TakeShards(p.Shard(p.Shards), states, at, p.Count, p.Reserve)
+	next, d, taken := p.take(states, at)
 	if !d.OK {
 		next = states
 	}
-	return next, d, d.OK || resharded
+	return TakeResult{Decision: d, At: now, States: next, Taken: taken}, d.OK || resharded
 }
 
 // Check is the decision of Take on the rows a store read without locking
@@ -77,8 +93,8 @@ func Decide(p TakeParams, rows []Row, now time.Time) (next []algo.State, d algo.
 func Check(p TakeParams, read ReadResult) TakeResult {
 	at := read.At.UnixMicro()
 	states, _ := p.States(read.Rows, at)
-	_, d := algo.TakeShards(p.Shard(p.Shards), states, at, p.Count, p.Reserve)
-	return TakeResult{Decision: d, At: read.At, States: states}
+	_, d, taken := p.take(states, at)
+	return TakeResult{Decision: d, At: read.At, States: states, Taken: taken}
 }
 
 // DecideOne is the decision of Take on one shard of a sharded limit, the
@@ -86,31 +102,48 @@ func Check(p TakeParams, read ReadResult) TakeResult {
 // tokens, never as a reservation (a store falls back to Decide on every row
 // when it denies).
 func DecideOne(p TakeParams, row Row, now time.Time) (algo.State, algo.Decision) {
-	return algo.Take(p.Shard(p.Shards), algo.State{Value: row.Value, TS: row.TS.UnixMicro()}, now.UnixMicro(), p.Count, false)
+	return algo.Take(p.Shard(p.Shards), row.State(), now.UnixMicro(), p.Count, false)
 }
 
 // FitsOneShard reports whether a call may be served from one shard: a
-// sharded limit, no reservation beyond one shard's capacity.
+// sharded limit, a count within one shard's capacity, not up to a count
+// (which takes what every shard pools).
 func FitsOneShard(p TakeParams) bool {
-	return p.Shards > 1 && p.Count <= p.Shard(p.Shards).Capacity
+	return p.Shards > 1 && !p.UpTo && p.Count <= p.Shard(p.Shards).Capacity
 }
 
 // DecideAll is the decision of TakeAll: rows[i] are every row of
 // p.Takes[i]'s key, all held by the store. It returns each limit's result
 // (with the states to store when the call is OK), whether the call is OK, and
-// the rows to write per limit (nil for a limit that keeps its rows).
+// the rows to write per limit (nil for a limit that keeps its rows). The
+// takes up to a count (UpTo) all take the same amount, the least any of them
+// could take alone: every unit of the caller's work needs a token of each
+// limit, so taking more of one would only waste it.
 func DecideAll(p TakeAllParams, rows [][]Row, now time.Time) (TakeAllResult, [][]Row) {
 	out := TakeAllResult{OK: true, Results: make([]TakeResult, len(p.Takes)), At: now}
 	nexts := make([][]algo.State, len(p.Takes))
 	current := make([][]algo.State, len(p.Takes))
 	resharded := make([]bool, len(p.Takes))
 	at := now.UnixMicro()
+	least := math.Inf(1)
 	for i, t := range p.Takes {
 		current[i], resharded[i] = t.States(rows[i], at)
 		var d algo.Decision
-		nexts[i], d = algo.TakeShards(t.Shard(t.Shards), current[i], at, t.Count, t.Reserve)
-		out.Results[i] = TakeResult{Decision: d, At: now}
+		var taken float64
+		nexts[i], d, taken = t.take(current[i], at)
+		out.Results[i] = TakeResult{Decision: d, At: now, Taken: taken}
 		out.OK = out.OK && d.OK
+		if t.UpTo {
+			least = min(least, taken)
+		}
+	}
+	for i, t := range p.Takes {
+		if out.OK && t.UpTo && out.Results[i].Taken > least {
+			// least fits: it is no more than this limit took alone.
+			var d algo.Decision
+			nexts[i], d = algo.TakeShards(t.Shard(t.Shards), current[i], at, least, false)
+			out.Results[i].Decision, out.Results[i].Taken = d, least
+		}
 	}
 	writes := make([][]Row, len(p.Takes))
 	for i, t := range p.Takes {
@@ -120,6 +153,7 @@ func DecideAll(p TakeAllParams, rows [][]Row, now time.Time) (TakeAllResult, [][
 			writes[i] = t.Rows(nexts[i])
 		default:
 			out.Results[i].States = current[i]
+			out.Results[i].Taken = 0
 			if resharded[i] {
 				writes[i] = t.Rows(current[i])
 			}
@@ -170,7 +204,8 @@ func Extra(rows []Row, n int) []int32 {
 func InSQL(p TakeParams) bool {
 	const maxPeriod, maxMagnitude = 1 << 53, 1e200
 	c := p.Config
-	return c.Period <= maxPeriod && c.Rate <= maxMagnitude && c.Capacity <= maxMagnitude &&
+	return (c.Kind == algo.TokenBucket || c.Kind == algo.FixedWindow) && c.Calendar.Unit == 0 && !p.UpTo &&
+		c.Period <= maxPeriod && c.Rate <= maxMagnitude && c.Capacity <= maxMagnitude &&
 		c.MaxReserved <= maxMagnitude && p.Count <= maxMagnitude
 }
 
@@ -178,10 +213,19 @@ func InSQL(p TakeParams) bool {
 // row a store took from in SQL (InSQL), at now: algo.Take's when it grants,
 // which reports the wait of a reservation (a value below zero) only.
 func Granted(c algo.Config, next algo.State, now int64) algo.Decision {
-	if next.Value < 0 {
+	if algo.Pooled(c, []algo.State{next}, now) < 0 {
 		return algo.Decision{OK: true, RetryAfter: algo.RetryAfter(c, next, now)}
 	}
 	return algo.Decision{OK: true}
+}
+
+// GrantsWhenFull reports whether p grants on a key with no row, whose every
+// shard is full: the most a key can hold, so a p that does not grant then
+// grants on no state of the key.
+func GrantsWhenFull(p TakeParams) bool {
+	states, _ := p.States(nil, 0)
+	_, d, _ := p.take(states, p.Full().TS)
+	return d.OK
 }
 
 // Fresh is what p leaves of a missing row, which is full (Limit.Full), and
@@ -190,8 +234,8 @@ func Granted(c algo.Config, next algo.State, now int64) algo.Decision {
 // only the row's time does, which the statement sets from the clock.
 func Fresh(p TakeParams) (algo.State, bool) {
 	full := p.Full()
-	next, d := algo.Take(p.Shard(1), full, full.TS, p.Count, p.Reserve)
-	return next, d.OK
+	next, d, _ := p.take([]algo.State{full}, full.TS)
+	return next[0], d.OK
 }
 
 // IsFull reports whether rows, every row l's key has, are at now the same as

@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
+	"math"
 	"time"
 
 	"github.com/txlimit/txlimit/algo"
@@ -90,6 +91,18 @@ type Store[TTx any] interface {
 	Ping(ctx context.Context, p PingParams) error
 }
 
+// ClockRanger is what a store whose database cannot hold every instant adds
+// to Store: the first and the last instant it holds. txlimit refuses a
+// reading of txlimit.Options.Clock outside them before any statement.
+type ClockRanger interface {
+	ClockRange() (first, last time.Time)
+}
+
+// Microseconds are the instants an int64 of microseconds since the Unix
+// epoch holds (about 290,000 years either side of 1970): algo's instants,
+// and SQLite's stored ts.
+var Microseconds = [2]time.Time{time.UnixMicro(math.MinInt64), time.UnixMicro(math.MaxInt64)}
+
 // Limit is one limit of one key, as a store sees it.
 type Limit struct {
 	Name string
@@ -99,8 +112,9 @@ type Limit struct {
 	Config algo.Config
 	// Shards is the number of rows the limit is spread over.
 	Shards int
-	// Origin is the instant (µs) the windows of a fixed window are aligned
-	// to; unused for a token bucket.
+	// Origin is the instant (µs) the windows of Period of a fixed or
+	// sliding window are aligned to; unused for a token bucket and a
+	// calendar window.
 	Origin int64
 }
 
@@ -110,8 +124,8 @@ type LimitConfig struct {
 	// total, not per shard.
 	Config algo.Config
 	Shards int
-	// Start, when Aligned, is the instant (µs) the windows of a fixed
-	// window are aligned to. Otherwise each (name, key) gets a stable phase
+	// Start, when Aligned, is the instant (µs) the windows of a fixed or
+	// sliding window are aligned to. Otherwise each (name, key) gets a stable phase
 	// in [0, Period) from a hash of the two, which spreads the resets of
 	// many keys over the period (txlimit.Config.Start).
 	Start   int64
@@ -121,7 +135,9 @@ type LimitConfig struct {
 // Limit is c's limit for (name, key).
 func (c LimitConfig) Limit(name, key string) Limit {
 	l := Limit{Name: name, Key: key, Config: c.Config, Shards: c.Shards}
-	if c.Config.Kind == algo.FixedWindow {
+	// Windows of Period are aligned to an origin; a calendar window's to the
+	// calendar.
+	if (c.Config.Kind == algo.FixedWindow || c.Config.Kind == algo.SlidingWindow) && c.Config.Calendar.Unit == 0 {
 		l.Origin = c.Start
 		if !c.Aligned {
 			h := fnv.New64a()
@@ -151,7 +167,15 @@ func (l Limit) Full() algo.State { return algo.Full(l.Shard(l.Shards), l.Origin)
 type Row struct {
 	Shard int32
 	Value float64
-	TS    time.Time
+	// Prev is the previous window's count of a sliding window
+	// (algo.State.Prev); 0 for the other kinds.
+	Prev float64
+	TS   time.Time
+}
+
+// State is the row's state.
+func (r Row) State() algo.State {
+	return algo.State{Value: r.Value, Prev: r.Prev, TS: r.TS.UnixMicro()}
 }
 
 // TakeParams is one Take.
@@ -170,6 +194,9 @@ type TakeParams struct {
 	// Escrow takes the tokens in escrow (txlimit.Config.Escrow, in a
 	// transaction the caller owns), on a store with escrow mode.
 	Escrow bool
+	// UpTo takes as many tokens as there are, up to Count (algo.TakeUpTo);
+	// never with Reserve or Escrow.
+	UpTo bool
 }
 
 // TakeResult is what Take decided.
@@ -185,6 +212,9 @@ type TakeResult struct {
 	// LockWait is the time spent in the statements that lock the limit's
 	// rows, when TakeParams.TimeLocks was set.
 	LockWait time.Duration
+	// Taken is how many tokens the call took (for Check, would take): the
+	// count of a grant, what UpTo could take, 0 for a denial.
+	Taken float64
 }
 
 // TakeAllParams is one TakeAll. The (Name, Key) pairs of Takes are

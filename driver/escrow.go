@@ -21,7 +21,7 @@ type Escrower interface {
 }
 
 // DefaultSettleMax is the number of pending calls one Settle examines when
-// txlimit.SettleOptions.Max is 0, and what a store's background settlement
+// Limiter.Settle is given 0, and what a store's background settlement
 // examines.
 const DefaultSettleMax = 10000
 
@@ -31,7 +31,7 @@ type SettleParams struct {
 	Max int
 }
 
-// SettleResult reports what Settle did (txlimit.SettleResult).
+// SettleResult reports what Settle did (driver.SettleResult).
 type SettleResult struct {
 	// Spent is the number of calls whose transaction committed: their
 	// tokens stay taken, and their rows were deleted.

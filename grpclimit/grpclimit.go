@@ -287,7 +287,7 @@ func (m *Limit[TTx]) apply(ctx context.Context, fullMethod string, req any) (met
 		if r.Count != nil {
 			opts = append(opts, txlimit.Count(r.Count(ctx, fullMethod, req)))
 		}
-		reqs = append(reqs, txlimit.Req(name, key, opts...))
+		reqs = append(reqs, txlimit.Request{Name: name, Key: key, Options: opts})
 	}
 	var results []txlimit.Result
 	var err error

@@ -23,6 +23,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/grpclimit"
+	"github.com/txlimit/txlimit/internal/storetest"
 )
 
 const (
@@ -467,7 +468,7 @@ func testStoreErrors[TTx any](t *testing.T, open opener[TTx]) {
 	// FailOpen: the call goes through, the Observer sees the error, nothing is logged.
 	var mu sync.Mutex
 	var events []txlimit.Event
-	obs := txlimit.ObserverFunc(func(_ context.Context, e txlimit.Event) {
+	obs := storetest.ObserverFunc(func(_ context.Context, e txlimit.Event) {
 		mu.Lock()
 		events = append(events, e)
 		mu.Unlock()
@@ -483,7 +484,7 @@ func testStoreErrors[TTx any](t *testing.T, open opener[TTx]) {
 	mu.Lock()
 	require.Len(t, events, 1)
 	require.True(t, events[0].FailedOpen)
-	require.Equal(t, "database", events[0].ErrorKind())
+	require.Equal(t, "database", events[0].ErrorKind)
 	mu.Unlock()
 
 	// Options.Error: the application decides, here to let calls through.

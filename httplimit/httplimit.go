@@ -33,13 +33,16 @@
 //	RateLimit-Policy: "P";q=<Rate per w, rounded down>;w=<Period in seconds, rounded up>
 //	RateLimit: "P";r=<whole tokens left>;t=<seconds before another token>
 //
+// A calendar window (txlimit.Config.Calendar) has no fixed period: its
+// policy is "P";q=<Rate, rounded down>, without w.
+//
 // r is Result.Remaining rounded down (never below 0) and t is
 // Result.NextToken rounded down, omitted when the limit is full; both err on
 // the side of telling a client less than it has, never more. A denied
 // request gets 429 Too Many Requests with Retry-After: Result.RetryAfter in
 // whole seconds rounded up (1.2s → 2), so a client that waits that long is
 // never early. The values are those of the call, which asks for them with
-// txlimit.WithRemaining: on a sharded limit served from one free shard, the
+// txlimit.ReportRemaining: on a sharded limit served from one free shard, the
 // other shards count as last committed (Result.Remaining says more).
 package httplimit
 
@@ -184,9 +187,15 @@ func newLimit[TTx any](l *txlimit.Limiter[TTx], rules []Rule, o Options) (*Limit
 		// w is the period in whole seconds, rounded up (the field has no
 		// fractions), and q what the limit adds over w, rounded down: a
 		// client that keeps to q per w keeps to the limit.
-		w := max(1, int64(math.Ceil(cfg.Period.Seconds())))
-		q := math.Floor(cfg.Rate * float64(time.Duration(w)*time.Second) / float64(cfg.Period))
-		m.rules[i] = rule{Rule: r, policy: policy, header: fmt.Sprintf("%s;q=%d;w=%d", policy, sfInteger(q), w)}
+		// A calendar window's windows are days to years of varying length:
+		// its policy gives the quota of one, and no w.
+		header := fmt.Sprintf("%s;q=%d", policy, sfInteger(math.Floor(cfg.Rate)))
+		if cfg.Calendar == 0 {
+			w := max(1, int64(math.Ceil(cfg.Period.Seconds())))
+			q := math.Floor(cfg.Rate * float64(time.Duration(w)*time.Second) / float64(cfg.Period))
+			header = fmt.Sprintf("%s;q=%d;w=%d", policy, sfInteger(q), w)
+		}
+		m.rules[i] = rule{Rule: r, policy: policy, header: header}
 	}
 	if m.fail == nil {
 		m.fail = logError(o.Logger, func() []string {
@@ -259,7 +268,7 @@ func (m *Limit[TTx]) Tx(w http.ResponseWriter, r *http.Request, tx TTx) (bool, e
 	return m.respond(w, r, res), nil
 }
 
-// requests returns the limits of r's call. WithRemaining: the header
+// requests returns the limits of r's call. ReportRemaining: the header
 // fields need Remaining on every path, sharded limits included.
 func (m *Limit[TTx]) requests(r *http.Request) ([]txlimit.Request, error) {
 	reqs := make([]txlimit.Request, len(m.rules))
@@ -268,11 +277,11 @@ func (m *Limit[TTx]) requests(r *http.Request) ([]txlimit.Request, error) {
 		if err != nil {
 			return nil, err
 		}
-		opts := []txlimit.Option{txlimit.WithRemaining()}
+		opts := []txlimit.Option{txlimit.ReportRemaining()}
 		if ru.Count != nil {
 			opts = append(opts, txlimit.Count(ru.Count(r)))
 		}
-		reqs[i] = txlimit.Req(ru.Name, key, opts...)
+		reqs[i] = txlimit.Request{Name: ru.Name, Key: key, Options: opts}
 	}
 	return reqs, nil
 }
@@ -431,13 +440,18 @@ func sfInteger(f float64) int64 {
 // Value is the JSON document ValueHandler serves.
 type Value struct {
 	Name string `json:"name"`
-	// Kind is "tokenBucket" or "fixedWindow".
+	// Kind is "tokenBucket", "fixedWindow" or "slidingWindow".
 	Kind string `json:"kind"`
+	// Calendar is "day", "week", "month" or "year" for a calendar window
+	// (whose PeriodMs is 0), in the time zone Zone (UTC when empty).
+	Calendar string `json:"calendar,omitempty"`
+	Zone     string `json:"zone,omitempty"`
 	// Value is the tokens the limit holds at ServerTime, summed over all
 	// shards; negative while reservations are outstanding.
 	Value    float64 `json:"value"`
 	Capacity float64 `json:"capacity"`
-	// Rate tokens are added every PeriodMs milliseconds.
+	// Rate tokens are added every PeriodMs milliseconds, or every calendar
+	// window.
 	Rate     float64 `json:"rate"`
 	PeriodMs float64 `json:"periodMs"`
 	// ServerTime is the clock reading Value was projected to, in RFC 3339
@@ -445,6 +459,17 @@ type Value struct {
 	ServerTime string `json:"serverTime"`
 	Shards     int    `json:"shards"`
 }
+
+// kindNames and calendarNames are Value's names of the kinds and calendar
+// units.
+var (
+	kindNames = map[txlimit.Kind]string{
+		txlimit.TokenBucket: "tokenBucket", txlimit.FixedWindow: "fixedWindow", txlimit.SlidingWindow: "slidingWindow",
+	}
+	calendarNames = map[txlimit.CalendarUnit]string{
+		txlimit.Day: "day", txlimit.Week: "week", txlimit.Month: "month", txlimit.Year: "year",
+	}
+)
 
 // ValueHandler returns a handler that answers GET with the current Value of
 // the limit name for the key of the request, as JSON: what a front end needs
@@ -477,12 +502,9 @@ func ValueHandler[TTx any](l *txlimit.Limiter[TTx], name string, key KeyFunc, op
 			fail(w, r, err)
 			return
 		}
-		kind := "tokenBucket"
-		if snap.Config.Kind == txlimit.FixedWindow {
-			kind = "fixedWindow"
-		}
+		c := snap.Config
 		body, err := json.Marshal(Value{
-			Name: name, Kind: kind, Value: snap.Value,
+			Name: name, Kind: kindNames[c.Kind], Calendar: calendarNames[c.Calendar], Zone: c.Zone, Value: snap.Value,
 			Capacity: snap.Config.Capacity, Rate: snap.Config.Rate,
 			PeriodMs:   float64(snap.Config.Period) / float64(time.Millisecond),
 			ServerTime: snap.At.UTC().Format(time.RFC3339Nano),

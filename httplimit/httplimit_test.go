@@ -16,6 +16,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/httplimit"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
@@ -44,7 +45,7 @@ func (c *clock) Advance(d time.Duration) {
 
 // backend is one store with a way to run a handler's own transaction.
 type backend[TTx any] struct {
-	store txlimit.Store[TTx]
+	store driver.Store[TTx]
 	// inTx runs fn in a new transaction, committing when fn returns nil.
 	inTx func(ctx context.Context, fn func(tx TTx) error) error
 }
@@ -113,11 +114,13 @@ func run[TTx any](t *testing.T, b backend[TTx]) {
 	ctx := context.Background()
 	clk := &clock{t: t0}
 	limiter, err := txlimit.New(b.store, map[string]txlimit.Config{
-		"api":  {Kind: txlimit.TokenBucket, Rate: 1, Period: 1200 * time.Millisecond, Capacity: 3},
-		"slow": {Kind: txlimit.TokenBucket, Rate: 1, Period: 3 * time.Second},
-		"fw":   {Kind: txlimit.FixedWindow, Rate: 10, Period: time.Minute, Start: t0.Add(-15 * time.Second)},
-		"tx":   {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour},
-		"ui":   {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Minute, Shards: 2},
+		"api":     {Kind: txlimit.TokenBucket, Rate: 1, Period: 1200 * time.Millisecond, Capacity: 3},
+		"slow":    {Kind: txlimit.TokenBucket, Rate: 1, Period: 3 * time.Second},
+		"fw":      {Kind: txlimit.FixedWindow, Rate: 10, Period: time.Minute, Start: t0.Add(-15 * time.Second)},
+		"tx":      {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour},
+		"ui":      {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Minute, Shards: 2},
+		"month":   {Kind: txlimit.FixedWindow, Rate: 100, Calendar: txlimit.Month, Zone: "Europe/Berlin"},
+		"sliding": {Kind: txlimit.SlidingWindow, Rate: 10, Period: time.Minute, Start: t0},
 	}, &txlimit.Options{Clock: clk.Now})
 	require.NoError(t, err)
 	var served int
@@ -250,6 +253,40 @@ func run[TTx any](t *testing.T, b backend[TTx]) {
 		require.Equal(t, http.StatusTooManyRequests, w.Code)
 		require.Equal(t, "1800", w.Header().Get("Retry-After"))
 		require.Equal(t, 0.0, value("carol"))
+	})
+
+	t.Run("CalendarAndSlidingWindows", func(t *testing.T) {
+		// A calendar month has no fixed period: the policy gives its quota
+		// alone, and t counts down to the next month in Berlin.
+		lim, err := httplimit.New(limiter, "month", userKey, nil)
+		require.NoError(t, err)
+		w := get(t, lim.Handler(ok), "/", "alice")
+		require.Equal(t, http.StatusOK, w.Code)
+		require.Equal(t, `"month";q=100`, w.Header().Get("RateLimit-Policy"))
+		berlin, err := time.LoadLocation("Europe/Berlin")
+		require.NoError(t, err)
+		local := clk.Now().In(berlin)
+		next := time.Date(local.Year(), local.Month()+1, 1, 0, 0, 0, 0, berlin)
+		require.Equal(t, `"month";r=99;t=`+itoa(int64(next.Sub(clk.Now())/time.Second)), w.Header().Get("RateLimit"))
+		vh, err := httplimit.ValueHandler(limiter, "month", userKey, nil)
+		require.NoError(t, err)
+		w = get(t, vh, "/", "alice")
+		var v httplimit.Value
+		require.NoError(t, json.NewDecoder(w.Body).Decode(&v))
+		require.Equal(t, httplimit.Value{
+			Name: "month", Kind: "fixedWindow", Calendar: "month", Zone: "Europe/Berlin", Value: 99, Capacity: 100, Rate: 100,
+			ServerTime: clk.Now().UTC().Format(time.RFC3339Nano), Shards: 1,
+		}, v)
+
+		// A sliding window: a policy of Rate per Period, and r and t from
+		// the weighted count.
+		lim, err = httplimit.New(limiter, "sliding", userKey, &httplimit.Options{Count: func(*http.Request) float64 { return 10 }})
+		require.NoError(t, err)
+		w = get(t, lim.Handler(ok), "/", "alice")
+		require.Equal(t, http.StatusOK, w.Code)
+		require.Equal(t, `"sliding";q=10;w=60`, w.Header().Get("RateLimit-Policy"))
+		require.Equal(t, `"sliding";r=0;t=`, w.Header().Get("RateLimit")[:len(`"sliding";r=0;t=`)])
+		require.Equal(t, http.StatusTooManyRequests, get(t, lim.Handler(ok), "/", "alice").Code)
 	})
 
 	t.Run("ValueHandlerShowsTheCallersLimitOnly", func(t *testing.T) {

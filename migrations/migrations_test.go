@@ -38,8 +38,8 @@ func TestUpDownAndVersionTable(t *testing.T) {
 		goose   goose.Dialect
 		version int64
 	}{
-		{migrations.SQLite, sqliteDB, goose.DialectSQLite3, 1},
-		{migrations.Postgres, postgresDB, goose.DialectPostgres, 3}, // 2: escrow mode's tables, 3: the arithmetic's functions
+		{migrations.SQLite, sqliteDB, goose.DialectSQLite3, 2},      // 2: the sliding window's prev
+		{migrations.Postgres, postgresDB, goose.DialectPostgres, 4}, // 2: escrow mode's tables, 3: the arithmetic's functions, 4: prev
 	} {
 		t.Run(string(tc.dialect), func(t *testing.T) {
 			db := tc.open(t)

@@ -24,14 +24,15 @@ var queries = gen.New()
 // transactions that hold them. ON DUPLICATE KEY UPDATE locks the row it
 // finds by its primary key and no gap (see takeRowSQL for why that matters);
 // its assignment changes nothing. The rows come as a JSON array of [name,
-// key, shard, value, ts] (see rowWrite), the one way both MySQL and MariaDB
+// key, shard, value, ts, prev] (see rowWrite), the one way both MySQL and MariaDB
 // turn a list into rows: bound by hand, since sqlc's MySQL engine does not
 // parse JSON_TABLE.
 const ensureRowsSQL = `-- name: EnsureRows :execrows
-INSERT INTO txlimit (name, ` + "`key`" + `, shard, value, ts)
-SELECT UNHEX(j.n), UNHEX(j.k), j.s, CAST(j.v AS DOUBLE), j.t
+INSERT INTO txlimit (name, ` + "`key`" + `, shard, value, prev, ts)
+SELECT UNHEX(j.n), UNHEX(j.k), j.s, CAST(j.v AS DOUBLE), CAST(j.p AS DOUBLE), j.t
 FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]',
-                                   s INT PATH '$[2]', v VARCHAR(32) PATH '$[3]', t DATETIME(6) PATH '$[4]')) AS j
+                                   s INT PATH '$[2]', v VARCHAR(32) PATH '$[3]', t DATETIME(6) PATH '$[4]',
+                                   p VARCHAR(32) PATH '$[5]')) AS j
 ORDER BY j.i
 ON DUPLICATE KEY UPDATE shard = txlimit.shard`
 
@@ -65,7 +66,7 @@ func placeholder(l driver.Limit) algo.State { return l.Full() }
 // resharded rather than taken as l's.
 func isPlaceholder(l driver.Limit, r driver.Row) bool {
 	full := placeholder(l)
-	return r.Value == full.Value && r.TS.UnixMicro() == full.TS
+	return r.Value == full.Value && r.Prev == full.Prev && r.TS.UnixMicro() == full.TS
 }
 
 // shards is from..to-1.
@@ -109,7 +110,7 @@ func lockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *time.Time) (l
 	out.at = rows[0].Clock
 	top := rows[0].Top
 	for _, r := range rows {
-		out.all = append(out.all, driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts})
+		out.all = append(out.all, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts})
 		if err := checkUTC(r.Ts, r.Clock); err != nil {
 			return locked{}, err
 		}
@@ -120,7 +121,7 @@ func lockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *time.Time) (l
 			return locked{}, wrap(ctx, tx, "lock the rows of another config's shards", err)
 		}
 		for _, r := range more {
-			out.all = append(out.all, driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts})
+			out.all = append(out.all, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts})
 		}
 	}
 	for _, r := range out.all {
@@ -138,17 +139,17 @@ func lockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *time.Time) (l
 
 // writeRowsSQL stores the new state of several rows the transaction holds
 // (or creates one that is missing), from a JSON array of [name, key, shard,
-// value, ts], name and key in hexadecimal (so that no character set stands
+// value, ts, prev], name and key in hexadecimal (so that no character set stands
 // between Go's bytes and the VARBINARY columns) and value as the shortest
 // decimal that reads back as the same float64 (MySQL parses it exactly with
 // CAST; a JSON number goes through the JSON parser, which need not).
 // Bound by hand: JSON_TABLE.
 const writeRowsSQL = `-- name: WriteRows :exec
-INSERT INTO txlimit (name, ` + "`key`" + `, shard, value, ts)
-SELECT UNHEX(j.n), UNHEX(j.k), j.s, CAST(j.v AS DOUBLE), j.t
+INSERT INTO txlimit (name, ` + "`key`" + `, shard, value, prev, ts)
+SELECT UNHEX(j.n), UNHEX(j.k), j.s, CAST(j.v AS DOUBLE), CAST(j.p AS DOUBLE), j.t
 FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]',
-                                   v VARCHAR(32) PATH '$[3]', t DATETIME(6) PATH '$[4]')) AS j
-ON DUPLICATE KEY UPDATE value = CAST(j.v AS DOUBLE), ts = j.t`
+                                   v VARCHAR(32) PATH '$[3]', t DATETIME(6) PATH '$[4]', p VARCHAR(32) PATH '$[5]')) AS j
+ON DUPLICATE KEY UPDATE value = CAST(j.v AS DOUBLE), prev = CAST(j.p AS DOUBLE), ts = j.t`
 
 // deleteRowsSQL deletes the rows listed as a JSON array of [name, key,
 // shard] (hexadecimal as in writeRowsSQL), which the transaction holds, by
@@ -176,7 +177,7 @@ func (w rowWrite) MarshalJSON() ([]byte, error) {
 		return nil, err
 	}
 	return json.Marshal([]any{hexOf(w.name), hexOf(w.key), w.shard,
-		formatFloat(w.state.Value), formatTime(time.UnixMicro(w.state.TS))})
+		formatFloat(w.state.Value), formatTime(time.UnixMicro(w.state.TS)), formatFloat(w.state.Prev)})
 }
 
 func (r rowRef) MarshalJSON() ([]byte, error) {
@@ -210,7 +211,7 @@ func write(ctx context.Context, tx *sql.Tx, writes []rowWrite, doomed []rowRef) 
 			return err
 		}
 		if err := queries.WriteShard(ctx, tx, gen.WriteShardParams{
-			Value: w.state.Value, Ts: time.UnixMicro(w.state.TS).UTC(), Name: []byte(w.name), Key: []byte(w.key), Shard: w.shard,
+			Value: w.state.Value, Prev: w.state.Prev, Ts: time.UnixMicro(w.state.TS).UTC(), Name: []byte(w.name), Key: []byte(w.key), Shard: w.shard,
 		}); err != nil {
 			return wrap(ctx, tx, "write the limit's rows", err)
 		}
@@ -315,9 +316,8 @@ func take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResu
 		// decide on the state it had.
 		k.had = replaceShard(k.had, *prior)
 	}
-	res := driver.TakeResult{At: k.at, LockWait: lockWait()}
-	var write bool
-	res.States, res.Decision, write = driver.Decide(p, k.had, k.at)
+	res, write := driver.Decide(p, k.had, k.at)
+	res.LockWait = lockWait()
 	if write || prior != nil {
 		return res, store(ctx, tx, p.Limit, k.all, res.States)
 	}
@@ -365,7 +365,7 @@ func takeOneShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.
 	start := rand.IntN(p.Shards)
 	for i := range p.Shards {
 		shard := (start + i) % p.Shards
-		if algo.Project(cfg, states[shard], at).Value < margin {
+		if algo.Pooled(cfg, states[shard:shard+1], at) < margin {
 			continue
 		}
 		row, err := queries.TryLockShard(ctx, tx, gen.TryLockShardParams{Name: []byte(p.Name), Key: []byte(p.Key), Shard: int32(shard)})
@@ -382,7 +382,7 @@ func takeOneShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.
 		if p.Now != nil {
 			now = time.UnixMicro(p.Now.UnixMicro()).UTC()
 		}
-		held := driver.Row{Shard: row.Shard, Value: row.Value, TS: row.Ts}
+		held := driver.Row{Shard: row.Shard, Value: row.Value, Prev: row.Prev, TS: row.Ts}
 		next, d := driver.DecideOne(p, held, now)
 		if !d.OK {
 			res, err := takeFromFree(ctx, tx, p, held, states, now)
@@ -391,7 +391,7 @@ func takeOneShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.
 		if err := write(ctx, tx, []rowWrite{{name: p.Name, key: p.Key, shard: row.Shard, state: next}}, nil); err != nil {
 			return driver.TakeResult{}, false, err
 		}
-		res := driver.TakeResult{Decision: d, At: now, Partial: true}
+		res := driver.TakeResult{Decision: d, At: now, Partial: true, Taken: p.Count}
 		if p.ReadAll {
 			res.States = slices.Clone(states)
 			res.States[shard] = next
@@ -425,25 +425,27 @@ func takeFromFree(ctx context.Context, tx *sql.Tx, p driver.TakeParams, held dri
 	}
 	rows := []driver.Row{held}
 	for _, r := range free {
-		rows = append(rows, driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts})
+		rows = append(rows, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts})
 	}
 	slices.SortFunc(rows, func(a, b driver.Row) int { return int(a.Shard) - int(b.Shard) })
 	at := now.UnixMicro()
 	if len(rows) == p.Shards {
-		next, d, write := driver.Decide(p, rows, now)
-		res := driver.TakeResult{Decision: d, At: now, States: next}
+		res, write := driver.Decide(p, rows, now)
 		if !write {
 			return res, nil
 		}
-		return res, store(ctx, tx, p.Limit, rows, next)
+		return res, store(ctx, tx, p.Limit, rows, res.States)
 	}
 	cfg := p.Shard(p.Shards)
 	states := make([]algo.State, len(rows))
 	for i, r := range rows {
-		states[i] = algo.State{Value: r.Value, TS: r.TS.UnixMicro()}
+		states[i] = r.State()
 	}
 	next, d := algo.TakeShards(cfg, states, at, p.Count, false)
 	res := driver.TakeResult{Decision: d, At: now, Partial: true}
+	if d.OK {
+		res.Taken = p.Count
+	}
 	if !d.OK {
 		res.Partial = false
 		res.States = slices.Clone(snapshot)
@@ -475,7 +477,7 @@ func readShards(ctx context.Context, tx *sql.Tx, name, key string, now *time.Tim
 	}
 	out := driver.ReadResult{Rows: make([]driver.Row, len(rows))}
 	for i, r := range rows {
-		out.Rows[i] = driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts}
+		out.Rows[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}
 		if err := checkUTC(r.Ts); err != nil {
 			return driver.ReadResult{}, err
 		}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
 )
 
@@ -27,7 +26,7 @@ ORDER BY j.i`
 // optimizer from scanning the table (a locking scan locks every row it
 // reads). Bound by hand: JSON_TABLE.
 const lockRowsSQL = `-- name: LockRows :many
-SELECT j.i, t.shard, t.value, t.ts, UTC_TIMESTAMP(6) AS clock
+SELECT j.i, t.shard, t.value, t.prev, t.ts, UTC_TIMESTAMP(6) AS clock
 FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]')) AS j
 STRAIGHT_JOIN txlimit AS t FORCE INDEX (PRIMARY)
     ON t.name = UNHEX(j.n) AND t.` + "`key`" + ` = UNHEX(j.k) AND t.shard = j.s
@@ -100,7 +99,7 @@ func takeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.Ta
 		var i int
 		var r driver.Row
 		var clock time.Time
-		if err := rows.Scan(&i, &r.Shard, &r.Value, &r.TS, &clock); err != nil {
+		if err := rows.Scan(&i, &r.Shard, &r.Value, &r.Prev, &r.TS, &clock); err != nil {
 			return driver.TakeAllResult{}, wrap(ctx, tx, "lock the limits' rows", err)
 		}
 		if err := checkUTC(r.TS, clock); err != nil {
@@ -142,7 +141,7 @@ func takeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.Ta
 			continue
 		}
 		for _, r := range writes[j] {
-			ws = append(ws, rowWrite{name: t.Name, key: t.Key, shard: r.Shard, state: algo.State{Value: r.Value, TS: r.TS.UnixMicro()}})
+			ws = append(ws, rowWrite{name: t.Name, key: t.Key, shard: r.Shard, state: r.State()})
 		}
 		for _, sh := range driver.Extra(all[j], t.Shards) {
 			doomed = append(doomed, rowRef{name: t.Name, key: t.Key, shard: sh})

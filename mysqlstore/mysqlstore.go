@@ -111,6 +111,7 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	"time"
 
 	"github.com/txlimit/txlimit/driver"
 )
@@ -120,7 +121,10 @@ type Store struct {
 	db *sql.DB
 }
 
-var _ driver.Store[*sql.Tx] = (*Store)(nil)
+var (
+	_ driver.Store[*sql.Tx] = (*Store)(nil)
+	_ driver.ClockRanger    = (*Store)(nil)
+)
 
 // New returns a store on db, a MySQL or MariaDB database opened with
 // go-sql-driver/mysql (or any driver that behaves as the package
@@ -160,6 +164,12 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) err
 // The store has no escrow mode (txlimit.New refuses Config.Escrow on it), so
 // p.Escrow asks for nothing more.
 func (s *Store) Ping(ctx context.Context, _ driver.PingParams) error { return ping(ctx, s.db) }
+
+// ClockRange implements driver.ClockRanger: the instants a DATETIME(6)
+// column holds, the years 1000 to 9999 (MySQL stores earlier ones, or a
+// zero date under a lax sql_mode, without saying so). txlimit refuses a
+// reading of txlimit.Options.Clock outside them before any statement.
+func (s *Store) ClockRange() (first, last time.Time) { return minTime, maxTime }
 
 // Take implements driver.Store.
 func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {

@@ -16,7 +16,7 @@ import (
 // locks no gap that live traffic's inserts would wait for. The rows come as
 // in lockRowsSQL. Bound by hand: JSON_TABLE.
 const lockIdleSQL = `-- name: LockIdle :many
-SELECT j.i, t.shard, t.value, t.ts, UTC_TIMESTAMP(6) AS clock
+SELECT j.i, t.shard, t.value, t.prev, t.ts, UTC_TIMESTAMP(6) AS clock
 FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]')) AS j
 STRAIGHT_JOIN txlimit AS t FORCE INDEX (PRIMARY)
     ON t.name = UNHEX(j.n) AND t.` + "`key`" + ` = UNHEX(j.k) AND t.shard = j.s
@@ -67,7 +67,7 @@ func prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneR
 		var i int
 		var r driver.Row
 		var clock time.Time
-		if err := rows.Scan(&i, &r.Shard, &r.Value, &r.TS, &clock); err != nil {
+		if err := rows.Scan(&i, &r.Shard, &r.Value, &r.Prev, &r.TS, &clock); err != nil {
 			return driver.PruneResult{}, wrap(ctx, tx, "lock idle rows", err)
 		}
 		if err := checkUTC(r.TS, clock); err != nil {

@@ -44,5 +44,6 @@ func takeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (res driver.T
 		return driver.TakeResult{}, false, r.Prior, nil
 	}
 	next := algo.State{Value: r.Value, TS: r.TS.UnixMicro()}
-	return driver.TakeResult{Decision: driver.Granted(p.Config, next, r.Clock.UnixMicro()), At: r.Clock, States: []algo.State{next}}, true, nil, nil
+	return driver.TakeResult{Decision: driver.Granted(p.Config, next, r.Clock.UnixMicro()), At: r.Clock, States: []algo.State{next},
+		Taken: p.Count}, true, nil, nil
 }

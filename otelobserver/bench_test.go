@@ -18,7 +18,7 @@ func BenchmarkObserve(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	e := txlimit.Event{Op: txlimit.OpLimit, Name: "sendMessage", Key: "alice", Count: 1,
+	e := txlimit.Event{Op: "limit", Name: "sendMessage", Key: "alice", Count: 1,
 		Result: txlimit.Result{OK: true}, Duration: 2 * time.Millisecond, LockWait: time.Millisecond}
 	ctx := context.Background()
 	b.ReportAllocs()

@@ -12,7 +12,7 @@
 // Every call of Limit, Check and LimitAll (and their Tx forms) records:
 //
 //   - txlimit.decisions (counter, {call}): one per Event, by txlimit.limit,
-//     txlimit.op and txlimit.outcome. The outcome is Event.Outcome():
+//     txlimit.op and txlimit.outcome. The outcome is Event.Outcome:
 //     allowed, reserved, denied, failed_open or error. A LimitAll call counts
 //     once per limit it names (once in all when it failed before deciding).
 //   - txlimit.call.duration (histogram, s): Event.Duration, how long the
@@ -170,13 +170,13 @@ func New(opts ...Option) (*Observer, error) {
 // Observe implements txlimit.Observer.
 func (o *Observer) Observe(ctx context.Context, e txlimit.Event) {
 	end := time.Now()
-	outcome := e.Outcome()
+	outcome := e.Outcome
 	a := o.attrs(e, outcome)
 	o.decisions.Add(ctx, 1, a.byOutcome)
 	o.duration.Record(ctx, e.Duration.Seconds(), a.byOutcome)
 	o.lockWait.Record(ctx, e.LockWait.Seconds(), a.base)
 	if e.Err != nil {
-		o.errors.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(append(a.list[:len(a.list)-1:len(a.list)-1], AttrErrorType.String(e.ErrorKind()))...)))
+		o.errors.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(append(a.list[:len(a.list)-1:len(a.list)-1], AttrErrorType.String(e.ErrorKind))...)))
 	}
 	if o.tracer != nil {
 		o.span(ctx, e, a.list, end)
@@ -192,7 +192,7 @@ type attrSets struct {
 
 type attrKey struct {
 	name    string
-	op      txlimit.Op
+	op      string
 	outcome string
 }
 
@@ -206,7 +206,7 @@ func (o *Observer) attrs(e txlimit.Event, outcome string) *attrSets {
 			return a.(*attrSets)
 		}
 	}
-	list := []attribute.KeyValue{AttrLimit.String(e.Name), AttrOp.String(e.Op.String())}
+	list := []attribute.KeyValue{AttrLimit.String(e.Name), AttrOp.String(e.Op)}
 	if o.keys {
 		list = append(list, AttrKey.String(e.Key))
 	}
@@ -231,12 +231,12 @@ func (o *Observer) span(ctx context.Context, e txlimit.Event, attrs []attribute.
 			attribute.Float64("txlimit.remaining", e.Result.Remaining),
 		)
 	}
-	_, span := o.tracer.Start(ctx, "txlimit."+e.Op.String(),
+	_, span := o.tracer.Start(ctx, "txlimit."+e.Op,
 		trace.WithTimestamp(end.Add(-e.Duration)),
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(attrs...))
 	if e.Err != nil {
-		span.RecordError(e.Err, trace.WithTimestamp(end), trace.WithAttributes(AttrErrorType.String(e.ErrorKind())))
+		span.RecordError(e.Err, trace.WithTimestamp(end), trace.WithAttributes(AttrErrorType.String(e.ErrorKind)))
 		if !e.FailedOpen {
 			span.SetStatus(codes.Error, e.Err.Error())
 		}

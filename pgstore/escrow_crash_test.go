@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
@@ -202,9 +203,9 @@ func TestEscrowPostgresCrash(t *testing.T) {
 	require.Positive(t, before, "callers committed before the crash")
 	require.Greater(t, acknowledged.Load(), before, "callers committed after the restart")
 
-	var settled txlimit.SettleResult
+	var settled driver.SettleResult
 	require.Eventually(t, func() bool {
-		settled, err = l.Settle(ctx, nil)
+		settled, err = l.Settle(ctx, 0)
 		return err == nil && settled.Pending == 0
 	}, 30*time.Second, 200*time.Millisecond, "settle: %v", err)
 	check := newPool(1)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/migrations"
@@ -50,7 +51,7 @@ func (e escrowEnv) escrowRows(t *testing.T) (pending, claims int) {
 	return pending, claims
 }
 
-func escrowLimiter(t *testing.T, store txlimit.Store[pgx.Tx], limits map[string]txlimit.Config, clk func() time.Time) *txlimit.Limiter[pgx.Tx] {
+func escrowLimiter(t *testing.T, store driver.Store[pgx.Tx], limits map[string]txlimit.Config, clk func() time.Time) *txlimit.Limiter[pgx.Tx] {
 	t.Helper()
 	var opts *txlimit.Options
 	if clk != nil {
@@ -96,14 +97,14 @@ func TestEscrowLimitAll(t *testing.T) {
 		tx, err := env.callers.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx)
-		res, err := l.LimitAllTx(ctx, tx, txlimit.Req(locked, "k", txlimit.Count(lockedCount)), txlimit.Req(esc, "k", txlimit.Count(escCount)))
+		res, err := l.LimitAllTx(ctx, tx, txlimit.Request{Name: locked, Key: "k", Options: []txlimit.Option{txlimit.Count(lockedCount)}}, txlimit.Request{Name: esc, Key: "k", Options: []txlimit.Option{txlimit.Count(escCount)}})
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit(ctx))
 		return res
 	}
 	values := func() (float64, float64) {
 		t.Helper()
-		_, err := l.Settle(ctx, nil)
+		_, err := l.Settle(ctx, 0)
 		require.NoError(t, err)
 		e, err := l.Value(ctx, esc, "k")
 		require.NoError(t, err)
@@ -132,7 +133,7 @@ func TestEscrowLimitAll(t *testing.T) {
 	e, k = values()
 	require.Equal(t, []float64{1, 2}, []float64{e, k})
 
-	m, err := l.LimitAll(ctx, txlimit.Req(esc, "k"), txlimit.Req(locked, "k"))
+	m, err := l.LimitAll(ctx, txlimit.Request{Name: esc, Key: "k"}, txlimit.Request{Name: locked, Key: "k"})
 	require.NoError(t, err)
 	require.True(t, m.OK)
 	e, k = values()
@@ -165,7 +166,7 @@ func TestEscrowLimitAllConcurrentExact(t *testing.T) {
 			defer wg.Done()
 			for range 8 {
 				err := pgx.BeginFunc(ctx, env.callers, func(tx pgx.Tx) error {
-					res, err := l.LimitAllTx(ctx, tx, txlimit.Req(esc, ""), txlimit.Req(locked, ""))
+					res, err := l.LimitAllTx(ctx, tx, txlimit.Request{Name: esc, Key: ""}, txlimit.Request{Name: locked, Key: ""})
 					if err == nil && res.OK {
 						committed.Add(1)
 					}
@@ -184,7 +185,7 @@ func TestEscrowLimitAllConcurrentExact(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.EqualValues(t, 70, committed.Load())
-	_, err := l.Settle(ctx, nil)
+	_, err := l.Settle(ctx, 0)
 	require.NoError(t, err)
 	e, err := l.Value(ctx, esc, "")
 	require.NoError(t, err)
@@ -230,7 +231,7 @@ func TestEscrowBasics(t *testing.T) {
 			require.Equal(t, want, withName(res, lockedName))
 
 			// Settle: every call so far has ended.
-			_, err := l.Settle(ctx, nil)
+			_, err := l.Settle(ctx, 0)
 			require.NoError(t, err)
 			pending, claims := env.escrowRows(t)
 			require.Zero(t, pending)
@@ -257,7 +258,7 @@ func TestEscrowBasics(t *testing.T) {
 			require.NoError(t, tx.Commit(ctx))
 
 			// Settled as spent: the tokens stay taken, the rows go.
-			s, err := l.Settle(ctx, nil)
+			s, err := l.Settle(ctx, 0)
 			require.NoError(t, err)
 			require.Equal(t, 1, s.Spent)
 			require.Zero(t, s.Refunded)
@@ -285,7 +286,7 @@ func TestEscrowBasics(t *testing.T) {
 			require.Equal(t, 18*time.Second, r.RetryAfter)
 			require.Equal(t, -3.0, r.Remaining)
 
-			_, err = l.Settle(ctx, nil)
+			_, err = l.Settle(ctx, 0)
 			require.NoError(t, err)
 			pending, claims = env.escrowRows(t)
 			require.Zero(t, pending)
@@ -337,7 +338,7 @@ func TestEscrowRollbackReturnsTokens(t *testing.T) {
 	// Settle also returns them, without another call of the key.
 	clk.Advance(time.Hour)
 	require.True(t, escrowTx(t, env.callers, l, name, "k", false).OK)
-	s, err := l.Settle(ctx, nil)
+	s, err := l.Settle(ctx, 0)
 	require.NoError(t, err)
 	require.Equal(t, 1, s.Refunded)
 	require.Equal(t, 1.0, s.Tokens)
@@ -456,7 +457,7 @@ func runEscrowConcurrentN(t *testing.T, env escrowEnv, iso pgx.TxIsoLevel, clien
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	_, err := l.Settle(ctx, nil)
+	_, err := l.Settle(ctx, 0)
 	require.NoError(t, err)
 	snap, err := l.Value(ctx, name, "")
 	require.NoError(t, err)
@@ -471,7 +472,7 @@ func runEscrowConcurrentN(t *testing.T, env escrowEnv, iso pgx.TxIsoLevel, clien
 	require.False(t, escrowTx(t, env.callers, l, name, "", true).OK)
 	require.Equal(t, int64(capacity), committed.Load())
 	t.Logf("%s: %d rolled back after a grant", iso, rolledBack.Load())
-	_, err = l.Settle(ctx, nil)
+	_, err = l.Settle(ctx, 0)
 	require.NoError(t, err)
 	pending, claims := env.escrowRows(t)
 	require.Zero(t, pending)
@@ -532,7 +533,7 @@ func TestEscrowCallerDies(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	_, err = l.Settle(ctx, nil)
+	_, err = l.Settle(ctx, 0)
 	require.NoError(t, err)
 	var rows int
 	require.NoError(t, env.storeDB.QueryRow(ctx, "SELECT count(*) FROM business").Scan(&rows))
@@ -658,7 +659,7 @@ func TestEscrowPruneAndReset(t *testing.T) {
 	require.NoError(t, l.Reset(ctx, name, "k"))
 	require.True(t, escrowTx(t, env.callers, l, name, "k", true, txlimit.Count(2)).OK)
 	require.NoError(t, tx.Rollback(ctx))
-	_, err = l.Settle(ctx, nil)
+	_, err = l.Settle(ctx, 0)
 	require.NoError(t, err)
 	require.False(t, escrowTx(t, env.callers, l, name, "k", true).OK, "the rolled-back call was taken before the reset: nothing comes back")
 
@@ -802,11 +803,11 @@ func TestEscrowSettleIsBounded(t *testing.T) {
 	pending, claims := env.escrowRows(t)
 	require.Equal(t, 30, pending)
 	require.Equal(t, 20, claims)
-	s, err := l.Settle(ctx, &txlimit.SettleOptions{Max: 12})
+	s, err := l.Settle(ctx, 12)
 	require.NoError(t, err)
 	require.Equal(t, 12, s.Spent+s.Refunded)
 	require.EqualValues(t, 18, s.Pending)
-	s2, err := l.Settle(ctx, nil)
+	s2, err := l.Settle(ctx, 0)
 	require.NoError(t, err)
 	require.Equal(t, 20, s.Spent+s2.Spent)
 	require.Equal(t, 10, s.Refunded+s2.Refunded)
@@ -820,6 +821,6 @@ func TestEscrowSettleIsBounded(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, map[bool]float64{true: 4, false: 5}[i%3 != 0], snap.Value, "key %d", i)
 	}
-	_, err = l.Settle(ctx, &txlimit.SettleOptions{Max: -1})
+	_, err = l.Settle(ctx, -1)
 	require.ErrorIs(t, err, txlimit.ErrInvalid)
 }

@@ -310,7 +310,7 @@ func TestObserverLockWait(t *testing.T) {
 
 	events := rec.Take()
 	require.Len(t, events, 1)
-	require.Equal(t, "allowed", events[0].Outcome())
+	require.Equal(t, "allowed", events[0].Outcome)
 	require.GreaterOrEqual(t, events[0].LockWait, heldFor-time.Millisecond,
 		"the lock statement began before the wait was seen and ended after the commit")
 	require.GreaterOrEqual(t, events[0].Duration, events[0].LockWait)

@@ -157,21 +157,21 @@ func TestMultiOwnTransaction(t *testing.T) {
 	}
 	l, err := txlimit.New(pgstore.New(pool), limits, nil)
 	require.NoError(t, err)
-	res, err := l.LimitAll(ctx, txlimit.Req(a, "k"), txlimit.Req(b, "k"))
+	res, err := l.LimitAll(ctx, txlimit.Request{Name: a, Key: "k"}, txlimit.Request{Name: b, Key: "k"})
 	require.NoError(t, err)
 	require.True(t, res.OK)
-	res, err = l.LimitAll(ctx, txlimit.Req(a, "k"), txlimit.Req(b, "k"))
+	res, err = l.LimitAll(ctx, txlimit.Request{Name: a, Key: "k"}, txlimit.Request{Name: b, Key: "k"})
 	require.NoError(t, err)
 	require.False(t, res.OK)
-	require.Len(t, res.Denied(), 1)
-	require.Equal(t, b, res.Denied()[0].Name)
+	require.Len(t, storetest.Denied(res), 1)
+	require.Equal(t, b, storetest.Denied(res)[0].Name)
 	snap, err := l.Value(ctx, a, "k")
 	require.NoError(t, err)
 	require.InDelta(t, 1, snap.Value, 0.01, "the denied call took nothing from a")
 
 	noPool, err := txlimit.New(pgstore.New(nil), limits, nil)
 	require.NoError(t, err)
-	_, err = noPool.LimitAll(ctx, txlimit.Req(a, "k"))
+	_, err = noPool.LimitAll(ctx, txlimit.Request{Name: a, Key: "k"})
 	require.ErrorIs(t, err, txlimit.ErrNoPool)
 }
 

@@ -6,44 +6,28 @@
 // The limiter's TTx is then pgx.Tx, and LimitTx takes the transaction the
 // application already has open. Rows are locked and written in that
 // transaction, so they stay locked until it ends. An admitted call on an
-// unsharded limit is one statement, INSERT … ON CONFLICT DO UPDATE … WHERE
-// <fits> RETURNING, that creates or locks the row, refills it to the server's
-// clock, decides and writes, with algo's arithmetic (a differential test holds
-// it to algo); when it grants nothing, the row is read with SELECT … FOR
-// UPDATE and decided on in Go. A sharded limit takes the first shard that no
-// other transaction holds (FOR UPDATE SKIP LOCKED, inside a savepoint that
-// the same call releases or rolls back). PostgreSQL 14 or later: the
-// statement relies on extract(epoch …) of a timestamptz being an exact
-// numeric. The protocol is shared with pgsqlstore (internal/pgproto).
+// unsharded token bucket or fixed window is one statement, INSERT … ON
+// CONFLICT DO UPDATE … WHERE <fits> RETURNING, that creates or locks the row,
+// refills it to the server's clock, decides and writes with the SQL functions
+// of the migrations (algo's arithmetic; a differential test holds them to
+// it); other calls lock the rows with SELECT … FOR UPDATE and decide in Go. A
+// sharded limit takes the first shard no other transaction holds (FOR UPDATE
+// SKIP LOCKED, inside a savepoint the same call ends). PostgreSQL 14 or
+// later. The code is shared with pgsqlstore (internal/pgproto), and the
+// store keeps no session state.
 //
-// A limit with Config.Escrow (docs/escrow.md) is taken differently: a claim
-// row in the caller's transaction, and the debit in a short transaction of
-// the store's own on pool, so the limit's row is locked for one statement
-// only. Escrow needs the pool, with connections to spare beyond those the
-// callers' transactions hold, and the tables of migration 00002.
+// A limit with Config.Escrow (docs/escrow.md) takes a claim row in the
+// caller's transaction and debits in a short transaction of the store's own
+// on pool, so the limit's row is locked for one statement only; it needs the
+// pool, with connections to spare beyond those the callers hold.
 //
-// # Poolers and exec modes
-//
-// The store keeps no session state and relies on no prepared statement
-// surviving a transaction, but pgx's default exec mode
-// (QueryExecModeCacheStatement) prepares statements on the connection it
-// thinks it has. Behind PgBouncer (or another pooler) in transaction mode,
-// consecutive transactions run on different server connections, and that
-// mode fails on a share of them with SQLSTATE 42P05 (prepared statement
-// already exists) or 26000 (prepared statement does not exist). Set
-// pgx.ConnConfig.DefaultQueryExecMode to QueryExecModeExec (or
-// QueryExecModeSimpleProtocol) for such pools; the store's errors for those
-// two SQLSTATEs say so. Direct connections and session-mode poolers work in
-// every mode.
-//
-// # Errors
-//
-// Database errors keep the *pgconn.PgError that carries the SQLSTATE
-// (errors.As reaches it). A missing or outdated txlimit table matches
-// txlimit.ErrNotMigrated. Under REPEATABLE READ or SERIALIZABLE, a concurrent
-// update of the same limit surfaces as a serialization failure (40001), which
-// is retryable: roll back and run the whole transaction again (Retryable
-// classifies it).
+// Behind PgBouncer in transaction mode, pgx's default exec mode fails on a
+// share of the calls with SQLSTATE 42P05 or 26000 (the store's error says
+// so): set pgx.ConnConfig.DefaultQueryExecMode to QueryExecModeExec or
+// QueryExecModeSimpleProtocol for such pools (docs/scale-out.md). Database
+// errors keep the *pgconn.PgError (errors.As reaches it); a missing or
+// outdated table matches txlimit.ErrNotMigrated; Retryable classifies what
+// may be run again.
 package pgstore
 
 import (
@@ -100,7 +84,7 @@ const DefaultEscrowSettleEvery = time.Second
 // (txlimit.Config.Escrow) in the background: an escrow call made at least d
 // after the last background settlement started, while none is running,
 // starts one in a goroutine of its own, which settles what Limiter.Settle
-// with default options would (every key, up to txlimit.DefaultSettleMax
+// with default options would (every key, up to driver.DefaultSettleMax
 // calls) on the store's pool and ends; its errors are dropped (a later one,
 // or Limiter.Settle, settles what it left). So while escrow calls are made,
 // a rolled-back call's tokens come back within about d, and the escrow
@@ -296,3 +280,7 @@ func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.Pru
 
 // queries runs the generated statements of escrow mode.
 var queries = pgdb.New()
+
+// ClockRange implements driver.ClockRanger: the instants PostgreSQL's
+// timestamptz holds.
+func (s *Store) ClockRange() (first, last time.Time) { return pgproto.ClockRange() }

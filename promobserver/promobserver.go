@@ -13,7 +13,7 @@
 // LimitAll (and their Tx forms) records:
 //
 //   - txlimit_decisions_total{limit, op, outcome}: one per Event. The
-//     outcome is Event.Outcome(): allowed, reserved, denied, failed_open or
+//     outcome is Event.Outcome: allowed, reserved, denied, failed_open or
 //     error; op is limit, check or limit_all. A LimitAll call counts once per
 //     limit it names (once in all when it failed before deciding).
 //   - txlimit_call_duration_seconds{limit, op, outcome} (histogram):
@@ -134,16 +134,16 @@ func New(reg prometheus.Registerer, opts *Options) (*Observer, error) {
 // Observe implements txlimit.Observer.
 func (o *Observer) Observe(_ context.Context, e txlimit.Event) {
 	var buf [4]string
-	values := append(buf[:0], e.Name, e.Op.String())
+	values := append(buf[:0], e.Name, e.Op)
 	if o.keys {
 		values = append(values, e.Key)
 	}
 	n := len(values)
-	withOutcome := append(values, e.Outcome())
+	withOutcome := append(values, e.Outcome)
 	o.decisions.WithLabelValues(withOutcome...).Inc()
 	o.duration.WithLabelValues(withOutcome...).Observe(e.Duration.Seconds())
 	o.lockWait.WithLabelValues(values[:n]...).Observe(e.LockWait.Seconds())
 	if e.Err != nil {
-		o.errors.WithLabelValues(append(values[:n], e.ErrorKind())...).Inc()
+		o.errors.WithLabelValues(append(values[:n], e.ErrorKind)...).Inc()
 	}
 }

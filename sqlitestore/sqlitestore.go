@@ -11,91 +11,26 @@
 //	limiter, err := txlimit.New(sqlitestore.New(db), limits, nil)
 //
 // The limiter's TTx is then *sql.Tx, and LimitTx takes the transaction the
-// application already has open.
+// application already has open. With github.com/mattn/go-sqlite3 the same
+// settings are "file:app.db?_busy_timeout=5000&_journal_mode=WAL&_txlock=immediate".
 //
-// # What to configure, and why
+// SQLite has one writer at a time and no row locks: a transaction that
+// consumes a limit takes the database's write lock before it reads the
+// limit's rows, and keeps it until it ends. The DSN's three settings make
+// that work under concurrency: busy_timeout, so that a writer waits for the
+// lock instead of failing with SQLITE_BUSY; WAL, so that readers and the
+// writer do not block each other; and _txlock=immediate, so that a
+// transaction that reads before it writes takes the write lock at BEGIN
+// (SQLite cannot let a deferred one wait for it). Every connection of the
+// pool needs them, so they belong in the DSN; use a file, not ":memory:".
+// docs/sqlite.md says why for each.
 //
-// SQLite has one writer at a time and no row locks. To consume a limit, a
-// transaction takes the database's write lock before it reads the limit's
-// rows, and keeps it until it commits or rolls back; every other writer,
-// whatever it writes, waits meanwhile. That is what makes two transactions
-// unable to both read the old value and both spend it. The DSN above sets
-// three things for that to work under concurrency:
-//
-//   - busy_timeout(5000): a connection that finds the write lock taken waits
-//     for it, up to 5 s, instead of failing at once with SQLITE_BUSY
-//     ("database is locked"). Without it a LimitTx fails whenever another
-//     transaction holds the lock. Raise it if transactions that hold the lock can be long, or if
-//     many writers queue (SQLite's busy handler polls; it is not a fair
-//     queue).
-//   - journal_mode(WAL): readers (Check, Value, the application's own
-//     SELECTs) do not block the writer and the writer does not block them.
-//     In the default rollback-journal mode a reader can make a writer's
-//     COMMIT wait or fail.
-//   - _txlock=immediate: every transaction begun with db.BeginTx runs BEGIN
-//     IMMEDIATE, which takes the write lock at BEGIN, waiting under
-//     busy_timeout. With a deferred BEGIN (the default of database/sql
-//     drivers), a transaction that reads before it writes (the
-//     application's own queries, or a CheckTx or ValueTx before a
-//     LimitTx) holds a read snapshot, and SQLite cannot let it wait for
-//     the write lock: if another connection holds the lock, or has
-//     committed since the snapshot, the upgrade fails at once with
-//     SQLITE_BUSY or SQLITE_BUSY_SNAPSHOT, whatever busy_timeout says. The
-//     store takes the write lock before it reads the rows it will write, so
-//     a transaction whose first statement is the store's waits properly
-//     even when deferred; only immediate transactions make every
-//     transaction safe. A transaction that should not take the write lock
-//     (a page that only calls CheckTx or ValueTx) can be begun with
-//     &sql.TxOptions{ReadOnly: true}, for which modernc.org/sqlite issues a
-//     plain BEGIN even under _txlock=immediate.
-//
-// With github.com/mattn/go-sqlite3 the same settings are
-// "file:app.db?_busy_timeout=5000&_journal_mode=WAL&_txlock=immediate".
-//
-// One connection writes at a time. db.SetMaxOpenConns need not be 1: the
-// other writers wait for the write lock, each up to busy_timeout (SQLite's
-// busy handler polls, so that wait is not first come, first served). A
-// smaller pool moves the queue into database/sql, where a writer waits as
-// long as its context allows. Every connection of the pool needs the
-// settings, which is why they belong in the DSN rather than in a PRAGMA
-// statement run once.
-//
-// Use a database file. ":memory:" gives every connection of the pool its own
-// empty database.
-//
-// # Errors
-//
-// SQLITE_BUSY ("database is locked") and every other database error is
-// returned as an error, wrapped so that errors.As still reaches the driver's
-// error type; it is never turned into a denial or a grant. The error for
-// SQLITE_BUSY names the DSN settings above; a missing txlimit table matches
-// txlimit.ErrNotMigrated. After an error,
-// roll the transaction back (part of what the call meant to write may be in
-// it) and, for SQLITE_BUSY, run the whole transaction again.
-//
-// # Clock
-//
-// SQLite has no server clock. The store reads the clock of the process,
-// time.Now truncated to microseconds, and a txlimit.Options.Clock replaces
-// it. An admitted call on an unsharded limit is one statement, INSERT …
-// ON CONFLICT DO UPDATE … RETURNING, that refills, decides and writes at
-// that clock, read just before the statement: in a transaction begun
-// IMMEDIATE (the setting above) the write lock is held already, so the
-// transactions that consume a limit read the clock in the order in which
-// they write it. In a deferred transaction a call may wait for the lock
-// after reading the clock and find the row written at a later instant; the
-// arithmetic treats that as a clock that stepped back, which never adds
-// tokens (the call gets no refill for the interval, which a later call
-// does). Processes that share a database file share a machine, and with it
-// a clock.
-//
-// # Shards
-//
-// Shards spread a limit over several rows so that PostgreSQL transactions do
-// not queue on one row lock. SQLite locks the whole database, so they do not
-// add concurrency here: the store reads and writes every shard of a limit
-// under the write lock. A sharded limit still admits exactly what the same
-// unsharded limit would.
+// SQLITE_BUSY and every other database error is returned as an error, whose
+// driver error errors.As reaches, never a denial or a grant; roll back and,
+// for SQLITE_BUSY, run the transaction again. SQLite has no server clock: the
+// store reads the process's, and txlimit.Options.Clock replaces it. Shards
+// add no concurrency here (the write lock covers every row), but a sharded
+// limit admits exactly what the same unsharded limit would.
 package sqlitestore
 
 import (
@@ -108,6 +43,7 @@ import (
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/sqltx"
 	gen "github.com/txlimit/txlimit/sqlitestore/internal/db"
 )
 
@@ -190,28 +126,9 @@ func clock(now *time.Time) time.Time {
 // when fn returns an error or panics (the panic then continues) and
 // committed otherwise.
 func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
-	if s.db == nil {
-		return driver.ErrNoPool
-	}
-	var opts *sql.TxOptions
-	if readOnly {
-		opts = &sql.TxOptions{ReadOnly: true}
-	}
-	tx, err := s.db.BeginTx(ctx, opts)
-	if err != nil {
-		return wrap("begin", err)
-	}
-	done := false
-	defer func() {
-		if !done {
-			_ = tx.Rollback()
-		}
-	}()
-	if err := fn(tx); err != nil {
-		return err
-	}
-	done = true
-	return wrap("commit", tx.Commit())
+	return sqltx.InTx(ctx, s.db, readOnly, fn,
+		func(err error) error { return wrap("begin", err) },
+		func(err error) error { return wrap("commit", err) })
 }
 
 // Ping implements driver.Store: it checks that db is SQLite and that the
@@ -246,7 +163,7 @@ func (s *Store) lockKey(ctx context.Context, tx *sql.Tx, name, key string, now *
 	}
 	out := make([]driver.Row, len(rows))
 	for i, r := range rows {
-		out[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, TS: time.UnixMicro(r.Ts)}
+		out[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts)}
 	}
 	return out, clock(now), nil
 }
@@ -265,11 +182,11 @@ func (s *Store) store(ctx context.Context, tx *sql.Tx, l driver.Limit, had []dri
 		var err error
 		if exists[i] {
 			err = s.queries.WriteShard(ctx, s.on(tx), gen.WriteShardParams{
-				Name: l.Name, Key: l.Key, Shard: int64(i), Value: st.Value, Ts: st.TS,
+				Name: l.Name, Key: l.Key, Shard: int64(i), Value: st.Value, Prev: st.Prev, Ts: st.TS,
 			})
 		} else {
 			_, err = s.queries.InsertShard(ctx, s.on(tx), gen.InsertShardParams{
-				Name: l.Name, Key: l.Key, Shard: int64(i), Value: st.Value, Ts: st.TS,
+				Name: l.Name, Key: l.Key, Shard: int64(i), Value: st.Value, Prev: st.Prev, Ts: st.TS,
 			})
 		}
 		if err != nil {
@@ -308,12 +225,10 @@ func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driv
 	if err != nil {
 		return driver.TakeResult{}, err
 	}
-	res := driver.TakeResult{At: at}
+	res, write := driver.Decide(p, rows, at)
 	if p.TimeLocks {
 		res.LockWait = time.Since(start)
 	}
-	var write bool
-	res.States, res.Decision, write = driver.Decide(p, rows, at)
 	if write {
 		if err := s.store(ctx, tx, p.Limit, rows, res.States); err != nil {
 			return driver.TakeResult{}, err
@@ -363,7 +278,7 @@ func (s *Store) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driv
 	}
 	out := driver.ReadResult{Rows: make([]driver.Row, len(rows)), At: clock(p.Now)}
 	for i, r := range rows {
-		out.Rows[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, TS: time.UnixMicro(r.Ts)}
+		out.Rows[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts)}
 	}
 	return out, nil
 }
@@ -428,7 +343,7 @@ func (s *Store) prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (dr
 		j := i
 		var keyRows []driver.Row
 		for ; j < len(rows) && rows[j].Name == rows[i].Name && rows[j].Key == rows[i].Key; j++ {
-			keyRows = append(keyRows, driver.Row{Shard: int32(rows[j].Shard), Value: rows[j].Value, TS: time.UnixMicro(rows[j].Ts)})
+			keyRows = append(keyRows, driver.Row{Shard: int32(rows[j].Shard), Value: rows[j].Value, Prev: rows[j].Prev, TS: time.UnixMicro(rows[j].Ts)})
 		}
 		k := driver.KeyRef{Name: rows[i].Name, Key: rows[i].Key}
 		if known[k] && p.Full(k.Name, k.Key, keyRows, at) {
@@ -443,4 +358,9 @@ func (s *Store) prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (dr
 		i = j
 	}
 	return out, nil
+}
+
+// ClockRange implements driver.ClockRanger: ts is microseconds in an int64.
+func (s *Store) ClockRange() (first, last time.Time) {
+	return driver.Microseconds[0], driver.Microseconds[1]
 }

@@ -471,7 +471,7 @@ func TestTakeAllCreditPrune(t *testing.T) {
 	require.Equal(t, []driver.Row{rw(0, 2, now)}, readRows(t, s, "n", "a"), "credited up to capacity")
 	require.Empty(t, readRows(t, s, "n", "absent"), "a key with no row is full already")
 
-	_, err := db.ExecContext(ctx, `INSERT INTO txlimit VALUES ('x', 'k', 0, 1, 0)`)
+	_, err := db.ExecContext(ctx, `INSERT INTO txlimit (name, key, shard, value, ts) VALUES ('x', 'k', 0, 1, 0)`)
 	require.NoError(t, err)
 	// Under n's config (a's: capacity 2, one shard), a is full again and b,
 	// whose three shards pool into one, is not.
@@ -581,7 +581,7 @@ func TestTakeTakesTheWriteLock(t *testing.T) {
 			// A deferred BEGIN and a Read take no write lock: B can write.
 			read(t, s, txA, "n", "k", nil)
 			if mode == "wal" {
-				_, err = b.ExecContext(ctx, `INSERT INTO txlimit VALUES ('other', '', 0, 1, 0)`)
+				_, err = b.ExecContext(ctx, `INSERT INTO txlimit (name, key, shard, value, ts) VALUES ('other', '', 0, 1, 0)`)
 				require.NoError(t, err, "after Read, B can write")
 				// A's snapshot is now stale; start over so that the next
 				// step shows the lock, not the stale snapshot.
@@ -595,7 +595,7 @@ func TestTakeTakesTheWriteLock(t *testing.T) {
 			require.False(t, res.Decision.OK)
 			require.Empty(t, read(t, s, txA, "n", "k", nil).Rows)
 			// B cannot write anything, anywhere in the database...
-			_, err = b.ExecContext(ctx, `INSERT INTO txlimit VALUES ('unrelated', '', 0, 1, 0)`)
+			_, err = b.ExecContext(ctx, `INSERT INTO txlimit (name, key, shard, value, ts) VALUES ('unrelated', '', 0, 1, 0)`)
 			requireBusy(t, err)
 			// ...nor take from the same key: the error says how to
 			// configure the database.
@@ -607,7 +607,7 @@ func TestTakeTakesTheWriteLock(t *testing.T) {
 
 			// Once A ends, B can.
 			require.NoError(t, txA.Rollback())
-			_, err = b.ExecContext(ctx, `INSERT INTO txlimit VALUES ('unrelated', '', 0, 1, 0)`)
+			_, err = b.ExecContext(ctx, `INSERT INTO txlimit (name, key, shard, value, ts) VALUES ('unrelated', '', 0, 1, 0)`)
 			require.NoError(t, err)
 		})
 	}

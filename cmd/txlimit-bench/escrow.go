@@ -110,7 +110,7 @@ func (s pgEscrow) startSettling(ctx context.Context, spec limitSpec) (func() (se
 			case <-t.C:
 			}
 			t0 := time.Now()
-			r, err := l.Settle(ctx, nil)
+			r, err := l.Settle(ctx, 0)
 			d := time.Since(t0)
 			mu.Lock()
 			st.calls++

@@ -124,8 +124,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/txlimit/txlimit"
 )
 
 func main() {
@@ -218,7 +216,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.MySQLClients, err = parseCounts("-mysql-clients", mysqlClients, 1, 512); err != nil {
 		return config{}, err
 	}
-	if cfg.Shards, err = parseCounts("-shards", shds, 2, txlimit.MaxShards); err != nil {
+	if cfg.Shards, err = parseCounts("-shards", shds, 2, 1024); err != nil {
 		return config{}, err
 	}
 	if cfg.Subjects, err = parseSubjects(subjects); err != nil {

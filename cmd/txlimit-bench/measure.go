@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 )
 
 // limitSpec is the limit of one run: one token bucket, which txlimit and the
@@ -60,7 +61,7 @@ func (s limitSpec) refill(d time.Duration) float64 {
 
 // newLimiter is a Limiter of spec on store; tune, when not nil, changes the
 // Config of a variant (another mode, another setting) before it is used.
-func newLimiter[TTx any](store txlimit.Store[TTx], spec limitSpec, tune func(*txlimit.Config)) (*txlimit.Limiter[TTx], error) {
+func newLimiter[TTx any](store driver.Store[TTx], spec limitSpec, tune func(*txlimit.Config)) (*txlimit.Limiter[TTx], error) {
 	var opts *txlimit.Options
 	if spec.Clock != nil {
 		opts = &txlimit.Options{Clock: spec.Clock}

@@ -22,6 +22,7 @@ import (
 	_ "modernc.org/sqlite" // the pure-Go SQLite driver, registered as "sqlite"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/migrations"
 )
 
@@ -344,7 +345,7 @@ func (c *pgClient) close() {
 // or setting of the same limit.
 type pgLimit struct {
 	p     *pgPool
-	store txlimit.Store[pgx.Tx]
+	store driver.Store[pgx.Tx]
 	tune  func(*txlimit.Config)
 }
 
@@ -570,7 +571,7 @@ func newSQLClient(conn *sql.Conn, businessSQL, key string, business bool, step s
 // INSERT in the store's dialect.
 type sqlLimit struct {
 	db          *sql.DB
-	store       txlimit.Store[*sql.Tx]
+	store       driver.Store[*sql.Tx]
 	businessSQL string
 	tune        func(*txlimit.Config)
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
-	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
@@ -36,7 +36,7 @@ type row struct {
 type database[TTx any] struct {
 	dialect migrations.Dialect
 	sqlDB   *sql.DB // for the migrations
-	store   txlimit.Store[TTx]
+	store   driver.Store[TTx]
 	// snapshot runs fn in a read-only transaction whose statements all see
 	// one snapshot of the database.
 	snapshot func(ctx context.Context, fn func(TTx) error) error

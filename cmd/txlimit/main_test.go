@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/testdb"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
@@ -190,7 +191,7 @@ func configFile(t *testing.T) string {
 	return path
 }
 
-func newLimiter[TTx any](t *testing.T, store txlimit.Store[TTx]) *txlimit.Limiter[TTx] {
+func newLimiter[TTx any](t *testing.T, store driver.Store[TTx]) *txlimit.Limiter[TTx] {
 	t.Helper()
 	l, err := txlimit.New(store, limits, nil)
 	require.NoError(t, err)
@@ -221,11 +222,14 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	// migrate
 	out := ok(t, "migrate", "up", "-dsn", dsn)
 	require.Contains(t, out, "applied 00001_create_txlimit.sql")
-	// PostgreSQL has a second migration: escrow mode's tables.
-	last := 1
+	// Both have the sliding window's prev column; PostgreSQL has escrow
+	// mode's tables and the arithmetic's functions before it.
+	last := 2
 	if strings.HasPrefix(dsn, "postgres") {
-		last = 2
+		last = 4
 		require.Contains(t, out, "applied 00002_create_txlimit_escrow.sql")
+		require.Contains(t, out, "applied 00003_create_txlimit_functions.sql")
+		require.Contains(t, out, "applied 00004_add_txlimit_prev.sql")
 	}
 	require.Contains(t, out, fmt.Sprintf("version %d (recorded in txlimit_goose_version)", last))
 	require.Contains(t, ok(t, "migrate", "up", "-dsn", dsn), "up to date: nothing to apply")

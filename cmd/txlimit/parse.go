@@ -119,7 +119,7 @@ func parse(args []string) (*invocation, error) {
 		return nil, fmt.Errorf("-n must be 0 (all) or more, got %d", inv.n)
 	}
 	if inv.batch < 0 {
-		return nil, fmt.Errorf("-batch must be 0 (the default, %d) or more, got %d", txlimit.DefaultPruneBatchSize, inv.batch)
+		return nil, fmt.Errorf("-batch must be 0 (the default, %d) or more, got %d", 1000, inv.batch)
 	}
 	if inv.timeout <= 0 {
 		return nil, fmt.Errorf("-timeout must be > 0, got %v", inv.timeout)

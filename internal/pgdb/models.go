@@ -14,6 +14,7 @@ type Txlimit struct {
 	Shard int32
 	Value float64
 	Ts    time.Time
+	Prev  float64
 }
 
 type TxlimitEscrow struct {

@@ -224,7 +224,7 @@ func (q *Queries) InsertShards(ctx context.Context, db DBTX, arg InsertShardsPar
 }
 
 const LockIdle = `-- name: LockIdle :many
-SELECT t.name, t.key, t.shard, t.value, t.ts,
+SELECT t.name, t.key, t.shard, t.value, t.prev, t.ts,
        (SELECT count(*) FROM txlimit AS c WHERE c.name = t.name AND c.key = t.key) AS total,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
@@ -248,6 +248,7 @@ type LockIdleRow struct {
 	Key   string
 	Shard int32
 	Value float64
+	Prev  float64
 	Ts    time.Time
 	Total int64
 	Clock time.Time
@@ -270,6 +271,7 @@ func (q *Queries) LockIdle(ctx context.Context, db DBTX, arg LockIdleParams) ([]
 			&i.Key,
 			&i.Shard,
 			&i.Value,
+			&i.Prev,
 			&i.Ts,
 			&i.Total,
 			&i.Clock,
@@ -285,7 +287,7 @@ func (q *Queries) LockIdle(ctx context.Context, db DBTX, arg LockIdleParams) ([]
 }
 
 const LockIdleKey = `-- name: LockIdleKey :many
-SELECT t.shard, t.value, t.ts,
+SELECT t.shard, t.value, t.prev, t.ts,
        (SELECT count(*) FROM txlimit AS c WHERE c.name = $1 AND c.key = $2) AS total,
        CAST(COALESCE($3::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
@@ -303,6 +305,7 @@ type LockIdleKeyParams struct {
 type LockIdleKeyRow struct {
 	Shard int32
 	Value float64
+	Prev  float64
 	Ts    time.Time
 	Total int64
 	Clock time.Time
@@ -321,6 +324,7 @@ func (q *Queries) LockIdleKey(ctx context.Context, db DBTX, arg LockIdleKeyParam
 		if err := rows.Scan(
 			&i.Shard,
 			&i.Value,
+			&i.Prev,
 			&i.Ts,
 			&i.Total,
 			&i.Clock,
@@ -336,7 +340,7 @@ func (q *Queries) LockIdleKey(ctx context.Context, db DBTX, arg LockIdleKeyParam
 }
 
 const LockKeys = `-- name: LockKeys :many
-SELECT t.name, t.key, t.shard, t.value, t.ts,
+SELECT t.name, t.key, t.shard, t.value, t.prev, t.ts,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
 JOIN (
@@ -359,6 +363,7 @@ type LockKeysRow struct {
 	Key   string
 	Shard int32
 	Value float64
+	Prev  float64
 	Ts    time.Time
 	Clock time.Time
 }
@@ -382,6 +387,7 @@ func (q *Queries) LockKeys(ctx context.Context, db DBTX, arg LockKeysParams) ([]
 			&i.Key,
 			&i.Shard,
 			&i.Value,
+			&i.Prev,
 			&i.Ts,
 			&i.Clock,
 		); err != nil {
@@ -397,7 +403,7 @@ func (q *Queries) LockKeys(ctx context.Context, db DBTX, arg LockKeysParams) ([]
 
 const LockShards = `-- name: LockShards :many
 
-SELECT shard, value, ts,
+SELECT shard, value, prev, ts,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit
 WHERE name = $2 AND key = $3
@@ -414,6 +420,7 @@ type LockShardsParams struct {
 type LockShardsRow struct {
 	Shard int32
 	Value float64
+	Prev  float64
 	Ts    time.Time
 	Clock time.Time
 }
@@ -440,6 +447,7 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 		if err := rows.Scan(
 			&i.Shard,
 			&i.Value,
+			&i.Prev,
 			&i.Ts,
 			&i.Clock,
 		); err != nil {
@@ -454,7 +462,7 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 }
 
 const ProbeTable = `-- name: ProbeTable :exec
-SELECT name, key, shard, value, ts FROM txlimit LIMIT 0
+SELECT name, key, shard, value, prev, ts FROM txlimit LIMIT 0
 `
 
 // Reads no row, but fails when the table or one of its columns is missing:
@@ -465,7 +473,7 @@ func (q *Queries) ProbeTable(ctx context.Context, db DBTX) error {
 }
 
 const ReadShards = `-- name: ReadShards :many
-SELECT t.shard, t.value, t.ts, c.clock
+SELECT t.shard, t.value, t.prev, t.ts, c.clock
 FROM (SELECT CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS c
 LEFT JOIN txlimit AS t ON t.name = $2 AND t.key = $3
 ORDER BY t.shard
@@ -480,6 +488,7 @@ type ReadShardsParams struct {
 type ReadShardsRow struct {
 	Shard *int32
 	Value *float64
+	Prev  *float64
 	Ts    *time.Time
 	Clock time.Time
 }
@@ -498,6 +507,7 @@ func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams)
 		if err := rows.Scan(
 			&i.Shard,
 			&i.Value,
+			&i.Prev,
 			&i.Ts,
 			&i.Clock,
 		); err != nil {
@@ -786,28 +796,28 @@ func (q *Queries) TakeWindow(ctx context.Context, db DBTX, arg TakeWindowParams)
 
 const TryLockShard = `-- name: TryLockShard :one
 WITH from_start AS (
-    SELECT f.shard, f.value, f.ts FROM txlimit AS f
+    SELECT f.shard, f.value, f.prev, f.ts FROM txlimit AS f
     WHERE f.name = $2 AND f.key = $3 AND f.shard >= $4::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), below_start AS (
-    SELECT b.shard, b.value, b.ts FROM txlimit AS b
+    SELECT b.shard, b.value, b.prev, b.ts FROM txlimit AS b
     WHERE b.name = $2 AND b.key = $3 AND b.shard < $4::integer
     ORDER BY b.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
-SELECT l.shard, l.value, l.ts,
+SELECT l.shard, l.value, l.prev, l.ts,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
        -- The highest shard the key has: rows written under another Shards
        -- (a redeployed config) make the caller reshard on every row.
        CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
                       WHERE m.name = $2 AND m.key = $3), -1) AS integer) AS top_shard
 FROM (
-    SELECT shard, value, ts FROM from_start
+    SELECT shard, value, prev, ts FROM from_start
     UNION ALL
-    SELECT shard, value, ts FROM below_start
+    SELECT shard, value, prev, ts FROM below_start
     LIMIT 1
 ) AS l
 `
@@ -822,6 +832,7 @@ type TryLockShardParams struct {
 type TryLockShardRow struct {
 	Shard    int32
 	Value    float64
+	Prev     float64
 	Ts       time.Time
 	Clock    time.Time
 	TopShard int32
@@ -846,6 +857,7 @@ func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardPar
 	err := row.Scan(
 		&i.Shard,
 		&i.Value,
+		&i.Prev,
 		&i.Ts,
 		&i.Clock,
 		&i.TopShard,
@@ -855,25 +867,25 @@ func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardPar
 
 const TryLockShardAndRead = `-- name: TryLockShardAndRead :many
 WITH from_start AS (
-    SELECT f.shard, f.value, f.ts FROM txlimit AS f
+    SELECT f.shard, f.value, f.prev, f.ts FROM txlimit AS f
     WHERE f.name = $2 AND f.key = $3 AND f.shard >= $4::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), below_start AS (
-    SELECT b.shard, b.value, b.ts FROM txlimit AS b
+    SELECT b.shard, b.value, b.prev, b.ts FROM txlimit AS b
     WHERE b.name = $2 AND b.key = $3 AND b.shard < $4::integer
     ORDER BY b.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), l AS (
-    SELECT shard, value, ts FROM from_start
+    SELECT shard, value, prev, ts FROM from_start
     UNION ALL
-    SELECT shard, value, ts FROM below_start
+    SELECT shard, value, prev, ts FROM below_start
     LIMIT 1
 )
-SELECT t.shard, t.value, t.ts, c.clock,
-       l.shard AS locked_shard, l.value AS locked_value, l.ts AS locked_ts
+SELECT t.shard, t.value, t.prev, t.ts, c.clock,
+       l.shard AS locked_shard, l.value AS locked_value, l.prev AS locked_prev, l.ts AS locked_ts
 FROM (SELECT CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS c
 LEFT JOIN l ON true
 LEFT JOIN txlimit AS t ON t.name = $2 AND t.key = $3
@@ -890,10 +902,12 @@ type TryLockShardAndReadParams struct {
 type TryLockShardAndReadRow struct {
 	Shard       *int32
 	Value       *float64
+	Prev        *float64
 	Ts          *time.Time
 	Clock       time.Time
 	LockedShard *int32
 	LockedValue *float64
+	LockedPrev  *float64
 	LockedTs    *time.Time
 }
 
@@ -921,10 +935,12 @@ func (q *Queries) TryLockShardAndRead(ctx context.Context, db DBTX, arg TryLockS
 		if err := rows.Scan(
 			&i.Shard,
 			&i.Value,
+			&i.Prev,
 			&i.Ts,
 			&i.Clock,
 			&i.LockedShard,
 			&i.LockedValue,
+			&i.LockedPrev,
 			&i.LockedTs,
 		); err != nil {
 			return nil, err
@@ -938,7 +954,7 @@ func (q *Queries) TryLockShardAndRead(ctx context.Context, db DBTX, arg TryLockS
 }
 
 const WaitShard = `-- name: WaitShard :one
-SELECT w.shard, w.value, w.ts,
+SELECT w.shard, w.value, w.prev, w.ts,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
        CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
                       WHERE m.name = $2 AND m.key = $3), -1) AS integer) AS top_shard
@@ -957,6 +973,7 @@ type WaitShardParams struct {
 type WaitShardRow struct {
 	Shard    int32
 	Value    float64
+	Prev     float64
 	Ts       time.Time
 	Clock    time.Time
 	TopShard int32
@@ -976,6 +993,7 @@ func (q *Queries) WaitShard(ctx context.Context, db DBTX, arg WaitShardParams) (
 	err := row.Scan(
 		&i.Shard,
 		&i.Value,
+		&i.Prev,
 		&i.Ts,
 		&i.Clock,
 		&i.TopShard,
@@ -985,11 +1003,12 @@ func (q *Queries) WaitShard(ctx context.Context, db DBTX, arg WaitShardParams) (
 
 const WriteKeyShards = `-- name: WriteKeyShards :exec
 UPDATE txlimit AS t
-SET value = u.value, ts = u.ts
+SET value = u.value, prev = u.prev, ts = u.ts
 FROM (
     SELECT unnest($3::text::integer[]) AS shard,
            unnest($4::text::double precision[]) AS value,
-           unnest($5::text::timestamptz[]) AS ts
+           unnest($5::text::double precision[]) AS prev,
+           unnest($6::text::timestamptz[]) AS ts
 ) AS u
 WHERE t.name = $1 AND t.key = $2 AND t.shard = u.shard
 `
@@ -999,6 +1018,7 @@ type WriteKeyShardsParams struct {
 	Key    string
 	Shards string
 	Vals   string
+	Prevs  string
 	Tss    string
 }
 
@@ -1012,18 +1032,20 @@ func (q *Queries) WriteKeyShards(ctx context.Context, db DBTX, arg WriteKeyShard
 		arg.Key,
 		arg.Shards,
 		arg.Vals,
+		arg.Prevs,
 		arg.Tss,
 	)
 	return err
 }
 
 const WriteShard = `-- name: WriteShard :exec
-UPDATE txlimit SET value = $1, ts = $2
-WHERE name = $3 AND key = $4 AND shard = $5
+UPDATE txlimit SET value = $1, prev = $2, ts = $3
+WHERE name = $4 AND key = $5 AND shard = $6
 `
 
 type WriteShardParams struct {
 	Value float64
+	Prev  float64
 	Ts    time.Time
 	Name  string
 	Key   string
@@ -1035,6 +1057,7 @@ type WriteShardParams struct {
 func (q *Queries) WriteShard(ctx context.Context, db DBTX, arg WriteShardParams) error {
 	_, err := db.Exec(ctx, WriteShard,
 		arg.Value,
+		arg.Prev,
 		arg.Ts,
 		arg.Name,
 		arg.Key,

@@ -123,7 +123,7 @@ func (pr Protocol) insertAndLockKeys(ctx context.Context, db DB, keys []driver.T
 				rows, err := queries.LockShards(ctx, q, pgdb.LockShardsParams{Name: k.Name, Key: k.Key, Now: now})
 				for _, r := range rows {
 					locked = append(locked, keyRow{name: k.Name, key: k.Key,
-						row: driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts}, clock: r.Clock})
+						row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, clock: r.Clock})
 				}
 				return err
 			})
@@ -150,7 +150,7 @@ func (pr Protocol) insertAndLockKeys(ctx context.Context, db DB, keys []driver.T
 			rows, err := queries.LockKeys(ctx, q, pgdb.LockKeysParams{Now: now, Names: names.String(), Keys: ks.String()})
 			for _, r := range rows {
 				locked = append(locked, keyRow{name: r.Name, key: r.Key,
-					row: driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts}, clock: r.Clock})
+					row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, clock: r.Clock})
 			}
 			return err
 		}}
@@ -170,19 +170,20 @@ func (pr Protocol) write(ctx context.Context, db DB, writes []keyWrite, doomed [
 		if len(w.states) == 1 {
 			st := w.states[0]
 			calls = append(calls, func(q pgdb.DBTX) error {
-				return queries.WriteShard(ctx, q, pgdb.WriteShardParams{Name: w.name, Key: w.key, Shard: 0, Value: st.Value, Ts: micros(st.TS)})
+				return queries.WriteShard(ctx, q, pgdb.WriteShardParams{Name: w.name, Key: w.key, Shard: 0, Value: st.Value, Prev: st.Prev, Ts: micros(st.TS)})
 			})
 			continue
 		}
-		var shards, vals, tss array
+		var shards, vals, prevs, tss array
 		for i, st := range w.states {
 			shards.int(int32(i))
 			vals.float(st.Value)
+			prevs.float(st.Prev)
 			tss.time(micros(st.TS))
 		}
 		calls = append(calls, func(q pgdb.DBTX) error {
 			return queries.WriteKeyShards(ctx, q, pgdb.WriteKeyShardsParams{
-				Name: w.name, Key: w.key, Shards: shards.String(), Vals: vals.String(), Tss: tss.String(),
+				Name: w.name, Key: w.key, Shards: shards.String(), Vals: vals.String(), Prevs: prevs.String(), Tss: tss.String(),
 			})
 		})
 	}
@@ -320,7 +321,7 @@ func (pr Protocol) lockIdle(ctx context.Context, db DB, keys []driver.KeyRef, no
 		}
 		rows, err := queries.LockIdle(ctx, db, pgdb.LockIdleParams{Now: now, Names: names.String(), Keys: ks.String()})
 		for _, r := range rows {
-			out = append(out, idleRow{keyRow{r.Name, r.Key, driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts}, r.Clock}, r.Total})
+			out = append(out, idleRow{keyRow{r.Name, r.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, r.Clock}, r.Total})
 		}
 		return out, err
 	}
@@ -329,7 +330,7 @@ func (pr Protocol) lockIdle(ctx context.Context, db DB, keys []driver.KeyRef, no
 		calls[i] = func(q pgdb.DBTX) error {
 			rows, err := queries.LockIdleKey(ctx, q, pgdb.LockIdleKeyParams{Name: k.Name, Key: k.Key, Now: now})
 			for _, r := range rows {
-				out = append(out, idleRow{keyRow{k.Name, k.Key, driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts}, r.Clock}, r.Total})
+				out = append(out, idleRow{keyRow{k.Name, k.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, r.Clock}, r.Total})
 			}
 			return err
 		}

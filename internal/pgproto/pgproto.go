@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/pgdb"
 )
 
@@ -163,6 +164,13 @@ func (t *LockTimer) Stop(start time.Time) {
 	if t.On {
 		t.Total += time.Since(start)
 	}
+}
+
+// ClockRange is driver.ClockRanger's for PostgreSQL: timestamptz holds
+// 4713 BC to 294276 AD, and the instants are microseconds in an int64,
+// which end before that.
+func ClockRange() (first, last time.Time) {
+	return time.Date(-4712, time.January, 1, 0, 0, 0, 0, time.UTC), driver.Microseconds[1]
 }
 
 // micros is the timestamptz of an instant in microseconds.

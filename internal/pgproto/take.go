@@ -43,22 +43,42 @@ func (pr Protocol) Take(ctx context.Context, db DB, p driver.TakeParams) (driver
 		if err != nil {
 			return driver.TakeResult{}, err
 		}
-		states, _ := p.States(read.Rows, read.At.UnixMicro())
-		if _, d := algo.TakeShards(p.Shard(p.Shards), states, read.At.UnixMicro(), p.Count, false); !d.OK {
-			return driver.TakeResult{Decision: d, At: read.At, States: states, LockWait: lt.Total}, nil
+		if res := driver.Check(p, read); !res.Decision.OK {
+			res.LockWait = lt.Total
+			return res, nil
 		}
 	}
-	rows, at, err := lockKey(ctx, db, p.Limit, p.Now, &lt)
+	lockStart := lt.Start()
+	rows, at, err := lockShards(ctx, db, p.Limit, p.Now)
+	if err == nil && len(rows) == 0 {
+		if !driver.GrantsWhenFull(p) {
+			// A missing key is full, the most a key can hold: when even
+			// that does not grant (a reservation beyond its cap, or one
+			// no wait could repay), nothing is created, so that a call
+			// refused writes nothing, and the committed state decides.
+			lt.Stop(lockStart)
+			read, err := pr.Read(ctx, db, driver.ReadParams{Name: p.Name, Key: p.Key, Now: p.Now})
+			res := driver.Check(p, read)
+			res.LockWait = lt.Total
+			return res, err
+		}
+		// The rows 0..Shards-1, created full and locked, first.
+		if err = insertShards(ctx, db, p.Limit); err == nil {
+			rows, at, err = lockShards(ctx, db, p.Limit, p.Now)
+		}
+	}
+	lt.Stop(lockStart)
 	if err != nil {
 		return driver.TakeResult{}, err
 	}
-	next, d, write := driver.Decide(p, rows, at)
+	res, write := driver.Decide(p, rows, at)
 	if write {
-		if err := pr.store(ctx, db, p.Limit, rows, next); err != nil {
+		if err := pr.store(ctx, db, p.Limit, rows, res.States); err != nil {
 			return driver.TakeResult{}, err
 		}
 	}
-	return driver.TakeResult{Decision: d, At: at, States: next, LockWait: lt.Total}, nil
+	res.LockWait = lt.Total
+	return res, nil
 }
 
 // takeInSQL takes from an unsharded limit in one statement, which creates or
@@ -169,7 +189,7 @@ func takeOneShard(ctx context.Context, db DB, p driver.TakeParams, lt *LockTimer
 		if d.OK {
 			err := Send(ctx, db, func(q pgdb.DBTX) error {
 				return queries.WriteShard(ctx, q, pgdb.WriteShardParams{
-					Name: p.Name, Key: p.Key, Shard: t.row.Shard, Value: next.Value, Ts: micros(next.TS)})
+					Name: p.Name, Key: p.Key, Shard: t.row.Shard, Value: next.Value, Prev: next.Prev, Ts: micros(next.TS)})
 			}, Exec(ctx, release))
 			if err != nil {
 				return driver.TakeResult{}, false, err
@@ -205,7 +225,7 @@ func tryLockShard(ctx context.Context, db DB, p driver.TakeParams, start int32) 
 		case err != nil:
 			return err
 		}
-		out = tried{row: driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts}, locked: true, top: r.TopShard, now: r.Clock}
+		out = tried{row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, locked: true, top: r.TopShard, now: r.Clock}
 		return nil
 	}
 	if p.ReadAll {
@@ -215,11 +235,11 @@ func tryLockShard(ctx context.Context, db DB, p driver.TakeParams, start int32) 
 			for _, r := range rows {
 				out.now = r.Clock
 				if r.Shard != nil {
-					out.all = append(out.all, driver.Row{Shard: *r.Shard, Value: *r.Value, TS: *r.Ts})
+					out.all = append(out.all, driver.Row{Shard: *r.Shard, Value: *r.Value, Prev: *r.Prev, TS: *r.Ts})
 					out.top = max(out.top, *r.Shard)
 				}
 				if r.LockedShard != nil {
-					out.row = driver.Row{Shard: *r.LockedShard, Value: *r.LockedValue, TS: *r.LockedTs}
+					out.row = driver.Row{Shard: *r.LockedShard, Value: *r.LockedValue, Prev: *r.LockedPrev, TS: *r.LockedTs}
 					out.locked = true
 				}
 			}
@@ -240,22 +260,7 @@ func waitShard(ctx context.Context, db DB, p driver.TakeParams, shard int32) (tr
 	case err != nil:
 		return tried{}, err
 	}
-	return tried{row: driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts}, locked: true, top: r.TopShard, now: r.Clock}, nil
-}
-
-// lockKey locks every row of l's key, waiting, in shard order, and returns
-// them with the clock read once they are held. A key with no row gets rows
-// 0..Shards-1, created full and locked, first.
-func lockKey(ctx context.Context, db DB, l driver.Limit, now *time.Time, lt *LockTimer) ([]driver.Row, time.Time, error) {
-	defer lt.Stop(lt.Start())
-	rows, at, err := lockShards(ctx, db, l, now)
-	if err != nil || len(rows) > 0 {
-		return rows, at, err
-	}
-	if err := insertShards(ctx, db, l); err != nil {
-		return nil, time.Time{}, err
-	}
-	return lockShards(ctx, db, l, now)
+	return tried{row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, locked: true, top: r.TopShard, now: r.Clock}, nil
 }
 
 // lockShards runs LockShards: every row of l's key, locked, and the latest
@@ -269,7 +274,7 @@ func lockShards(ctx context.Context, db DB, l driver.Limit, now *time.Time) ([]d
 	out := make([]driver.Row, len(rows))
 	var at time.Time
 	for i, r := range rows {
-		out[i] = driver.Row{Shard: r.Shard, Value: r.Value, TS: r.Ts}
+		out[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}
 		if r.Clock.After(at) {
 			at = r.Clock
 		}
@@ -317,7 +322,7 @@ func (Protocol) Read(ctx context.Context, db DB, p driver.ReadParams) (driver.Re
 	for _, r := range rows {
 		out.At = r.Clock
 		if r.Shard != nil {
-			out.Rows = append(out.Rows, driver.Row{Shard: *r.Shard, Value: *r.Value, TS: *r.Ts})
+			out.Rows = append(out.Rows, driver.Row{Shard: *r.Shard, Value: *r.Value, Prev: *r.Prev, TS: *r.Ts})
 		}
 	}
 	return out, nil

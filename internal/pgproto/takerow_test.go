@@ -141,7 +141,8 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 		require.NoError(t, err)
 	}
 	p := driver.TakeParams{Limit: l, Count: 0.25, Now: &now} // shard 0 alone has it
-	want, wantD, _ := driver.Decide(p, had, now)
+	decided, _ := driver.Decide(p, had, now)
+	want, wantD := decided.States, decided.Decision
 	require.True(t, wantD.OK, "the four shards pool 2 tokens")
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		res, err := Protocol{}.Take(ctx, tx, p)

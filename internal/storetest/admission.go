@@ -45,3 +45,32 @@ func RequireExactAdmission[TTx any](t *testing.T, l *txlimit.Limiter[TTx], name 
 	require.NoError(t, err)
 	require.Zero(t, snap.Value)
 }
+
+// RequireUnknownLimit requires err to be the *InvalidError of a call on a
+// name that New was not given, without Inline.
+func RequireUnknownLimit(t testing.TB, err error) {
+	t.Helper()
+	var inv *txlimit.InvalidError
+	require.ErrorAs(t, err, &inv)
+	require.ErrorIs(t, err, txlimit.ErrInvalid)
+	require.Equal(t, "name", inv.Field)
+	require.Contains(t, inv.Problem, "is not a limit given to txlimit.New")
+}
+
+// ObserverFunc adapts a function to txlimit.Observer.
+type ObserverFunc func(ctx context.Context, e txlimit.Event)
+
+// Observe calls f.
+func (f ObserverFunc) Observe(ctx context.Context, e txlimit.Event) { f(ctx, e) }
+
+// Denied returns the results of the limits of m that denied, in request
+// order.
+func Denied(m txlimit.MultiResult) []txlimit.Result {
+	var out []txlimit.Result
+	for _, r := range m.Results {
+		if !r.OK {
+			out = append(out, r)
+		}
+	}
+	return out
+}

@@ -23,7 +23,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("key and name length", func(t *testing.T) {
 		l, err := txlimit.New(h.Store, nil, opts)
 		require.NoError(t, err)
-		cfg := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})
+		cfg := txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})
 		name := UniqueName(t, "long")
 		longest := strings.Repeat("0123456789abcdef", txlimit.MaxKeyLen/16)
 		res, err := l.Limit(ctx, name, longest, cfg)
@@ -40,7 +40,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		require.Contains(t, err.Error(), "SHA-256", "the error says what to do")
 		require.Empty(t, h.Rows(t, name, longest+"x"), "nothing written")
 
-		_, err = l.Limit(ctx, strings.Repeat("n", txlimit.MaxNameLen+1), "k", cfg)
+		_, err = l.Limit(ctx, strings.Repeat("n", 256+1), "k", cfg)
 		require.ErrorAs(t, err, &invalid)
 		require.Equal(t, "name", invalid.Field)
 	})
@@ -52,7 +52,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		}{{1, 4, txlimit.TokenBucket}, {4, 1, txlimit.TokenBucket}, {3, 5, txlimit.FixedWindow}, {8, 2, txlimit.FixedWindow}} {
 			name := UniqueName(t, "reshard")
 			cfg := func(shards int) txlimit.Option {
-				return txlimit.WithConfig(txlimit.Config{Kind: tc.kind, Rate: 20, Period: time.Hour, Shards: shards, Start: roundHourStart(tc.kind)})
+				return txlimit.Inline(txlimit.Config{Kind: tc.kind, Rate: 20, Period: time.Hour, Shards: shards, Start: roundHourStart(tc.kind)})
 			}
 			l, err := txlimit.New(h.Store, nil, opts)
 			require.NoError(t, err)
@@ -78,7 +78,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			res, err = l.Limit(ctx, name, "k", cfg(tc.to), txlimit.Count(2), txlimit.Reserve())
 			require.NoError(t, err)
 			require.True(t, res.Reserved(), "%d -> %d: %+v", tc.from, tc.to, res)
-			m, err := l.LimitAll(ctx, txlimit.Req(name, "k", cfg(tc.from), txlimit.Count(0), txlimit.Reserve()))
+			m, err := l.LimitAll(ctx, txlimit.Request{Name: name, Key: "k", Options: []txlimit.Option{cfg(tc.from), txlimit.Count(0), txlimit.Reserve()}})
 			require.NoError(t, err)
 			require.True(t, m.OK)
 			require.InDelta(t, -2, m.Results[0].Remaining, 1e-9, "the debt moves with the tokens")
@@ -143,7 +143,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 
 		// A reservation 3e6 hours (342 years) away cannot be represented:
 		// refused as bad input by every form, nothing written.
-		hourly := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})
+		hourly := txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})
 		name := UniqueName(t, "far")
 		far := []txlimit.Option{hourly, txlimit.Count(3e6), txlimit.Reserve()}
 		calls := map[string]func() error{
@@ -162,7 +162,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 				return err
 			},
 			"LimitAll": func() error {
-				_, err := l.LimitAll(ctx, txlimit.Req(name, "other", hourly), txlimit.Req(name, "k", far...))
+				_, err := l.LimitAll(ctx, txlimit.Request{Name: name, Key: "other", Options: []txlimit.Option{hourly}}, txlimit.Request{Name: name, Key: "k", Options: far})
 				return err
 			},
 		}
@@ -184,7 +184,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		require.ErrorAs(t, err, &invalid)
 		require.Equal(t, before, h.Rows(t, name, "k"))
 		// MaxReserved caps the debt: then the same count is a plain denial.
-		capped := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, MaxReserved: 10})
+		capped := txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, MaxReserved: 10})
 		_, err = l.Limit(ctx, UniqueName(t, "capped"), "k", capped, txlimit.Count(3e6), txlimit.Reserve())
 		require.ErrorAs(t, err, &invalid, "above Capacity+MaxReserved: still bad input")
 
@@ -196,7 +196,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			{Kind: txlimit.FixedWindow, Rate: 1, Period: 100 * 365 * 24 * time.Hour, Capacity: 2, Start: T0},
 		} {
 			name := UniqueName(t, "slow")
-			opt := txlimit.WithConfig(cfg)
+			opt := txlimit.Inline(cfg)
 			count := txlimit.Count(cfg.Capacity)
 			res, err := l.Limit(ctx, name, "k", opt, count)
 			require.NoError(t, err)
@@ -207,14 +207,14 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			require.NoError(t, err)
 			require.False(t, res.OK)
 			require.Equal(t, txlimit.MaxWait, res.RetryAfter, "%+v", cfg)
-			require.True(t, res.ReadyAt().After(res.At))
+			require.True(t, res.At.Add(res.RetryAfter).After(res.At))
 			if cfg.Rate < 1 {
 				require.Equal(t, txlimit.MaxWait, res.NextToken)
 			}
 			res, err = l.Check(ctx, name, "k", opt, count)
 			require.NoError(t, err)
 			require.Equal(t, txlimit.MaxWait, res.RetryAfter)
-			m, err := l.LimitAll(ctx, txlimit.Req(name, "k", opt, count))
+			m, err := l.LimitAll(ctx, txlimit.Request{Name: name, Key: "k", Options: []txlimit.Option{opt, count}})
 			require.NoError(t, err)
 			require.False(t, m.OK)
 			require.Equal(t, txlimit.MaxWait, m.RetryAfter)
@@ -249,7 +249,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			// A rate so high that a debt of 1e308 is repaid in 100 s: the
 			// first reservation is representable, a second would take the
 			// value to -Inf.
-			opt := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1e300, Period: time.Microsecond, Capacity: 1, Shards: shards})
+			opt := txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1e300, Period: time.Microsecond, Capacity: 1, Shards: shards})
 			name := UniqueName(t, "huge")
 			res, err := l.Limit(ctx, name, "k", opt, txlimit.Count(1e308), txlimit.Reserve())
 			require.NoError(t, err)
@@ -276,7 +276,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		// With an hourly rate, the Count(1e308) is refused at once:
 		// its wait is beyond MaxWait.
 		name := UniqueName(t, "hourly")
-		_, err = l.Limit(ctx, name, "k", txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour}),
+		_, err = l.Limit(ctx, name, "k", txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour}),
 			txlimit.Count(1e308), txlimit.Reserve())
 		require.ErrorAs(t, err, &invalid)
 		require.Empty(t, h.Rows(t, name, "k"))
@@ -285,17 +285,17 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("observer sees every operation", func(t *testing.T) {
 		var mu sync.Mutex
 		var ops []string
-		obs := txlimit.ObserverFunc(func(_ context.Context, e txlimit.Event) {
+		obs := ObserverFunc(func(_ context.Context, e txlimit.Event) {
 			mu.Lock()
 			defer mu.Unlock()
-			outcome := e.Outcome()
-			if e.Op == txlimit.OpValue || e.Op == txlimit.OpCredit || e.Op == txlimit.OpReset || e.Op == txlimit.OpPrune {
+			outcome := e.Outcome
+			if e.Op == "value" || e.Op == "credit" || e.Op == "reset" || e.Op == "prune" {
 				outcome = "ok"
 				if e.Err != nil {
 					outcome = "error"
 				}
 			}
-			ops = append(ops, e.Op.String()+":"+outcome)
+			ops = append(ops, e.Op+":"+outcome)
 		})
 		name := UniqueName(t, "observed")
 		l, err := txlimit.New(h.Store, map[string]txlimit.Config{
@@ -309,7 +309,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		require.NoError(t, l.Credit(ctx, name, "k", 1))
 		require.NoError(t, l.Reset(ctx, name, "k"))
 		_, err = l.Value(ctx, "no such limit", "k")
-		require.ErrorIs(t, err, txlimit.ErrUnknownLimit)
+		RequireUnknownLimit(t, err)
 		_, err = l.Prune(ctx, &txlimit.PruneOptions{MaxBatches: 1})
 		require.NoError(t, err)
 		require.Equal(t, []string{"limit:allowed", "value:ok", "credit:ok", "reset:ok", "value:error", "prune:ok"}, ops)

@@ -50,11 +50,11 @@ func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 			b: {Kind: txlimit.FixedWindow, Rate: 5, Period: time.Hour, Shards: 4},
 			c: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Capacity: 2},
 		}, clk)
-		res := limitAll(t, l, txlimit.Req(c, "k"), txlimit.Req(a, "k", txlimit.Count(3)), txlimit.Req(b, "k", txlimit.Count(2)))
+		res := limitAll(t, l, txlimit.Request{Name: c, Key: "k"}, txlimit.Request{Name: a, Key: "k", Options: []txlimit.Option{txlimit.Count(3)}}, txlimit.Request{Name: b, Key: "k", Options: []txlimit.Option{txlimit.Count(2)}})
 		require.True(t, res.OK)
 		require.NoError(t, res.Err())
 		require.Zero(t, res.RetryAfter)
-		require.Empty(t, res.Denied())
+		require.Empty(t, Denied(res))
 		require.WithinDuration(t, clk.Now(), res.At, 0)
 		// One result per request, in request order.
 		require.Len(t, res.Results, 3)
@@ -84,18 +84,18 @@ func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 					c: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Second},
 				}, clk)
 				if !fresh {
-					require.True(t, limitAll(t, l, txlimit.Req(a, "k"), txlimit.Req(b, "k")).OK)
+					require.True(t, limitAll(t, l, txlimit.Request{Name: a, Key: "k"}, txlimit.Request{Name: b, Key: "k"}).OK)
 				}
-				require.True(t, limitAll(t, l, txlimit.Req(c, "k", txlimit.Count(2))).OK)
+				require.True(t, limitAll(t, l, txlimit.Request{Name: c, Key: "k", Options: []txlimit.Option{txlimit.Count(2)}}).OK)
 				beforeA, beforeB, beforeC := h.Rows(t, a, "k"), h.Rows(t, b, "k"), h.Rows(t, c, "k")
 				require.Equal(t, fresh, len(beforeA) == 0)
 
 				clk.Advance(100 * time.Millisecond) // c holds 0.2
-				res := limitAll(t, l, txlimit.Req(a, "k", txlimit.Count(5)), txlimit.Req(b, "k", txlimit.Count(2)), txlimit.Req(c, "k"))
+				res := limitAll(t, l, txlimit.Request{Name: a, Key: "k", Options: []txlimit.Option{txlimit.Count(5)}}, txlimit.Request{Name: b, Key: "k", Options: []txlimit.Option{txlimit.Count(2)}}, txlimit.Request{Name: c, Key: "k"})
 				require.False(t, res.OK)
 				require.Equal(t, 400*time.Millisecond, res.RetryAfter, "c lacks 0.8 tokens at 2/s")
-				require.Len(t, res.Denied(), 1)
-				require.Equal(t, c, res.Denied()[0].Name)
+				require.Len(t, Denied(res), 1)
+				require.Equal(t, c, Denied(res)[0].Name)
 				require.True(t, res.Results[0].OK, "a alone would grant")
 				require.True(t, res.Results[1].OK, "b alone would grant")
 				// Nothing was taken: each Remaining is what the limit holds.
@@ -125,10 +125,10 @@ func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 			a: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second},
 			b: {Kind: txlimit.TokenBucket, Rate: 1, Period: 3 * time.Second},
 		}, clk)
-		require.True(t, limitAll(t, l, txlimit.Req(a, "k"), txlimit.Req(b, "k")).OK)
-		res := limitAll(t, l, txlimit.Req(a, "k"), txlimit.Req(b, "k"))
+		require.True(t, limitAll(t, l, txlimit.Request{Name: a, Key: "k"}, txlimit.Request{Name: b, Key: "k"}).OK)
+		res := limitAll(t, l, txlimit.Request{Name: a, Key: "k"}, txlimit.Request{Name: b, Key: "k"})
 		require.False(t, res.OK)
-		require.Len(t, res.Denied(), 2)
+		require.Len(t, Denied(res), 2)
 		require.Equal(t, time.Second, res.Results[0].RetryAfter)
 		require.Equal(t, 3*time.Second, res.Results[1].RetryAfter)
 		require.Equal(t, 3*time.Second, res.RetryAfter)
@@ -136,7 +136,7 @@ func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 		require.ErrorAs(t, res.Err(), &rl)
 		require.Equal(t, b, rl.Name)
 		clk.Advance(3 * time.Second)
-		require.True(t, limitAll(t, l, txlimit.Req(b, "k"), txlimit.Req(a, "k")).OK)
+		require.True(t, limitAll(t, l, txlimit.Request{Name: b, Key: "k"}, txlimit.Request{Name: a, Key: "k"}).OK)
 	})
 
 	t.Run("Reservations", func(t *testing.T) {
@@ -148,7 +148,7 @@ func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 		}, clk)
 		// a goes 2 into debt as a reservation; b grants outright: the whole
 		// call is OK, to run in 2s.
-		res := limitAll(t, l, txlimit.Req(a, "k", txlimit.Count(4), txlimit.Reserve()), txlimit.Req(b, "k"))
+		res := limitAll(t, l, txlimit.Request{Name: a, Key: "k", Options: []txlimit.Option{txlimit.Count(4), txlimit.Reserve()}}, txlimit.Request{Name: b, Key: "k"})
 		require.True(t, res.OK)
 		require.NoError(t, res.Err())
 		require.Equal(t, 2*time.Second, res.RetryAfter)
@@ -157,9 +157,9 @@ func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 		require.InDelta(t, 9, res.Results[1].Remaining, 1e-9)
 		// Beyond MaxReserved a denies, and b keeps its tokens.
 		before := h.Rows(t, b, "k")
-		res = limitAll(t, l, txlimit.Req(a, "k", txlimit.Count(2), txlimit.Reserve()), txlimit.Req(b, "k"))
+		res = limitAll(t, l, txlimit.Request{Name: a, Key: "k", Options: []txlimit.Option{txlimit.Count(2), txlimit.Reserve()}}, txlimit.Request{Name: b, Key: "k"})
 		require.False(t, res.OK)
-		require.Equal(t, []string{a}, names(res.Denied()))
+		require.Equal(t, []string{a}, names(Denied(res)))
 		require.Equal(t, before, h.Rows(t, b, "k"))
 	})
 
@@ -170,16 +170,16 @@ func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 			a: {Kind: txlimit.TokenBucket, Rate: 3, Period: time.Hour},
 			b: {Kind: txlimit.FixedWindow, Rate: 3, Period: time.Hour, Shards: 2},
 		}, clk)
-		require.True(t, limitAll(t, l, txlimit.Req(a, "k"), txlimit.Req(b, "k")).OK)
+		require.True(t, limitAll(t, l, txlimit.Request{Name: a, Key: "k"}, txlimit.Request{Name: b, Key: "k"}).OK)
 		beforeA, beforeB := h.Rows(t, a, "k"), h.Rows(t, b, "k")
 		tx := h.Begin(t)
-		res, err := l.LimitAllTx(ctx, tx, txlimit.Req(b, "k", txlimit.Count(2)), txlimit.Req(a, "k", txlimit.Count(2)))
+		res, err := l.LimitAllTx(ctx, tx, txlimit.Request{Name: b, Key: "k", Options: []txlimit.Option{txlimit.Count(2)}}, txlimit.Request{Name: a, Key: "k", Options: []txlimit.Option{txlimit.Count(2)}})
 		require.NoError(t, err)
 		require.True(t, res.OK)
 		h.Rollback(tx)
 		require.Equal(t, beforeA, h.Rows(t, a, "k"))
 		require.Equal(t, beforeB, h.Rows(t, b, "k"))
-		require.True(t, limitAll(t, l, txlimit.Req(a, "k", txlimit.Count(2)), txlimit.Req(b, "k", txlimit.Count(2))).OK)
+		require.True(t, limitAll(t, l, txlimit.Request{Name: a, Key: "k", Options: []txlimit.Option{txlimit.Count(2)}}, txlimit.Request{Name: b, Key: "k", Options: []txlimit.Option{txlimit.Count(2)}}).OK)
 	})
 
 	t.Run("BadInputIsAnErrorAndWritesNothing", func(t *testing.T) {
@@ -195,10 +195,10 @@ func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 			field string
 		}{
 			{"no request", nil, "reqs"},
-			{"same key twice", []txlimit.Request{txlimit.Req(a, "k"), txlimit.Req(b, "k"), txlimit.Req(a, "k", txlimit.Count(2))}, "reqs"},
-			{"unknown name last", []txlimit.Request{txlimit.Req(a, "k"), txlimit.Req("no-such-limit", "k")}, "name"},
-			{"count above capacity", []txlimit.Request{txlimit.Req(a, "k"), txlimit.Req(b, "k", txlimit.Count(4))}, "Count"},
-			{"NUL in key", []txlimit.Request{txlimit.Req(a, "k"), {Name: b, Key: "a\x00b"}}, "key"},
+			{"same key twice", []txlimit.Request{txlimit.Request{Name: a, Key: "k"}, txlimit.Request{Name: b, Key: "k"}, txlimit.Request{Name: a, Key: "k", Options: []txlimit.Option{txlimit.Count(2)}}}, "reqs"},
+			{"unknown name last", []txlimit.Request{txlimit.Request{Name: a, Key: "k"}, txlimit.Request{Name: "no-such-limit", Key: "k"}}, "name"},
+			{"count above capacity", []txlimit.Request{txlimit.Request{Name: a, Key: "k"}, txlimit.Request{Name: b, Key: "k", Options: []txlimit.Option{txlimit.Count(4)}}}, "Count"},
+			{"NUL in key", []txlimit.Request{txlimit.Request{Name: a, Key: "k"}, {Name: b, Key: "a\x00b"}}, "key"},
 		}
 		for _, tc := range cases {
 			t.Run(tc.desc, func(t *testing.T) {
@@ -214,12 +214,12 @@ func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 			})
 		}
 		// The same key under two names is two limits, not a duplicate.
-		require.True(t, limitAll(t, l, txlimit.Req(a, "k"), txlimit.Req(b, "k")).OK)
+		require.True(t, limitAll(t, l, txlimit.Request{Name: a, Key: "k"}, txlimit.Request{Name: b, Key: "k"}).OK)
 		// Inline configs work as in LimitTx.
 		inline := UniqueName(t, "inline")
-		res := limitAll(t, l, txlimit.Req(inline, "k", txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})))
+		res := limitAll(t, l, txlimit.Request{Name: inline, Key: "k", Options: []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})}})
 		require.True(t, res.OK)
-		require.False(t, limitAll(t, l, txlimit.Req(inline, "k", txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour}))).OK)
+		require.False(t, limitAll(t, l, txlimit.Request{Name: inline, Key: "k", Options: []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})}}).OK)
 	})
 
 	t.Run("OpposingOrdersNeverDeadlockAndAdmitExactly", func(t *testing.T) {
@@ -233,8 +233,8 @@ func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 			b: {Kind: txlimit.FixedWindow, Rate: 24, Period: time.Hour, Shards: 4},
 			c: {Kind: txlimit.TokenBucket, Rate: 30, Period: time.Hour, Shards: 2},
 		}, clk)
-		forward := []txlimit.Request{txlimit.Req(a, "hot"), txlimit.Req(b, "hot"), txlimit.Req(c, "hot")}
-		backward := []txlimit.Request{txlimit.Req(c, "hot"), txlimit.Req(b, "hot"), txlimit.Req(a, "hot")}
+		forward := []txlimit.Request{txlimit.Request{Name: a, Key: "hot"}, txlimit.Request{Name: b, Key: "hot"}, txlimit.Request{Name: c, Key: "hot"}}
+		backward := []txlimit.Request{txlimit.Request{Name: c, Key: "hot"}, txlimit.Request{Name: b, Key: "hot"}, txlimit.Request{Name: a, Key: "hot"}}
 		var admitted, denied atomic.Int64
 		var wg sync.WaitGroup
 		errs := make(chan error, workers*callsEach)
@@ -267,8 +267,8 @@ func runLimitAll[TTx any](t *testing.T, h Harness[TTx]) {
 						errs <- err
 					case res.OK:
 						admitted.Add(1)
-					case len(res.Denied()) != 1 || res.Denied()[0].Name != b:
-						errs <- fmt.Errorf("denied by %v, want %s only", names(res.Denied()), b)
+					case len(Denied(res)) != 1 || Denied(res)[0].Name != b:
+						errs <- fmt.Errorf("denied by %v, want %s only", names(Denied(res)), b)
 					default:
 						denied.Add(1)
 					}

@@ -383,13 +383,21 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 			{"Inf count", name, "k", "Count", []txlimit.Option{txlimit.Count(math.Inf(1))}},
 			{"count above capacity", name, "k", "Count", []txlimit.Option{txlimit.Count(6)}},
 			{"count above capacity+MaxReserved", name, "k", "Count", []txlimit.Option{txlimit.Count(10.5), txlimit.Reserve()}},
-			{"zero rate", name, "k", "Rate", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Period: time.Second})}},
-			{"NaN rate", name, "k", "Rate", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: math.NaN(), Period: time.Second})}},
-			{"zero period", name, "k", "Period", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1})}},
-			{"negative capacity", name, "k", "Capacity", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Capacity: -1})}},
-			{"too many shards", name, "k", "Shards", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Shards: txlimit.MaxShards + 1})}},
-			{"no kind", name, "k", "Kind", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Rate: 1, Period: time.Second})}},
-			{"start on a token bucket", name, "k", "Start", []txlimit.Option{txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Start: T0})}},
+			{"zero rate", name, "k", "Rate", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Period: time.Second})}},
+			{"NaN rate", name, "k", "Rate", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: math.NaN(), Period: time.Second})}},
+			{"zero period", name, "k", "Period", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1})}},
+			{"negative capacity", name, "k", "Capacity", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Capacity: -1})}},
+			{"too many shards", name, "k", "Shards", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Shards: 1024 + 1})}},
+			{"unknown kind", name, "k", "Kind", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: 9, Rate: 1, Period: time.Second})}},
+			{"calendar on a token bucket", name, "k", "Calendar", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Calendar: txlimit.Day})}},
+			{"calendar with a period", name, "k", "Period", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Period: time.Hour, Calendar: txlimit.Day})}},
+			{"unknown calendar unit", name, "k", "Calendar", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Calendar: 9})}},
+			{"unknown zone", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Calendar: txlimit.Month, Zone: "Mars/Olympus_Mons"})}},
+			{"local zone", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Calendar: txlimit.Month, Zone: "Local"})}},
+			{"week start on a month", name, "k", "WeekStart", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Calendar: txlimit.Month, WeekStart: time.Monday})}},
+			{"escrow sliding window", name, "k", "Escrow", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.SlidingWindow, Rate: 1, Period: time.Second, Escrow: true})}},
+			{"no kind", name, "k", "Kind", []txlimit.Option{txlimit.Inline(txlimit.Config{Rate: 1, Period: time.Second})}},
+			{"start on a token bucket", name, "k", "Start", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Start: T0})}},
 		}
 		for _, tc := range cases {
 			t.Run(tc.desc, func(t *testing.T) {
@@ -409,7 +417,7 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 			})
 		}
 		_, err := l.Check(ctx, "no-such-limit", "k")
-		require.ErrorIs(t, err, txlimit.ErrUnknownLimit)
+		RequireUnknownLimit(t, err)
 		_, err = txlimit.New(h.Store, map[string]txlimit.Config{"x": {Kind: txlimit.FixedWindow, Rate: 1}}, nil)
 		var inv *txlimit.InvalidError
 		require.ErrorAs(t, err, &inv)

@@ -44,7 +44,7 @@ func runPrune[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	require.True(t, limitTx(fw, "k").OK)
 	require.True(t, limitTx(sharded, "k", txlimit.Count(8)).OK) // all 4 shards empty
-	require.True(t, limitTx(unknown, "k", txlimit.WithConfig(unknownCfg)).OK)
+	require.True(t, limitTx(unknown, "k", txlimit.Inline(unknownCfg)).OK)
 
 	// Nothing has refilled yet.
 	res, err := l.Prune(ctx, nil)
@@ -102,7 +102,7 @@ func runPrune[TTx any](t *testing.T, h Harness[TTx]) {
 
 	// Rows beyond the config's shards (an older config with more) go with
 	// their key.
-	wide := txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 8, Period: time.Minute, Shards: 8})
+	wide := txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 8, Period: time.Minute, Shards: 8})
 	require.True(t, limitTx(sharded, "wide", txlimit.Count(8), wide).OK)
 	require.Len(t, h.Rows(t, sharded, "wide"), 8)
 	clk.Advance(time.Hour)

@@ -56,13 +56,13 @@ func runRemaining[TTx any](t *testing.T, h Harness[TTx]) {
 
 	// 16 tokens in 4 shards of 4, a token a second.
 	require.Equal(t, want{true, 15, time.Second}, got(call(false, sharded)), "first call: every shard created")
-	require.Equal(t, want{true, 14, time.Second}, got(call(false, sharded, txlimit.WithRemaining())),
+	require.Equal(t, want{true, 14, time.Second}, got(call(false, sharded, txlimit.ReportRemaining())),
 		"one free shard on PostgreSQL, the others read in the same statement")
 	res := call(false, sharded)
 	if h.SkipsLocked {
 		// Every shard holds at least 2.75: the one free shard grants, and
-		// without WithRemaining the others are not read.
-		require.Equal(t, txlimit.Result{Name: sharded, Key: "k", Count: 1, OK: true, At: res.At, Partial: true}, res)
+		// without ReportRemaining the others are not read.
+		require.Equal(t, txlimit.Result{Name: sharded, Key: "k", Count: 1, Taken: 1, OK: true, At: res.At, Partial: true}, res)
 	} else {
 		require.Equal(t, want{true, 13, time.Second}, got(res))
 		require.False(t, res.Partial)

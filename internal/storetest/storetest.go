@@ -6,7 +6,8 @@
 // and a store is done when it passes. The suite drives the store through
 // the public Limiter only, on a real database, in topics that run one after
 // another: prune, limits (and their concurrency), limit_all, remaining,
-// reservations, edges.
+// reservations, edges, windows (sliding and calendar windows, UpTo, and the
+// calls that must write nothing).
 //
 // The suite imports no database driver: a Harness gives it the store and
 // the few things it cannot do through a Limiter (open and end a
@@ -16,12 +17,12 @@ package storetest
 import (
 	"testing"
 
-	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 )
 
 // Harness adapts one store to the suite.
 type Harness[TTx any] struct {
-	Store txlimit.Store[TTx]
+	Store driver.Store[TTx]
 	// Begin opens a transaction on its own connection.
 	Begin    func(t *testing.T) TTx
 	Commit   func(tx TTx) error
@@ -64,6 +65,7 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harne
 		{"remaining", runRemaining[TTx]},
 		{"reservations", runReservations[TTx]},
 		{"edges", runEdges[TTx]},
+		{"windows", runWindows[TTx]},
 	} {
 		t.Run(topic.name, func(t *testing.T) { topic.run(t, shared) })
 	}

@@ -9,14 +9,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/migrations"
 )
 
 // PgxHarness adapts store, a store on pool, to the conformance suite
 // (storetest) and to the tests that reuse its harness.
-func PgxHarness(pool *pgxpool.Pool, store txlimit.Store[pgx.Tx]) storetest.Harness[pgx.Tx] {
+func PgxHarness(pool *pgxpool.Pool, store driver.Store[pgx.Tx]) storetest.Harness[pgx.Tx] {
 	return storetest.Harness[pgx.Tx]{
 		Store: store,
 		Begin: func(t *testing.T) pgx.Tx {
@@ -69,7 +69,7 @@ func OpenSQLiteDSN(tb testing.TB, dsn string) *sql.DB {
 
 // SQLiteHarness adapts store, a store on db (opened by OpenSQLite), to the
 // conformance suite (storetest) and to the tests that reuse its harness.
-func SQLiteHarness(db *sql.DB, store txlimit.Store[*sql.Tx]) storetest.Harness[*sql.Tx] {
+func SQLiteHarness(db *sql.DB, store driver.Store[*sql.Tx]) storetest.Harness[*sql.Tx] {
 	return storetest.Harness[*sql.Tx]{
 		Store: store,
 		Begin: func(t *testing.T) *sql.Tx {

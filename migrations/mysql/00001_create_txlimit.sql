@@ -24,6 +24,9 @@ CREATE TABLE txlimit (
     `key` VARBINARY(2048) NOT NULL,
     shard INT             NOT NULL,
     value DOUBLE          NOT NULL,
+    -- The previous window's count of a sliding window (algo.State.Prev);
+    -- 0 for every other kind.
+    prev  DOUBLE          NOT NULL DEFAULT 0,
     ts    DATETIME(6)     NOT NULL,
     PRIMARY KEY (name, `key`, shard),
     CONSTRAINT txlimit_shard_nonnegative CHECK (shard >= 0)

@@ -173,14 +173,14 @@ func TestNewKeysConcurrently(t *testing.T) {
 		}},
 		{"LimitTx sharded", func(l *txlimit.Limiter[*sql.Tx], tx *sql.Tx, name string, i int) error {
 			res, err := l.LimitTx(ctx, tx, name, fmt.Sprintf("k%03d", i),
-				txlimit.WithConfig(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 8, Period: time.Minute, Shards: 4}))
+				txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 8, Period: time.Minute, Shards: 4}))
 			if err == nil && !res.OK {
 				err = errors.New("a new key was denied")
 			}
 			return err
 		}},
 		{"LimitAll of two new keys, each shared with a neighbour", func(l *txlimit.Limiter[*sql.Tx], tx *sql.Tx, name string, i int) error {
-			res, err := l.LimitAllTx(ctx, tx, txlimit.Req(name, fmt.Sprintf("k%03d", (i+1)%keys)), txlimit.Req(name, fmt.Sprintf("k%03d", i)))
+			res, err := l.LimitAllTx(ctx, tx, req(name, fmt.Sprintf("k%03d", (i+1)%keys)), req(name, fmt.Sprintf("k%03d", i)))
 			if err == nil && !res.OK {
 				err = errors.New("two new keys were denied")
 			}
@@ -249,9 +249,9 @@ func TestLimitAllLocksInOneOrder(t *testing.T) {
 	}, nil)
 	require.NoError(t, err)
 	reqs := [][]txlimit.Request{
-		{txlimit.Req("all", "a"), txlimit.Req("all", "B"), txlimit.Req("ALL", "é")},
-		{txlimit.Req("ALL", "é"), txlimit.Req("all", "B"), txlimit.Req("all", "a")},
-		{txlimit.Req("all", "B"), txlimit.Req("ALL", "é"), txlimit.Req("all", "a")},
+		{req("all", "a"), req("all", "B"), req("ALL", "é")},
+		{req("ALL", "é"), req("all", "B"), req("all", "a")},
+		{req("all", "B"), req("ALL", "é"), req("all", "a")},
 	}
 	var admitted atomic.Int64
 	var wg sync.WaitGroup

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/storetest"
 	"github.com/txlimit/txlimit/mysqlstore"
 )
@@ -38,21 +39,27 @@ func Harness(db *sql.DB, iso sql.IsolationLevel) storetest.Harness[*sql.Tx] {
 }
 
 // Rows returns the stored rows of (name, key) as text, in shard order: the
-// value as the shortest decimal that is the same float64, the time to the
-// microsecond.
+// value and prev as the shortest decimals that are the same float64s, the
+// time to the microsecond.
 func Rows(t *testing.T, db *sql.DB, name, key string) []string {
 	t.Helper()
-	rows, err := db.Query("SELECT shard, value, ts FROM txlimit WHERE name = ? AND `key` = ? ORDER BY shard", []byte(name), []byte(key))
+	rows, err := db.Query("SELECT shard, value, prev, ts FROM txlimit WHERE name = ? AND `key` = ? ORDER BY shard", []byte(name), []byte(key))
 	require.NoError(t, err)
 	defer rows.Close()
 	var out []string
 	for rows.Next() {
 		var shard int
-		var value float64
+		var value, prev float64
 		var ts time.Time
-		require.NoError(t, rows.Scan(&shard, &value, &ts))
-		out = append(out, fmt.Sprintf("%d %s %s", shard, strconv.FormatFloat(value, 'g', -1, 64), ts.Format("2006-01-02 15:04:05.000000")))
+		require.NoError(t, rows.Scan(&shard, &value, &prev, &ts))
+		out = append(out, fmt.Sprintf("%d %s %s %s", shard, strconv.FormatFloat(value, 'g', -1, 64),
+			strconv.FormatFloat(prev, 'g', -1, 64), ts.Format("2006-01-02 15:04:05.000000")))
 	}
 	require.NoError(t, rows.Err())
 	return out
+}
+
+// req is one limit of a LimitAll call.
+func req(name, key string, opts ...txlimit.Option) txlimit.Request {
+	return txlimit.Request{Name: name, Key: key, Options: opts}
 }

@@ -96,22 +96,22 @@ func seed(ctx context.Context, t *testing.T, tx *sql.Tx, c algocase.Case) {
 	_, err := tx.ExecContext(ctx, "DELETE FROM txlimit WHERE name = ? AND `key` = ?", []byte(c.Limit.Name), []byte(c.Limit.Key))
 	require.NoError(t, err)
 	if c.State != nil {
-		_, err = tx.ExecContext(ctx, "INSERT INTO txlimit (name, `key`, shard, value, ts) VALUES (?, ?, 0, ?, ?)",
-			[]byte(c.Limit.Name), []byte(c.Limit.Key), c.State.Value, time.UnixMicro(c.State.TS).UTC())
+		_, err = tx.ExecContext(ctx, "INSERT INTO txlimit (name, `key`, shard, value, prev, ts) VALUES (?, ?, 0, ?, ?, ?)",
+			[]byte(c.Limit.Name), []byte(c.Limit.Key), c.State.Value, c.State.Prev, time.UnixMicro(c.State.TS).UTC())
 		require.NoError(t, err)
 	}
 }
 
 func stored(ctx context.Context, t *testing.T, tx *sql.Tx, c algocase.Case) []algo.State {
 	t.Helper()
-	rows, err := tx.QueryContext(ctx, "SELECT value, ts FROM txlimit WHERE name = ? AND `key` = ?", []byte(c.Limit.Name), []byte(c.Limit.Key))
+	rows, err := tx.QueryContext(ctx, "SELECT value, prev, ts FROM txlimit WHERE name = ? AND `key` = ?", []byte(c.Limit.Name), []byte(c.Limit.Key))
 	require.NoError(t, err)
 	defer rows.Close()
 	var out []algo.State
 	for rows.Next() {
 		var s algo.State
 		var ts time.Time
-		require.NoError(t, rows.Scan(&s.Value, &ts))
+		require.NoError(t, rows.Scan(&s.Value, &s.Prev, &ts))
 		s.TS = ts.UnixMicro()
 		out = append(out, s)
 	}
@@ -140,7 +140,8 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 	}
 	for _, count := range []float64{0.25, 1.5} { // shard 0 alone has the first, the pool the second
 		p := driver.TakeParams{Limit: l, Count: count, Now: &now}
-		want, wantD, _ := driver.Decide(p, had, now)
+		want, _ := driver.Decide(p, had, now)
+		wantD := want.Decision
 		require.True(t, wantD.OK, "the four shards pool 2 tokens")
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
@@ -149,7 +150,7 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 		require.Equal(t, wantD, res.Decision)
 		rows := stored(ctx, t, tx, algocase.Case{Limit: l})
 		require.Len(t, rows, 1, "the extra shards are deleted")
-		algocase.RequireBits(t, want[0], rows[0], "pooled")
+		algocase.RequireBits(t, want.States[0], rows[0], "pooled")
 		require.NoError(t, tx.Rollback())
 	}
 }

@@ -10,7 +10,7 @@
 -- clock is the argument now or, when it is NULL, the server's, read for each
 -- row before that row's lock is taken: the store takes the latest reading,
 -- and algo never loses or doubles refill for a clock behind a row's time.
-SELECT shard, value, ts,
+SELECT shard, value, prev, ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key)
@@ -27,28 +27,28 @@ FOR UPDATE;
 -- scanned on demand without AS MATERIALIZED, which YugabyteDB before 2025.1
 -- (PostgreSQL 11) rejects; the plan is the same as with it.
 WITH from_start AS (
-    SELECT f.shard, f.value, f.ts FROM txlimit AS f
+    SELECT f.shard, f.value, f.prev, f.ts FROM txlimit AS f
     WHERE f.name = sqlc.arg(name) AND f.key = sqlc.arg(key) AND f.shard >= sqlc.arg(start)::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), below_start AS (
-    SELECT b.shard, b.value, b.ts FROM txlimit AS b
+    SELECT b.shard, b.value, b.prev, b.ts FROM txlimit AS b
     WHERE b.name = sqlc.arg(name) AND b.key = sqlc.arg(key) AND b.shard < sqlc.arg(start)::integer
     ORDER BY b.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
-SELECT l.shard, l.value, l.ts,
+SELECT l.shard, l.value, l.prev, l.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
        -- The highest shard the key has: rows written under another Shards
        -- (a redeployed config) make the caller reshard on every row.
        CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
                       WHERE m.name = sqlc.arg(name) AND m.key = sqlc.arg(key)), -1) AS integer) AS top_shard
 FROM (
-    SELECT shard, value, ts FROM from_start
+    SELECT shard, value, prev, ts FROM from_start
     UNION ALL
-    SELECT shard, value, ts FROM below_start
+    SELECT shard, value, prev, ts FROM below_start
     LIMIT 1
 ) AS l;
 
@@ -61,25 +61,25 @@ FROM (
 -- MATERIALIZED, as in TryLockShard; l, which locks nothing itself, is
 -- inlined, over the two locking CTEs that stay scans of their own.
 WITH from_start AS (
-    SELECT f.shard, f.value, f.ts FROM txlimit AS f
+    SELECT f.shard, f.value, f.prev, f.ts FROM txlimit AS f
     WHERE f.name = sqlc.arg(name) AND f.key = sqlc.arg(key) AND f.shard >= sqlc.arg(start)::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), below_start AS (
-    SELECT b.shard, b.value, b.ts FROM txlimit AS b
+    SELECT b.shard, b.value, b.prev, b.ts FROM txlimit AS b
     WHERE b.name = sqlc.arg(name) AND b.key = sqlc.arg(key) AND b.shard < sqlc.arg(start)::integer
     ORDER BY b.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), l AS (
-    SELECT shard, value, ts FROM from_start
+    SELECT shard, value, prev, ts FROM from_start
     UNION ALL
-    SELECT shard, value, ts FROM below_start
+    SELECT shard, value, prev, ts FROM below_start
     LIMIT 1
 )
-SELECT t.shard, t.value, t.ts, c.clock,
-       l.shard AS locked_shard, l.value AS locked_value, l.ts AS locked_ts
+SELECT t.shard, t.value, t.prev, t.ts, c.clock,
+       l.shard AS locked_shard, l.value AS locked_value, l.prev AS locked_prev, l.ts AS locked_ts
 FROM (SELECT CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS c
 LEFT JOIN l ON true
 LEFT JOIN txlimit AS t ON t.name = sqlc.arg(name) AND t.key = sqlc.arg(key)
@@ -89,7 +89,7 @@ ORDER BY t.shard;
 -- Locks one row of (name, key), waiting for the transaction that holds it:
 -- the sharded fast path when every shard was busy. top_shard as in
 -- TryLockShard.
-SELECT w.shard, w.value, w.ts,
+SELECT w.shard, w.value, w.prev, w.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
        CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
                       WHERE m.name = sqlc.arg(name) AND m.key = sqlc.arg(key)), -1) AS integer) AS top_shard
@@ -100,7 +100,7 @@ FOR UPDATE OF w;
 -- name: ReadShards :many
 -- Reads the committed rows of (name, key) without locking. The clock comes
 -- from a one-row subquery so that it is returned even when there is no row.
-SELECT t.shard, t.value, t.ts, c.clock
+SELECT t.shard, t.value, t.prev, t.ts, c.clock
 FROM (SELECT CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS c
 LEFT JOIN txlimit AS t ON t.name = sqlc.arg(name) AND t.key = sqlc.arg(key)
 ORDER BY t.shard;
@@ -121,7 +121,7 @@ ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false;
 -- name: WriteShard :exec
 -- Stores the new state of one row the transaction holds: the write of an
 -- unsharded limit and of the sharded fast path.
-UPDATE txlimit SET value = sqlc.arg(value), ts = sqlc.arg(ts)
+UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts)
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 
 -- name: WriteKeyShards :exec
@@ -130,10 +130,11 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 -- PostgreSQL then plans an index scan that the cached generic plan keeps,
 -- where unnesting them too made it replan at every call.
 UPDATE txlimit AS t
-SET value = u.value, ts = u.ts
+SET value = u.value, prev = u.prev, ts = u.ts
 FROM (
     SELECT unnest(sqlc.arg(shards)::text::integer[]) AS shard,
            unnest(sqlc.arg(vals)::text::double precision[]) AS value,
+           unnest(sqlc.arg(prevs)::text::double precision[]) AS prev,
            unnest(sqlc.arg(tss)::text::timestamptz[]) AS ts
 ) AS u
 WHERE t.name = sqlc.arg(name) AND t.key = sqlc.arg(key) AND t.shard = u.shard;
@@ -176,7 +177,7 @@ RETURNING name, key, shard;
 -- them, left by a config with more shards, come after them in the same
 -- canonical order. FOR UPDATE makes a REPEATABLE READ transaction fail with a
 -- serialization error rather than read a stale row.
-SELECT t.name, t.key, t.shard, t.value, t.ts,
+SELECT t.name, t.key, t.shard, t.value, t.prev, t.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
 JOIN (
@@ -209,7 +210,7 @@ LIMIT sqlc.arg(max_keys);
 -- Locks the rows of the given keys that no other transaction holds, without
 -- waiting (SKIP LOCKED), for Prune, with the number of rows each key has in
 -- all, so that Prune can tell whether it holds every row of a key.
-SELECT t.name, t.key, t.shard, t.value, t.ts,
+SELECT t.name, t.key, t.shard, t.value, t.prev, t.ts,
        (SELECT count(*) FROM txlimit AS c WHERE c.name = t.name AND c.key = t.key) AS total,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
@@ -239,7 +240,7 @@ RETURNING shard;
 
 -- name: LockIdleKey :many
 -- LockIdle for one key.
-SELECT t.shard, t.value, t.ts,
+SELECT t.shard, t.value, t.prev, t.ts,
        (SELECT count(*) FROM txlimit AS c WHERE c.name = sqlc.arg(name) AND c.key = sqlc.arg(key)) AS total,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
@@ -255,7 +256,7 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY (sqlc.arg(sh
 -- name: ProbeTable :exec
 -- Reads no row, but fails when the table or one of its columns is missing:
 -- the check behind Limiter.Ping.
-SELECT name, key, shard, value, ts FROM txlimit LIMIT 0;
+SELECT name, key, shard, value, prev, ts FROM txlimit LIMIT 0;
 
 -- name: TakeBucket :one
 -- One admitted call of a token bucket that is not a reservation, in one

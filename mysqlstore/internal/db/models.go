@@ -13,5 +13,6 @@ type Txlimit struct {
 	Key   []byte
 	Shard int32
 	Value float64
+	Prev  float64
 	Ts    time.Time
 }

@@ -74,7 +74,7 @@ func (q *Queries) DeleteShards(ctx context.Context, db DBTX, arg DeleteShardsPar
 }
 
 const LockShards = `-- name: LockShards :many
-SELECT t.shard, t.value, t.ts,
+SELECT t.shard, t.value, t.prev, t.ts,
        TIMESTAMPADD(MICROSECOND, MICROSECOND(NOW(6)), UTC_TIMESTAMP()) AS clock,
        CAST(COALESCE((SELECT MAX(m.shard) FROM txlimit AS m
                       WHERE m.name = ? AND m.` + "`" + `key` + "`" + ` = ?), -1) AS SIGNED) AS top
@@ -93,6 +93,7 @@ type LockShardsParams struct {
 type LockShardsRow struct {
 	Shard int32
 	Value float64
+	Prev  float64
 	Ts    time.Time
 	Clock time.Time
 	Top   int64
@@ -133,6 +134,7 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 		if err := rows.Scan(
 			&i.Shard,
 			&i.Value,
+			&i.Prev,
 			&i.Ts,
 			&i.Clock,
 			&i.Top,
@@ -151,7 +153,7 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 }
 
 const ProbeTable = `-- name: ProbeTable :exec
-SELECT name, ` + "`" + `key` + "`" + `, shard, value, ts FROM txlimit LIMIT 0
+SELECT name, ` + "`" + `key` + "`" + `, shard, value, prev, ts FROM txlimit LIMIT 0
 `
 
 // Reads no row, but fails when the table or one of its columns is missing:
@@ -163,7 +165,7 @@ func (q *Queries) ProbeTable(ctx context.Context, db DBTX) error {
 
 const ReadShards = `-- name: ReadShards :many
 
-SELECT t.shard, t.value, t.ts FROM txlimit AS t
+SELECT t.shard, t.value, t.prev, t.ts FROM txlimit AS t
 WHERE t.name = ? AND t.` + "`" + `key` + "`" + ` = ?
 ORDER BY t.shard
 `
@@ -176,6 +178,7 @@ type ReadShardsParams struct {
 type ReadShardsRow struct {
 	Shard int32
 	Value float64
+	Prev  float64
 	Ts    time.Time
 }
 
@@ -213,7 +216,12 @@ func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams)
 	var items []ReadShardsRow
 	for rows.Next() {
 		var i ReadShardsRow
-		if err := rows.Scan(&i.Shard, &i.Value, &i.Ts); err != nil {
+		if err := rows.Scan(
+			&i.Shard,
+			&i.Value,
+			&i.Prev,
+			&i.Ts,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -285,7 +293,7 @@ func (q *Queries) ScanKeys(ctx context.Context, db DBTX, arg ScanKeysParams) ([]
 }
 
 const TryLockShard = `-- name: TryLockShard :one
-SELECT t.shard, t.value, t.ts, TIMESTAMPADD(MICROSECOND, MICROSECOND(NOW(6)), UTC_TIMESTAMP()) AS clock
+SELECT t.shard, t.value, t.prev, t.ts, TIMESTAMPADD(MICROSECOND, MICROSECOND(NOW(6)), UTC_TIMESTAMP()) AS clock
 FROM txlimit AS t FORCE INDEX (PRIMARY)
 WHERE t.name = ? AND t.` + "`" + `key` + "`" + ` = ? AND t.shard = ?
 FOR UPDATE SKIP LOCKED
@@ -300,6 +308,7 @@ type TryLockShardParams struct {
 type TryLockShardRow struct {
 	Shard int32
 	Value float64
+	Prev  float64
 	Ts    time.Time
 	Clock time.Time
 }
@@ -313,6 +322,7 @@ func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardPar
 	err := row.Scan(
 		&i.Shard,
 		&i.Value,
+		&i.Prev,
 		&i.Ts,
 		&i.Clock,
 	)
@@ -320,7 +330,7 @@ func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardPar
 }
 
 const TryLockShards = `-- name: TryLockShards :many
-SELECT t.shard, t.value, t.ts
+SELECT t.shard, t.value, t.prev, t.ts
 FROM txlimit AS t FORCE INDEX (PRIMARY)
 WHERE t.name = ? AND t.` + "`" + `key` + "`" + ` = ? AND t.shard IN (/*SLICE:shards*/?)
 ORDER BY t.shard
@@ -336,6 +346,7 @@ type TryLockShardsParams struct {
 type TryLockShardsRow struct {
 	Shard int32
 	Value float64
+	Prev  float64
 	Ts    time.Time
 }
 
@@ -362,7 +373,12 @@ func (q *Queries) TryLockShards(ctx context.Context, db DBTX, arg TryLockShardsP
 	var items []TryLockShardsRow
 	for rows.Next() {
 		var i TryLockShardsRow
-		if err := rows.Scan(&i.Shard, &i.Value, &i.Ts); err != nil {
+		if err := rows.Scan(
+			&i.Shard,
+			&i.Value,
+			&i.Prev,
+			&i.Ts,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -377,12 +393,13 @@ func (q *Queries) TryLockShards(ctx context.Context, db DBTX, arg TryLockShardsP
 }
 
 const WriteShard = `-- name: WriteShard :exec
-UPDATE txlimit SET value = ?, ts = ?
+UPDATE txlimit SET value = ?, prev = ?, ts = ?
 WHERE name = ? AND ` + "`" + `key` + "`" + ` = ? AND shard = ?
 `
 
 type WriteShardParams struct {
 	Value float64
+	Prev  float64
 	Ts    time.Time
 	Name  []byte
 	Key   []byte
@@ -393,6 +410,7 @@ type WriteShardParams struct {
 func (q *Queries) WriteShard(ctx context.Context, db DBTX, arg WriteShardParams) error {
 	_, err := db.ExecContext(ctx, WriteShard,
 		arg.Value,
+		arg.Prev,
 		arg.Ts,
 		arg.Name,
 		arg.Key,

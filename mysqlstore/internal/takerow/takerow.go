@@ -130,7 +130,10 @@ func compile(kind algo.Kind, serverClock bool) statement {
 		"               OR (" + l + " := " + p + " - CAST(:count AS DOUBLE)) IS NULL\n" +
 		"               OR NOT (@txlimit_ok := " + fits + "),\n" +
 		"               value, " + newValue + "),\n" +
-		"    ts = IF(@txlimit_ok, " + newTS(kind, "ts", e) + ", ts)"
+		"    ts = IF(@txlimit_ok, " + newTS(kind, "ts", e) + ", ts),\n" +
+		// algo writes 0 for the third number of the kinds that do not use
+		// it (a row a sliding window left).
+		"    prev = IF(@txlimit_ok, 0e0, prev)"
 	if serverClock {
 		s = strings.ReplaceAll(s, ":now", "UTC_TIMESTAMP(6)")
 	} else {
@@ -212,17 +215,16 @@ type Result struct {
 func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time) (Result, error) {
 	c := p.Config
 	full := p.Full()
-	// A call on a missing row: algo.Take on the full state, whose refill
-	// leaves Capacity whatever the clock.
-	tol := 1e-9 * max(1, c.Capacity)
-	left := full.Value - p.Count
-	if left < -tol {
+	// A call on a missing row: the full state taken from, whose refill
+	// leaves Capacity whatever the clock (driver.Fresh). A reservation on a
+	// new key takes the locked path, whose decision on its wait depends on
+	// the clock.
+	fresh, ok := driver.Fresh(p)
+	if !ok || fresh.Value < 0 {
 		return Result{}, nil
 	}
-	fullValue := left
-	if !(left > 0) {
-		fullValue = 0
-	}
+	fullValue := fresh.Value
+	tol := 1e-9 * max(1, c.Capacity)
 	st, ok := statements[c.Kind]
 	if !ok {
 		return Result{}, fmt.Errorf("takerow: unknown kind %v", c.Kind)

@@ -10,4 +10,5 @@ type Txlimit struct {
 	Shard int64
 	Value float64
 	Ts    int64
+	Prev  float64
 }

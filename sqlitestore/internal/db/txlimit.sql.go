@@ -44,8 +44,8 @@ func (q *Queries) DeleteShard(ctx context.Context, db DBTX, arg DeleteShardParam
 }
 
 const insertShard = `-- name: InsertShard :execrows
-INSERT INTO txlimit (name, key, shard, value, ts)
-VALUES (?1, ?2, ?3, ?4, ?5)
+INSERT INTO txlimit (name, key, shard, value, prev, ts)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6)
 ON CONFLICT (name, key, shard) DO NOTHING
 `
 
@@ -54,6 +54,7 @@ type InsertShardParams struct {
 	Key   string
 	Shard int64
 	Value float64
+	Prev  float64
 	Ts    int64
 }
 
@@ -67,6 +68,7 @@ func (q *Queries) InsertShard(ctx context.Context, db DBTX, arg InsertShardParam
 		arg.Key,
 		arg.Shard,
 		arg.Value,
+		arg.Prev,
 		arg.Ts,
 	)
 	if err != nil {
@@ -76,7 +78,7 @@ func (q *Queries) InsertShard(ctx context.Context, db DBTX, arg InsertShardParam
 }
 
 const lockShards = `-- name: LockShards :many
-SELECT shard, value, ts FROM txlimit
+SELECT shard, value, prev, ts FROM txlimit
 WHERE name = ?1 AND key = ?2
 ORDER BY shard
 `
@@ -89,6 +91,7 @@ type LockShardsParams struct {
 type LockShardsRow struct {
 	Shard int64
 	Value float64
+	Prev  float64
 	Ts    int64
 }
 
@@ -103,7 +106,12 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 	var items []LockShardsRow
 	for rows.Next() {
 		var i LockShardsRow
-		if err := rows.Scan(&i.Shard, &i.Value, &i.Ts); err != nil {
+		if err := rows.Scan(
+			&i.Shard,
+			&i.Value,
+			&i.Prev,
+			&i.Ts,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -118,7 +126,7 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 }
 
 const probeTable = `-- name: ProbeTable :exec
-SELECT name, key, shard, value, ts FROM txlimit LIMIT 0
+SELECT name, key, shard, value, prev, ts FROM txlimit LIMIT 0
 `
 
 // Reads no row, but fails when the table or one of its columns is missing:
@@ -129,7 +137,7 @@ func (q *Queries) ProbeTable(ctx context.Context, db DBTX) error {
 }
 
 const readShards = `-- name: ReadShards :many
-SELECT shard, value, ts FROM txlimit
+SELECT shard, value, prev, ts FROM txlimit
 WHERE name = ?1 AND key = ?2
 ORDER BY shard
 `
@@ -142,6 +150,7 @@ type ReadShardsParams struct {
 type ReadShardsRow struct {
 	Shard int64
 	Value float64
+	Prev  float64
 	Ts    int64
 }
 
@@ -156,7 +165,12 @@ func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams)
 	var items []ReadShardsRow
 	for rows.Next() {
 		var i ReadShardsRow
-		if err := rows.Scan(&i.Shard, &i.Value, &i.Ts); err != nil {
+		if err := rows.Scan(
+			&i.Shard,
+			&i.Value,
+			&i.Prev,
+			&i.Ts,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -171,7 +185,7 @@ func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams)
 }
 
 const rowsBetween = `-- name: RowsBetween :many
-SELECT name, key, shard, value, ts FROM txlimit
+SELECT name, key, shard, value, prev, ts FROM txlimit
 WHERE (name, key) >= (?1, ?2)
   AND (name, key) <= (?3, ?4)
 ORDER BY name, key, shard
@@ -184,10 +198,19 @@ type RowsBetweenParams struct {
 	LastKey   string
 }
 
+type RowsBetweenRow struct {
+	Name  string
+	Key   string
+	Shard int64
+	Value float64
+	Prev  float64
+	Ts    int64
+}
+
 // The rows of the keys from (first_name, first_key) to (last_name,
 // last_key), both included, in primary-key order: the rows of a batch of
 // ScanKeys in one indexed range scan.
-func (q *Queries) RowsBetween(ctx context.Context, db DBTX, arg RowsBetweenParams) ([]Txlimit, error) {
+func (q *Queries) RowsBetween(ctx context.Context, db DBTX, arg RowsBetweenParams) ([]RowsBetweenRow, error) {
 	rows, err := db.QueryContext(ctx, rowsBetween,
 		arg.FirstName,
 		arg.FirstKey,
@@ -198,14 +221,15 @@ func (q *Queries) RowsBetween(ctx context.Context, db DBTX, arg RowsBetweenParam
 		return nil, err
 	}
 	defer rows.Close()
-	var items []Txlimit
+	var items []RowsBetweenRow
 	for rows.Next() {
-		var i Txlimit
+		var i RowsBetweenRow
 		if err := rows.Scan(
 			&i.Name,
 			&i.Key,
 			&i.Shard,
 			&i.Value,
+			&i.Prev,
 			&i.Ts,
 		); err != nil {
 			return nil, err
@@ -290,12 +314,13 @@ func (q *Queries) TouchKey(ctx context.Context, db DBTX, arg TouchKeyParams) err
 }
 
 const writeShard = `-- name: WriteShard :exec
-UPDATE txlimit SET value = ?1, ts = ?2
-WHERE name = ?3 AND key = ?4 AND shard = ?5
+UPDATE txlimit SET value = ?1, prev = ?2, ts = ?3
+WHERE name = ?4 AND key = ?5 AND shard = ?6
 `
 
 type WriteShardParams struct {
 	Value float64
+	Prev  float64
 	Ts    int64
 	Name  string
 	Key   string
@@ -306,6 +331,7 @@ type WriteShardParams struct {
 func (q *Queries) WriteShard(ctx context.Context, db DBTX, arg WriteShardParams) error {
 	_, err := db.ExecContext(ctx, writeShard,
 		arg.Value,
+		arg.Prev,
 		arg.Ts,
 		arg.Name,
 		arg.Key,
