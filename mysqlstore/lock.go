@@ -43,7 +43,7 @@ func ensure(ctx context.Context, tx *sql.Tx, limits ...driver.Limit) error {
 	for _, l := range limits {
 		full := placeholder(l)
 		for sh := range l.Shards {
-			rows = append(rows, rowWrite{name: l.Name, key: l.Key, shard: int32(sh), state: full})
+			rows = append(rows, put(l, int32(sh), full))
 		}
 	}
 	arg, err := json.Marshal(rows)
@@ -59,13 +59,30 @@ func ensure(ctx context.Context, tx *sql.Tx, limits ...driver.Limit) error {
 // placeholder is the row ensureSQL creates for l.
 func placeholder(l driver.Limit) algo.State { return l.Full() }
 
+// put is the row that stores state s of shard of l. Row 0 of a sharded
+// limit of a kind that leaves algo.State.Prev unused (every kind but the
+// sliding window, whose Prev is its previous window's count) carries the
+// number of shards there: takerow's one statement, which serves an
+// unsharded limit from row 0 alone, takes only a row whose prev is 0, so
+// that a key whose rows a sharded config wrote is left to the locked path,
+// which pools them (a redeployed Shards), without reading the key's other
+// rows (which, in the statement that creates row 0, would lock the gap
+// after it). algo reads Prev for the sliding window only, so the number
+// changes no decision.
+func put(l driver.Limit, shard int32, s algo.State) rowWrite {
+	if shard == 0 && l.Shards > 1 && l.Config.Kind != algo.SlidingWindow {
+		s.Prev = float64(l.Shards)
+	}
+	return rowWrite{name: l.Name, key: l.Key, shard: shard, state: s}
+}
+
 // isPlaceholder reports whether r is exactly a row ensure created for l.
 // Such a row is full, the same as no row: a real write never stamps it with
 // the full state's time, which precedes any clock by years. The locked path
 // counts it as missing, so that a key with fewer rows than l's Shards is
 // resharded rather than taken as l's.
 func isPlaceholder(l driver.Limit, r driver.Row) bool {
-	full := placeholder(l)
+	full := put(l, r.Shard, placeholder(l)).state
 	return r.Value == full.Value && r.Prev == full.Prev && r.TS.UnixMicro() == full.TS
 }
 
@@ -250,7 +267,7 @@ func deleteRows(ctx context.Context, tx *sql.Tx, rows []rowRef) (int64, error) {
 func store(ctx context.Context, tx *sql.Tx, l driver.Limit, all []driver.Row, states []algo.State) error {
 	writes := make([]rowWrite, len(states))
 	for i, s := range states {
-		writes[i] = rowWrite{name: l.Name, key: l.Key, shard: int32(i), state: s}
+		writes[i] = put(l, int32(i), s)
 	}
 	var doomed []rowRef
 	for _, sh := range driver.Extra(all, l.Shards) {
@@ -284,14 +301,12 @@ func take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResu
 		}
 		return 0
 	}
-	var prior *driver.Row
 	if p.Shards == 1 && driver.InSQL(p) {
-		res, done, pr, err := takeRow(ctx, tx, p)
+		res, done, err := takeRow(ctx, tx, p)
 		if err != nil || done {
 			res.LockWait = lockWait()
 			return res, err
 		}
-		prior = pr
 	}
 	// A reservation on a sharded limit locks every shard: the fast path
 	// grants from one shard only what that shard has.
@@ -311,22 +326,12 @@ func take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResu
 	if err != nil {
 		return driver.TakeResult{}, err
 	}
-	if prior != nil {
-		// takeRow wrote row 0 on its own before it saw the other shards:
-		// decide on the state it had.
-		k.had = replaceShard(k.had, *prior)
-	}
 	res, write := driver.Decide(p, k.had, k.at)
 	res.LockWait = lockWait()
-	if write || prior != nil {
+	if write {
 		return res, store(ctx, tx, p.Limit, k.all, res.States)
 	}
 	return res, forget(ctx, tx, p.Limit, k)
-}
-
-func replaceShard(rows []driver.Row, r driver.Row) []driver.Row {
-	out := slices.DeleteFunc(slices.Clone(rows), func(x driver.Row) bool { return x.Shard == r.Shard })
-	return append(out, r)
 }
 
 // takeOneShard is the fast path of a sharded limit. It reads every shard
@@ -388,7 +393,7 @@ func takeOneShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.
 			res, err := takeFromFree(ctx, tx, p, held, states, now)
 			return res, err == nil, err
 		}
-		if err := write(ctx, tx, []rowWrite{{name: p.Name, key: p.Key, shard: row.Shard, state: next}}, nil); err != nil {
+		if err := write(ctx, tx, []rowWrite{put(p.Limit, row.Shard, next)}, nil); err != nil {
 			return driver.TakeResult{}, false, err
 		}
 		res := driver.TakeResult{Decision: d, At: now, Partial: true, Taken: p.Count}
@@ -456,7 +461,7 @@ func takeFromFree(ctx context.Context, tx *sql.Tx, p driver.TakeParams, held dri
 	}
 	writes := make([]rowWrite, len(rows))
 	for i, r := range rows {
-		writes[i] = rowWrite{name: p.Name, key: p.Key, shard: r.Shard, state: next[i]}
+		writes[i] = put(p.Limit, r.Shard, next[i])
 	}
 	if p.ReadAll {
 		res.Partial = false

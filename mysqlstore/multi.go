@@ -141,7 +141,7 @@ func takeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.Ta
 			continue
 		}
 		for _, r := range writes[j] {
-			ws = append(ws, rowWrite{name: t.Name, key: t.Key, shard: r.Shard, state: r.State()})
+			ws = append(ws, put(t.Limit, r.Shard, r.State()))
 		}
 		for _, sh := range driver.Extra(all[j], t.Shards) {
 			doomed = append(doomed, rowRef{name: t.Name, key: t.Key, shard: sh})

@@ -121,8 +121,8 @@ func stored(ctx context.Context, t *testing.T, tx *sql.Tx, c algocase.Case) []al
 
 // A key whose rows were written under Shards 4 and is now taken with Shards
 // 1 is pooled into one row (driver.Decide), not served from shard 0 alone:
-// the one-statement take writes shard 0, finds the other shards, and the
-// locked path decides on shard 0 as it was before.
+// the store marks row 0 of a sharded limit (its prev holds the number of
+// shards), and the one statement leaves a marked row to the locked path.
 func TestTakeRowLeavesReshardToGo(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -131,13 +131,20 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 	now := time.UnixMicro(1_700_000_000_000_000).UTC()
 	l := driver.Limit{Name: "reshard", Key: "k", Shards: 1,
 		Config: algo.Config{Kind: algo.TokenBucket, Rate: 8, Period: 3_600_000_000, Capacity: 8}}
+	sharded := l
+	sharded.Shards = 4
+	require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
+		res, err := s.Take(ctx, tx, driver.TakeParams{Limit: sharded, Count: 6, Now: &now})
+		require.True(t, res.Decision.OK)
+		return err
+	}))
 	var had []driver.Row
-	for shard := range 4 {
-		had = append(had, driver.Row{Shard: int32(shard), Value: 0.5, TS: now})
-		_, err := db.ExecContext(ctx, "INSERT INTO txlimit (name, `key`, shard, value, ts) VALUES (?, ?, ?, 0.5, ?)",
-			[]byte(l.Name), []byte(l.Key), shard, now)
-		require.NoError(t, err)
+	for _, r := range storedRows(ctx, t, db, l) {
+		require.InDelta(t, 0.5, r.Value, 1e-12, "8 - 6 spread over 4 shards")
+		had = append(had, r)
 	}
+	require.Len(t, had, 4)
+	require.EqualValues(t, 4, had[0].Prev, "row 0 of a sharded limit is marked")
 	for _, count := range []float64{0.25, 1.5} { // shard 0 alone has the first, the pool the second
 		p := driver.TakeParams{Limit: l, Count: count, Now: &now}
 		want, _ := driver.Decide(p, had, now)
@@ -151,6 +158,24 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 		rows := stored(ctx, t, tx, algocase.Case{Limit: l})
 		require.Len(t, rows, 1, "the extra shards are deleted")
 		algocase.RequireBits(t, want.States[0], rows[0], "pooled")
+		require.Zero(t, rows[0].Prev, "an unsharded row is unmarked")
 		require.NoError(t, tx.Rollback())
 	}
+}
+
+// storedRows reads every row of l's key.
+func storedRows(ctx context.Context, t *testing.T, db *sql.DB, l driver.Limit) []driver.Row {
+	t.Helper()
+	rows, err := db.QueryContext(ctx, "SELECT shard, value, prev, ts FROM txlimit WHERE name = ? AND `key` = ? ORDER BY shard",
+		[]byte(l.Name), []byte(l.Key))
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []driver.Row
+	for rows.Next() {
+		var r driver.Row
+		require.NoError(t, rows.Scan(&r.Shard, &r.Value, &r.Prev, &r.TS))
+		out = append(out, r)
+	}
+	require.NoError(t, rows.Err())
+	return out
 }

@@ -43,11 +43,9 @@ import (
 // decides. MySQL assigns its columns from left to right, each seeing the
 // ones before it already assigned, so the decision is made once, in the
 // first assignment (its steps kept in user variables, see compile), and
-// carried to the second in the user variable @txlimit_ok; the same
-// assignment keeps the row's old state in
-// @txlimit_value and @txlimit_ts (ReadSQL reads them, for a key found to
-// have other shards), and the new row's time expression sets the variables
-// for a row it creates, the clock included (@txlimit_now). They are session
+// carried to the second in the user variable @txlimit_ok; the new row's
+// time expression sets @txlimit_ok and the clock (@txlimit_now) for a row it
+// creates. They are session
 // variables of the connection that runs the caller's transaction, set by
 // every call before it reads them. (MySQL 8.0.13 deprecated setting user
 // variables inside other statements, with a warning; MariaDB has not.)
@@ -110,9 +108,12 @@ func newTS(kind algo.Kind, t, e string) string {
 func compile(kind algo.Kind, serverClock bool) statement {
 	const e, p, l = "@txlimit_e", "@txlimit_p", "@txlimit_l"
 	tol := "CAST(:tol AS DOUBLE)"
-	// The grant: a finite stored value, and the count fits, or is a
-	// reservation within MaxReserved whose wait is surely representable.
-	fits := "(value BETWEEN -1e300 AND 1e300 AND (" + l + " >= -" + tol +
+	// The grant: a finite stored value of a row no sharded config wrote
+	// (mysqlstore marks row 0 of a sharded limit with its number of shards
+	// in prev, which the kinds served here leave 0: its other shards must
+	// be pooled), and the count fits, or is a reservation within
+	// MaxReserved whose wait is surely representable.
+	fits := "(value BETWEEN -1e300 AND 1e300 AND prev = 0 AND (" + l + " >= -" + tol +
 		" OR (:reserve = 1 AND (:capped = 0 OR " + p + " - CAST(:target AS DOUBLE) >= -" + tol + ")" +
 		" AND (-" + l + " / CAST(:rate AS DOUBLE) + 2) * CAST(:period_f AS DOUBLE) + CAST(GREATEST(-" + e + ", 0) AS DOUBLE) < 2e15)))"
 	// algo.TakeShards on one shard: what is left, floored at 0 within the
@@ -121,11 +122,10 @@ func compile(kind algo.Kind, serverClock bool) statement {
 	fullTS := "CAST(:full_ts AS DATETIME(6))"
 	s := "INSERT INTO txlimit (name, `key`, shard, value, ts)\n" +
 		"VALUES (:name, :key, 0, CAST(:full_value AS DOUBLE),\n" +
-		"        IF((@txlimit_ok := 1) = 1 AND (@txlimit_value := NULL) IS NULL AND (@txlimit_now := :now) IS NOT NULL,\n" +
+		"        IF((@txlimit_ok := 1) = 1 AND (@txlimit_now := :now) IS NOT NULL,\n" +
 		"           " + newTS(kind, fullTS, "TIMESTAMPDIFF(MICROSECOND, "+fullTS+", :now)") + ", NULL))\n" +
 		"ON DUPLICATE KEY UPDATE\n" +
-		"    value = IF((@txlimit_value := value) IS NULL OR (@txlimit_ts := ts) IS NULL\n" +
-		"               OR (" + e + " := TIMESTAMPDIFF(MICROSECOND, ts, :now)) IS NULL\n" +
+		"    value = IF((" + e + " := TIMESTAMPDIFF(MICROSECOND, ts, :now)) IS NULL\n" +
 		"               OR (" + p + " := " + projected(kind, e) + ") IS NULL\n" +
 		"               OR (" + l + " := " + p + " - CAST(:count AS DOUBLE)) IS NULL\n" +
 		"               OR NOT (@txlimit_ok := " + fits + "),\n" +
@@ -177,15 +177,10 @@ func SQL(kind algo.Kind, serverClock bool) string {
 
 // ReadSQL reads what the statement did, in the same transaction just after
 // it: the row as the transaction now has it (its own write; a consistent
-// read), the clock, whether it granted, the row's state before it, and the
-// highest shard of the key as the snapshot has it (a consistent read,
-// locking nothing): rows beyond shard 0, left by a sharded config, make the
-// call one for the locked path, which pools them. It is bound by hand for
-// the user variables, which sqlc cannot type.
+// read), the clock and whether it granted. It is bound by hand for the user
+// variables, which sqlc cannot type.
 const ReadSQL = `-- name: TakeRowRead :one
-SELECT t.value, t.ts, CAST(@txlimit_now AS DATETIME(6)) AS clock, CAST(@txlimit_ok AS SIGNED) AS ok,
-       CAST(@txlimit_value AS DOUBLE) AS old_value, CAST(@txlimit_ts AS DATETIME(6)) AS old_ts,
-       CAST(COALESCE((SELECT MAX(m.shard) FROM txlimit AS m WHERE m.name = ? AND m.` + "`key`" + ` = ?), 0) AS SIGNED) AS top
+SELECT t.value, t.ts, CAST(@txlimit_now AS DATETIME(6)) AS clock, CAST(@txlimit_ok AS SIGNED) AS ok
 FROM txlimit AS t
 WHERE t.name = ? AND t.` + "`key`" + ` = ? AND t.shard = 0`
 
@@ -204,10 +199,6 @@ type Result struct {
 	TS, Clock time.Time
 	// Granted is the decision the statement made (@txlimit_ok).
 	Granted bool
-	// Prior is the row as it was, when the statement found one.
-	Prior *driver.Row
-	// Top is the highest shard of the key as the snapshot has it.
-	Top int64
 }
 
 // Run runs the statement for p and, when it changed a row, ReadSQL, in tx.
@@ -268,12 +259,8 @@ func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time) (
 	if out.Affected, err = r.RowsAffected(); err != nil || out.Affected == 0 {
 		return out, err
 	}
-	var (
-		granted  int64
-		oldValue sql.NullFloat64
-		oldTS    sql.NullTime
-	)
-	err = tx.QueryRowContext(ctx, ReadSQL, name, key, name, key).Scan(&out.Value, &out.TS, &out.Clock, &granted, &oldValue, &oldTS, &out.Top)
+	var granted int64
+	err = tx.QueryRowContext(ctx, ReadSQL, name, key).Scan(&out.Value, &out.TS, &out.Clock, &granted)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Result{}, errors.New("txlimit/mysqlstore: the row the one-statement take wrote is not there")
 	}
@@ -281,8 +268,5 @@ func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time) (
 		return Result{}, err
 	}
 	out.Granted = granted == 1
-	if oldValue.Valid && oldTS.Valid {
-		out.Prior = &driver.Row{Shard: 0, Value: oldValue.Float64, TS: oldTS.Time}
-	}
 	return out, nil
 }
