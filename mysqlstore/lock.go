@@ -287,10 +287,11 @@ func forget(ctx context.Context, tx *sql.Tx, l driver.Limit, k locked) error {
 }
 
 // take is driver.Store.Take. An unsharded limit is taken in one statement
-// (takeRow); a sharded one, from one shard no other transaction holds when
+// (takeRow; returning: the server is MariaDB, whose RETURNING gives the
+// result in the same round trip); a sharded one, from one shard no other transaction holds when
 // one has the tokens (takeOneShard); anything else, and whatever those leave
 // undecided, locks every row of the key and decides in Go (driver.Decide).
-func take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+func take(ctx context.Context, tx *sql.Tx, p driver.TakeParams, returning bool) (driver.TakeResult, error) {
 	var start time.Time
 	if p.TimeLocks {
 		start = time.Now()
@@ -302,7 +303,7 @@ func take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResu
 		return 0
 	}
 	if p.Shards == 1 && driver.InSQL(p) {
-		res, done, err := takeRow(ctx, tx, p)
+		res, done, err := takeRow(ctx, tx, p, returning)
 		if err != nil || done {
 			res.LockWait = lockWait()
 			return res, err

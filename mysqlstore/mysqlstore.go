@@ -111,6 +111,8 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/txlimit/txlimit/driver"
@@ -119,6 +121,37 @@ import (
 // Store is txlimit's store for MySQL and MariaDB on database/sql.
 type Store struct {
 	db *sql.DB
+	// flavor is what the server is, learnt from the first call's
+	// transaction: unknown, MySQL or MariaDB.
+	flavor atomic.Int32
+}
+
+const (
+	flavorUnknown int32 = iota
+	flavorMySQL
+	flavorMariaDB
+)
+
+// mariaDB reports whether the server is MariaDB, asking it in tx the first
+// time: MariaDB's INSERT … RETURNING saves the one-statement take its
+// second round trip.
+func (s *Store) mariaDB(ctx context.Context, tx *sql.Tx) (bool, error) {
+	switch s.flavor.Load() {
+	case flavorMySQL:
+		return false, nil
+	case flavorMariaDB:
+		return true, nil
+	}
+	var version string
+	if err := tx.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		return false, wrap(ctx, tx, "ask the server's version", err)
+	}
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		s.flavor.Store(flavorMariaDB)
+		return true, nil
+	}
+	s.flavor.Store(flavorMySQL)
+	return false, nil
 }
 
 var (
@@ -173,7 +206,11 @@ func (s *Store) ClockRange() (first, last time.Time) { return minTime, maxTime }
 
 // Take implements driver.Store.
 func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
-	return take(ctx, tx, p)
+	returning, err := s.mariaDB(ctx, tx)
+	if err != nil {
+		return driver.TakeResult{}, err
+	}
+	return take(ctx, tx, p, returning)
 }
 
 // TakeAll implements driver.Store.

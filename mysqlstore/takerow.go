@@ -9,24 +9,26 @@ import (
 	"github.com/txlimit/txlimit/mysqlstore/internal/takerow"
 )
 
-// takeRow takes from an unsharded limit in one statement and reads back
-// what it did (package takerow). done is false when it granted nothing: the
+// takeRow takes from an unsharded limit in one statement and reads what it
+// did: in the same round trip on MariaDB (returning), in a second statement
+// on MySQL (package takerow). done is false when it granted nothing: the
 // caller then takes the locked path.
-func takeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (res driver.TakeResult, done bool, err error) {
+func takeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams, returning bool) (res driver.TakeResult, done bool, err error) {
 	if p.Now != nil {
 		if err := checkTime("the clock", *p.Now); err != nil {
 			return driver.TakeResult{}, false, err
 		}
 	}
-	r, err := takerow.Run(ctx, tx, p, p.Now)
+	r, err := takerow.Run(ctx, tx, p, p.Now, returning)
 	if err != nil {
 		return driver.TakeResult{}, false, wrap(ctx, tx, "take", err)
 	}
-	// Not run when the call does not fit a full bucket. Affected is 0 when
-	// the call was not granted, or was granted without changing the row
+	// Not run when the call does not fit a full bucket; not read (on MySQL)
+	// when it changed no row: not granted, or granted without a change
 	// (which the locked path grants again to the same effect). With
-	// clientFoundRows=true a row left as it was counts 1: Granted tells.
-	if !r.Ran || r.Affected == 0 {
+	// clientFoundRows=true a row left as it was counts as changed: Granted
+	// tells.
+	if !r.Read {
 		return driver.TakeResult{}, false, nil
 	}
 	if err := checkUTC(r.TS, r.Clock); err != nil {

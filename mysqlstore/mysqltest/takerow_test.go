@@ -42,38 +42,41 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 		p := driver.TakeParams{Limit: c.Limit, Count: c.Count, Reserve: c.Reserve, Now: &now}
 		require.True(t, driver.InSQL(p), name)
 
-		run(func(tx *sql.Tx) {
-			seed(ctx, t, tx, c)
-			r, err := takerow.Run(ctx, tx, p, &now)
-			require.NoError(t, err, name)
-			granted := r.Ran && r.Affected > 0 && r.Granted
-			rows := stored(ctx, t, tx, c)
-			if !wantD.OK || algocase.LongReservation(c, want) {
-				require.False(t, granted, "%s: algo denies, the statement grants %+v", name, r)
-				algocase.RequireStored(t, c.State, rows, name+": a denial writes nothing")
-				return
-			}
-			if !r.Ran {
-				// A call that does not fit a full bucket without a
-				// reservation is left to the locked path unsent: a
-				// reservation on a new key, or a count above Capacity.
-				require.True(t, p.Reserve || c.Count > c.Limit.Config.Capacity, name)
-				return
-			}
-			if !granted && c.State != nil && r.Affected == 0 && want == *c.State {
-				// A grant that changes nothing (Count 0 within a window)
-				// counts no affected row: the store's locked path grants
-				// it again, to the same effect (the Take below).
-				algocase.RequireStored(t, c.State, rows, name+": nothing to write")
-				return
-			}
-			require.True(t, granted, "%s: algo grants %+v %+v, the statement: %+v", name, want, wantD, r)
-			require.Equal(t, wantD, driver.Granted(c.Limit.Config, algo.State{Value: r.Value, TS: r.TS.UnixMicro()}, c.Now), name)
-			algocase.RequireBits(t, want, algo.State{Value: r.Value, TS: r.TS.UnixMicro()}, name)
-			require.Equal(t, now.UTC(), r.Clock, name)
-			require.Len(t, rows, 1, name)
-			algocase.RequireBits(t, want, rows[0], name+": stored")
-		})
+		for _, returning := range []bool{false, true} { // MySQL's two statements, MariaDB's RETURNING
+			run(func(tx *sql.Tx) {
+				name := fmt.Sprintf("%s (RETURNING %v)", name, returning)
+				seed(ctx, t, tx, c)
+				r, err := takerow.Run(ctx, tx, p, &now, returning)
+				require.NoError(t, err, name)
+				granted := r.Read && r.Granted
+				rows := stored(ctx, t, tx, c)
+				if !wantD.OK || algocase.LongReservation(c, want) {
+					require.False(t, granted, "%s: algo denies, the statement grants %+v", name, r)
+					algocase.RequireStored(t, c.State, rows, name+": a denial writes nothing")
+					return
+				}
+				if !r.Ran {
+					// A call that does not fit a full bucket without a
+					// reservation is left to the locked path unsent: a
+					// reservation on a new key, or a count above Capacity.
+					require.True(t, p.Reserve || c.Count > c.Limit.Config.Capacity, name)
+					return
+				}
+				if !granted && !returning && c.State != nil && r.Affected == 0 && want == *c.State {
+					// A grant that changes nothing (Count 0 within a window)
+					// counts no affected row: the store's locked path grants
+					// it again, to the same effect (the Take below).
+					algocase.RequireStored(t, c.State, rows, name+": nothing to write")
+					return
+				}
+				require.True(t, granted, "%s: algo grants %+v %+v, the statement: %+v", name, want, wantD, r)
+				require.Equal(t, wantD, driver.Granted(c.Limit.Config, algo.State{Value: r.Value, TS: r.TS.UnixMicro()}, c.Now), name)
+				algocase.RequireBits(t, want, algo.State{Value: r.Value, TS: r.TS.UnixMicro()}, name)
+				require.Equal(t, now.UTC(), r.Clock, name)
+				require.Len(t, rows, 1, name)
+				algocase.RequireBits(t, want, rows[0], name+": stored")
+			})
+		}
 		run(func(tx *sql.Tx) {
 			seed(ctx, t, tx, c)
 			res, err := store.Take(ctx, tx, p)
@@ -152,6 +155,7 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 		require.True(t, wantD.OK, "the four shards pool 2 tokens")
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
+		defer func() { _ = tx.Rollback() }() // a failure must not leave its locks to the cleanup's DROP DATABASE
 		res, err := s.Take(ctx, tx, p)
 		require.NoError(t, err)
 		require.Equal(t, wantD, res.Decision)

@@ -175,6 +175,20 @@ func SQL(kind algo.Kind, serverClock bool) string {
 	return statements[kind][i].sql
 }
 
+// returning is what MariaDB (10.5 and later) returns of the row the
+// statement wrote, appended to it: the row, whether it granted and the
+// clock (the statement's own UTC_TIMESTAMP(6), the same instant; a call's
+// own clock is the caller's), in the one round trip. MariaDB reads a user
+// variable in RETURNING as the statement left it, except one that did not
+// exist before the statement (the first call on a connection), which reads
+// NULL; and one that is a plain operand or under CAST, which reads as it was
+// before: hence "@txlimit_ok + 0", and ReadSQL after a NULL. MySQL has no
+// RETURNING; ReadSQL reads the same in a second statement there.
+const (
+	returningServerClock = "\nRETURNING value, ts, @txlimit_ok + 0, UTC_TIMESTAMP(6)"
+	returningCallClock   = "\nRETURNING value, ts, @txlimit_ok + 0"
+)
+
 // ReadSQL reads what the statement did, in the same transaction just after
 // it: the row as the transaction now has it (its own write; a consistent
 // read), the clock and whether it granted. It is bound by hand for the user
@@ -189,10 +203,12 @@ type Result struct {
 	// Ran is false when the call did not fit a full bucket without a
 	// reservation: the statement was not sent.
 	Ran bool
-	// Affected is the statement's affected-rows count: 1 when it created
-	// the row, 2 when it updated it, 0 when it left the row as it was
-	// (ReadSQL is not run then).
+	// Affected is the statement's affected-rows count without RETURNING: 1
+	// when it created the row, 2 when it updated it, 0 when it left the row
+	// as it was (ReadSQL is not run then). With RETURNING it is 0.
 	Affected int64
+	// Read reports that Value, TS, Clock and Granted were read.
+	Read bool
 	// Value and TS are the row as the transaction now has it, Clock the
 	// clock of the call.
 	Value     float64
@@ -201,9 +217,10 @@ type Result struct {
 	Granted bool
 }
 
-// Run runs the statement for p and, when it changed a row, ReadSQL, in tx.
-// now is the call's clock, nil for the server's.
-func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time) (Result, error) {
+// Run runs the statement for p in tx, with RETURNING (MariaDB) when
+// returning is set, else followed by ReadSQL when it changed a row. now is
+// the call's clock, nil for the server's.
+func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time, returning bool) (Result, error) {
 	c := p.Config
 	full := p.Full()
 	// A call on a missing row: the full state taken from, whose refill
@@ -251,15 +268,39 @@ func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time) (
 		}
 		args[i] = v
 	}
+	out := Result{Ran: true}
+	var granted int64
+	if returning {
+		var ok sql.NullInt64
+		var err error
+		if now == nil {
+			err = tx.QueryRowContext(ctx, s.sql+returningServerClock, args...).Scan(&out.Value, &out.TS, &ok, &out.Clock)
+		} else {
+			err = tx.QueryRowContext(ctx, s.sql+returningCallClock, args...).Scan(&out.Value, &out.TS, &ok)
+			out.Clock = now.UTC()
+		}
+		if err != nil {
+			return Result{}, err
+		}
+		if ok.Valid {
+			out.Read, out.Granted = true, ok.Int64 == 1
+			return out, nil
+		}
+		// The connection's first call: the variables exist now.
+		err = tx.QueryRowContext(ctx, ReadSQL, name, key).Scan(&out.Value, &out.TS, &out.Clock, &granted)
+		if err != nil {
+			return Result{}, err
+		}
+		out.Read, out.Granted = true, granted == 1
+		return out, nil
+	}
 	r, err := tx.ExecContext(ctx, s.sql, args...)
 	if err != nil {
 		return Result{}, err
 	}
-	out := Result{Ran: true}
 	if out.Affected, err = r.RowsAffected(); err != nil || out.Affected == 0 {
 		return out, err
 	}
-	var granted int64
 	err = tx.QueryRowContext(ctx, ReadSQL, name, key).Scan(&out.Value, &out.TS, &out.Clock, &granted)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Result{}, errors.New("txlimit/mysqlstore: the row the one-statement take wrote is not there")
@@ -267,6 +308,6 @@ func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time) (
 	if err != nil {
 		return Result{}, err
 	}
-	out.Granted = granted == 1
+	out.Read, out.Granted = true, granted == 1
 	return out, nil
 }
