@@ -30,11 +30,11 @@
 //     The store's statements bind no float64 as a literal the server would
 //     read as DECIMAL (every argument is CAST), so interpolation changes no
 //     result: the stored values are bit for bit the same either way.
-//   - clientFoundRows unset or false (required by Ping): the store reads the
-//     affected-rows count of its one-statement take to tell a grant from a
-//     denial; with clientFoundRows a row left as it was counts as affected,
-//     and each such call costs a round trip more (calls would still decide
-//     right: the store reads what the statement decided).
+//   - clientFoundRows unset or false (required by Ping): on MySQL the store
+//     reads the affected-rows count of its one-statement take to tell a
+//     grant from a denial; with clientFoundRows a row left as it was counts
+//     as affected, and each such call costs a round trip more (calls would
+//     still decide right: the store reads what the statement decided).
 //   - multiStatements: not used. The store sends one statement per query and
 //     works the same with either value; leaving it off keeps a SQL injection
 //     elsewhere in the application from running statements of its own.
@@ -75,11 +75,14 @@
 // Reset (a range DELETE) is the exception: it also locks the gap after the
 // key's rows until the transaction ends.
 //
-// An admitted call on an unsharded limit is two statements: one INSERT … ON
-// DUPLICATE KEY UPDATE that creates or locks the row, refills it, decides
-// and writes, and a read of what it did (MySQL has no RETURNING). A denial
-// costs the locked path after it: every row of the key locked and decided in
-// Go. A sharded limit is read first, locking nothing; a denial that state
+// An admitted call on an unsharded limit is one INSERT … ON DUPLICATE KEY
+// UPDATE that creates or locks the row, refills it, decides and writes; on
+// MariaDB its RETURNING gives the result in the same round trip, on MySQL a
+// second statement reads it. A denial costs the locked path after it: every
+// row of the key locked and decided in Go. Row 0 of a sharded limit carries
+// its number of shards in the prev column, so that the one statement leaves
+// a key that a sharded config wrote to the locked path, which pools its
+// shards (a redeployed Shards). A sharded limit is read first, locking nothing; a denial that state
 // decides is answered at once; otherwise one shard that holds twice the
 // count and no other transaction holds is locked with FOR UPDATE SKIP LOCKED
 // and taken from (three statements). InnoDB keeps a row lock until the

@@ -1,7 +1,7 @@
 // Package takerow is mysqlstore's one-statement take: an admitted call on an
 // unsharded limit as one INSERT … ON DUPLICATE KEY UPDATE that refills,
-// decides and writes with algo's arithmetic in SQL, and the read of what it
-// did. It is a package of its own so that the differential test in
+// decides and writes with algo's arithmetic in SQL, and what it did, read
+// with RETURNING on MariaDB and by a second statement on MySQL. It is a package of its own so that the differential test in
 // mysqlstore/mysqltest, which runs on a real server, can hold the statement
 // itself, not only the store's whole Take, to algo.
 package takerow
