@@ -1,0 +1,67 @@
+package txlimit
+
+import (
+	"context"
+
+	"github.com/txlimit/txlimit/driver"
+)
+
+// CommitTx takes the limits of reqs, all or none as LimitAllTx takes them,
+// and ends tx with the decision: it commits tx when every limit grants and
+// rolls it back otherwise. The tokens are spent if and only if tx's own work
+// commits with them, and a denial leaves nothing of tx. Call it in place of
+// tx.Commit when the decision can wait until the work is done; LimitTx
+// decides before the work.
+//
+// The error is nil if and only if tx committed. A denial returns the
+// MultiResult (OK false; each Result is what Check would say of its limit)
+// and its Err, a *RateLimitedError with the RetryAfter. An error matching
+// ErrCommitUnknown means the connection failed during the COMMIT: tx may
+// or may not have committed. Bad input is an *InvalidError returned before
+// anything is sent, tx left open for the caller's deferred Rollback; after
+// any other error tx has been rolled back. CommitTx never fails open.
+//
+// On pgstore, when every limit is an unsharded token bucket or fixed window
+// outside escrow, the takes go to the server with the COMMIT in one
+// pipeline, so the limits' rows are locked only while the commit runs.
+// pgx then needs one more round trip to close tx, which BeginFunc saves.
+// Other limits are taken as LimitAllTx takes them and tx is then
+// committed; so are all limits on pgsqlstore and sqlitestore (database/sql
+// sends one statement at a time). docs/commit.md compares the modes.
+func (l *Limiter[TTx]) CommitTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
+	return l.commitIn(ctx, &tx, nil, reqs)
+}
+
+// BeginFunc begins a transaction on the store's pool, runs fn in it and
+// ends it as CommitTx does: as pgx.BeginFunc commits, with the takes of reqs
+// riding the COMMIT. On pgstore the whole transaction then costs no round
+// trip of the limiter's own. An error of fn rolls the transaction back,
+// takes nothing and is returned as it is; fn must not commit or roll back
+// tx itself. The requests are validated before the transaction begins.
+// It returns ErrNoPool when the store has no pool.
+func (l *Limiter[TTx]) BeginFunc(ctx context.Context, fn func(tx TTx) error, reqs ...Request) (MultiResult, error) {
+	return l.commitIn(ctx, nil, fn, reqs)
+}
+
+func (l *Limiter[TTx]) commitIn(ctx context.Context, tx *TTx, fn func(TTx) error, reqs []Request) (MultiResult, error) {
+	obs := l.observe()
+	rs, err := l.newRequests(reqs)
+	var res MultiResult
+	if err == nil {
+		p := takeAllParams(rs, obs)
+		var all driver.TakeAllResult
+		if tx != nil {
+			all, err = l.store.Commit(ctx, *tx, p)
+		} else {
+			all, err = l.store.InTxCommit(ctx, fn, p)
+		}
+		if err == nil {
+			res, err = multiResult(rs, all, obs)
+		}
+	}
+	res, err = l.finishAll(ctx, opCommit, obs, rs, res, err, false)
+	if err == nil {
+		err = res.Err() // a denial: the transaction did not commit
+	}
+	return res, err
+}

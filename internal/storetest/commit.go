@@ -1,0 +1,246 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlimit/txlimit"
+)
+
+// runCommit is the suite's topic for the takes that end the transaction
+// (CommitTx, BeginFunc): the work of a denied transaction is gone with it,
+// a granted one commits its work and its tokens together, all or none over
+// several limits, under concurrency exactly. The work is a take from a
+// limit of its own ("work", one key per transaction), whose rows say
+// whether the transaction committed.
+func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
+	e := env[TTx]{h: h, ctx: context.Background()}
+	ctx := e.ctx
+	clk := NewClock()
+	hour := time.Hour
+	bucket := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 3, Period: hour}
+	work := UniqueName(t, "work")
+	var events []txlimit.Event
+	var mu sync.Mutex
+	newLimiter := func(t *testing.T, limits map[string]txlimit.Config) *txlimit.Limiter[TTx] {
+		limits[work] = txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1e9, Period: hour}
+		l, err := txlimit.New(h.Store, limits, &txlimit.Options{Clock: clk.Now, Observer: ObserverFunc(func(_ context.Context, ev txlimit.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, ev)
+		})})
+		require.NoError(t, err)
+		return l
+	}
+	var seq atomic.Int64
+	// doWork is a transaction's work: it writes the row of a key of its
+	// own, returned, of the work limit.
+	doWork := func(l *txlimit.Limiter[TTx], key *string) func(tx TTx) error {
+		*key = fmt.Sprintf("w%d", seq.Add(1))
+		return func(tx TTx) error {
+			_, err := l.LimitTx(ctx, tx, work, *key)
+			return err
+		}
+	}
+	committed := func(t *testing.T, key string) bool { return len(h.Rows(t, work, key)) > 0 }
+	req := func(name, key string, opts ...txlimit.Option) txlimit.Request {
+		return txlimit.Request{Name: name, Key: key, Options: opts}
+	}
+
+	t.Run("BeginFunc", func(t *testing.T) {
+		name := UniqueName(t, "send")
+		l := newLimiter(t, map[string]txlimit.Config{name: bucket})
+		for i := range 3 {
+			var key string
+			res, err := l.BeginFunc(ctx, doWork(l, &key), req(name, "k"))
+			require.NoError(t, err)
+			require.True(t, res.OK)
+			require.Equal(t, float64(2-i), res.Results[0].Remaining)
+			require.True(t, committed(t, key), "a grant commits the work")
+		}
+		before := h.Rows(t, name, "k")
+		var key string
+		res, err := l.BeginFunc(ctx, doWork(l, &key), req(name, "k"))
+		var rl *txlimit.RateLimitedError
+		require.ErrorAs(t, err, &rl, "a denial is the error of the commit")
+		require.Equal(t, 20*time.Minute, rl.RetryAfter)
+		require.False(t, res.OK)
+		require.Equal(t, 20*time.Minute, res.RetryAfter)
+		require.Zero(t, res.Results[0].Taken)
+		require.False(t, committed(t, key), "a denial leaves nothing of the transaction")
+		require.Equal(t, before, h.Rows(t, name, "k"), "a denial writes nothing")
+
+		clk.Advance(20 * time.Minute)
+		res, err = l.BeginFunc(ctx, doWork(l, &key), req(name, "k"))
+		require.NoError(t, err)
+		require.True(t, res.OK, "granted at RetryAfter")
+		require.True(t, committed(t, key))
+	})
+
+	t.Run("CommitTx", func(t *testing.T) {
+		name := UniqueName(t, "send")
+		l := newLimiter(t, map[string]txlimit.Config{name: bucket})
+		for i := range 4 {
+			var key string
+			tx := h.Begin(t)
+			require.NoError(t, doWork(l, &key)(tx))
+			res, err := l.CommitTx(ctx, tx, req(name, "k"))
+			require.Equal(t, i < 3, res.OK)
+			require.Equal(t, i < 3, err == nil, "%v", err)
+			require.Equal(t, i < 3, committed(t, key))
+			if i == 3 {
+				require.ErrorIs(t, err, txlimit.ErrRateLimited)
+			}
+		}
+	})
+
+	t.Run("AllOrNone", func(t *testing.T) {
+		a, b := UniqueName(t, "a"), UniqueName(t, "b")
+		l := newLimiter(t, map[string]txlimit.Config{a: bucket, b: {Kind: txlimit.FixedWindow, Rate: 2, Period: hour}})
+		_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(b, "k", txlimit.Count(2)))
+		require.NoError(t, err)
+		var key string
+		res, err := l.BeginFunc(ctx, doWork(l, &key), req(a, "k"), req(b, "k"))
+		require.ErrorIs(t, err, txlimit.ErrRateLimited)
+		require.False(t, committed(t, key))
+		require.Equal(t, []bool{true, false}, []bool{res.Results[0].OK, res.Results[1].OK}, "each limit's own decision")
+		require.Equal(t, float64(3), e.value(t, l, a, "k"), "nothing taken from the limit that granted")
+		require.Empty(t, h.Rows(t, a, "k"))
+	})
+
+	t.Run("ErrorOfFn", func(t *testing.T) {
+		name := UniqueName(t, "send")
+		l := newLimiter(t, map[string]txlimit.Config{name: bucket})
+		boom := errors.New("boom")
+		var key string
+		_, err := l.BeginFunc(ctx, func(tx TTx) error {
+			require.NoError(t, doWork(l, &key)(tx))
+			return boom
+		}, req(name, "k"))
+		require.ErrorIs(t, err, boom, "fn's error as it is")
+		require.False(t, committed(t, key))
+		require.Empty(t, h.Rows(t, name, "k"), "nothing taken")
+	})
+
+	t.Run("Invalid", func(t *testing.T) {
+		name := UniqueName(t, "send")
+		l := newLimiter(t, map[string]txlimit.Config{name: bucket})
+		ran := false
+		_, err := l.BeginFunc(ctx, func(TTx) error { ran = true; return nil }, req(name, "k", txlimit.Count(4)))
+		var inv *txlimit.InvalidError
+		require.ErrorAs(t, err, &inv)
+		require.Equal(t, "Count", inv.Field)
+		require.False(t, ran, "requests are validated before the transaction begins")
+		_, err = l.BeginFunc(ctx, func(TTx) error { ran = true; return nil })
+		require.ErrorAs(t, err, &inv)
+		require.Equal(t, "reqs", inv.Field)
+
+		// CommitTx leaves the transaction open on bad input.
+		tx := h.Begin(t)
+		var key string
+		require.NoError(t, doWork(l, &key)(tx))
+		_, err = l.CommitTx(ctx, tx, req(name, "k", txlimit.Count(-1)))
+		require.ErrorAs(t, err, &inv)
+		require.NoError(t, h.Commit(tx))
+		require.True(t, committed(t, key))
+	})
+
+	t.Run("ShardsReservationsEscrowFree", func(t *testing.T) {
+		sharded, reserve, window := UniqueName(t, "sharded"), UniqueName(t, "reserve"), UniqueName(t, "window")
+		l := newLimiter(t, map[string]txlimit.Config{
+			sharded: {Kind: txlimit.TokenBucket, Rate: 8, Period: hour, Shards: 4},
+			reserve: {Kind: txlimit.TokenBucket, Rate: 1, Period: hour, MaxReserved: 1},
+			window:  {Kind: txlimit.SlidingWindow, Rate: 2, Period: hour},
+		})
+		for i := range 9 {
+			_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(sharded, "k"))
+			require.Equal(t, i < 8, err == nil, "call %d: %v", i, err)
+		}
+		for i, wait := range []time.Duration{0, time.Hour} {
+			res, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(reserve, "k", txlimit.Reserve()))
+			require.NoError(t, err, "reservation %d", i)
+			require.Equal(t, wait, res.RetryAfter)
+		}
+		_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(reserve, "k", txlimit.Reserve()))
+		require.ErrorIs(t, err, txlimit.ErrRateLimited, "MaxReserved caps the debt")
+		for i := range 3 {
+			_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(window, "k"))
+			require.Equal(t, i < 2, err == nil, "sliding window call %d: %v", i, err)
+		}
+	})
+
+	t.Run("ReshardToOne", func(t *testing.T) {
+		// Rows left by Shards 4 are pooled into one row (as LimitTx pools
+		// them): the 4 tokens they hold are granted. A store may first deny
+		// one call with RetryAfter 0 while it pools them.
+		name := UniqueName(t, "reshard")
+		four := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 8, Period: hour, Shards: 4}
+		l := newLimiter(t, map[string]txlimit.Config{name: four})
+		for range 4 {
+			e.limit(t, l, name, "k")
+		}
+		one := four
+		one.Shards = 1
+		granted, retried := 0, 0
+		for granted < 4 && retried <= 1 {
+			res, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(name, "k", txlimit.Inline(one)))
+			if err == nil {
+				granted++
+				continue
+			}
+			require.ErrorIs(t, err, txlimit.ErrRateLimited)
+			require.Zero(t, res.RetryAfter, "a denial while the rows are pooled asks for a retry at once")
+			retried++
+		}
+		require.Equal(t, 4, granted)
+		_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(name, "k", txlimit.Inline(one)))
+		require.ErrorIs(t, err, txlimit.ErrRateLimited)
+		require.Len(t, h.Rows(t, name, "k"), 1)
+	})
+
+	t.Run("Exact", func(t *testing.T) {
+		name := UniqueName(t, "exact")
+		const capacity = 20
+		l := newLimiter(t, map[string]txlimit.Config{name: {Kind: txlimit.FixedWindow, Rate: capacity, Period: hour}})
+		var keys sync.Map
+		RequireExactAdmission(t, l, name, h.Conns-1, 6, capacity, func() (txlimit.Result, error) {
+			var key string
+			res, err := l.BeginFunc(ctx, doWork(l, &key), req(name, "k"))
+			if errors.Is(err, txlimit.ErrRateLimited) {
+				err = nil
+			}
+			keys.Store(key, res.OK)
+			if err != nil || res.Results == nil {
+				return txlimit.Result{}, err
+			}
+			return res.Results[0], nil
+		})
+		keys.Range(func(k, ok any) bool {
+			require.Equal(t, ok.(bool), committed(t, k.(string)), "work %v committed iff granted", k)
+			return true
+		})
+	})
+
+	t.Run("Observer", func(t *testing.T) {
+		name := UniqueName(t, "observed")
+		l := newLimiter(t, map[string]txlimit.Config{name: bucket})
+		mu.Lock()
+		events = nil
+		mu.Unlock()
+		_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(name, "k"))
+		require.NoError(t, err)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, events, 1)
+		require.Equal(t, "commit", events[0].Op)
+		require.Equal(t, name, events[0].Name)
+		require.True(t, events[0].Result.OK)
+	})
+}
