@@ -18,8 +18,10 @@ import (
 // and its Err, a *RateLimitedError with the RetryAfter. An error matching
 // ErrCommitUnknown means the connection failed during the COMMIT: tx may
 // or may not have committed. Bad input is an *InvalidError returned before
-// anything is sent, tx left open for the caller's deferred Rollback; after
-// any other error tx has been rolled back. CommitTx never fails open.
+// anything is sent, tx left open for the caller's deferred Rollback, as is
+// a savepoint passed for tx (pgstore refuses one: its COMMIT would commit
+// the outer transaction); after any other error tx has been rolled back.
+// CommitTx never fails open.
 //
 // On pgstore, when every limit is an unsharded token bucket or fixed window
 // outside escrow, the takes go to the server with the COMMIT in one
@@ -27,7 +29,9 @@ import (
 // pgx then needs one more round trip to close tx, which BeginFunc saves.
 // Other limits are taken as LimitAllTx takes them and tx is then
 // committed; so are all limits on pgsqlstore and sqlitestore (database/sql
-// sends one statement at a time). docs/commit.md compares the modes.
+// sends one statement at a time). Reserve and UpTo, which decide what the
+// work is to be, do not apply: they are an *InvalidError. docs/commit.md
+// compares the modes.
 func (l *Limiter[TTx]) CommitTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
 	return l.commitIn(ctx, &tx, nil, reqs)
 }
@@ -46,6 +50,11 @@ func (l *Limiter[TTx]) BeginFunc(ctx context.Context, fn func(tx TTx) error, req
 func (l *Limiter[TTx]) commitIn(ctx context.Context, tx *TTx, fn func(TTx) error, reqs []Request) (MultiResult, error) {
 	obs := l.observe()
 	rs, err := l.newRequests(reqs)
+	for _, r := range rs {
+		if err == nil {
+			err = r.checkAtCommit()
+		}
+	}
 	var res MultiResult
 	if err == nil {
 		p := takeAllParams(rs, obs)
@@ -64,4 +73,18 @@ func (l *Limiter[TTx]) commitIn(ctx context.Context, tx *TTx, fn func(TTx) error
 		err = res.Err() // a denial: the transaction did not commit
 	}
 	return res, err
+}
+
+// checkAtCommit rejects the options that decide what the work is to be,
+// which at commit has already been done.
+func (r request) checkAtCommit() error {
+	switch {
+	case r.reserve:
+		return &InvalidError{Limit: r.name, Field: "Reserve", Problem: "does not apply at commit, after the work has run: " +
+			"a reservation tells when to run it; take it with LimitTx before the work"}
+	case r.upTo:
+		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: "does not apply at commit, after the work has run: " +
+			"its size is known by then; pass it as Count, or take UpTo with LimitTx before the work"}
+	}
+	return nil
 }

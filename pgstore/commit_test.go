@@ -349,6 +349,7 @@ func TestCommitConnectionDropped(t *testing.T) {
 		require.False(t, armed.Load(), "iteration %d: the pipeline was never sent", i)
 		require.Equal(t, int64(2), executes.Load(), "iteration %d: the pipeline dropped is the take and COMMIT", i)
 		require.ErrorIs(t, err, txlimit.ErrCommitUnknown, "iteration %d", i)
+		require.False(t, pgstore.Retryable(err), "iteration %d: a COMMIT of unknown outcome is not run again", i)
 
 		// The backend's exit settles the transaction one way or the other.
 		e.gone(t, pid)

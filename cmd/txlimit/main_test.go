@@ -250,15 +250,17 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	out := ok(t, "migrate", "up", "-dsn", dsn)
 	require.Contains(t, out, "applied 00001_create_txlimit.sql")
 	// Both have the sliding window's prev column; PostgreSQL has escrow
-	// mode's tables and the arithmetic's functions before it, and the
-	// function a take at commit raises with after it.
+	// mode's tables and the arithmetic's functions before it, the
+	// function a take at commit raises with and the table's fillfactor
+	// after it.
 	last := 2
 	if strings.HasPrefix(dsn, "postgres") {
-		last = 5
+		last = 6
 		require.Contains(t, out, "applied 00002_create_txlimit_escrow.sql")
 		require.Contains(t, out, "applied 00003_create_txlimit_functions.sql")
 		require.Contains(t, out, "applied 00004_add_txlimit_prev.sql")
 		require.Contains(t, out, "applied 00005_create_txlimit_deny.sql")
+		require.Contains(t, out, "applied 00006_set_txlimit_fillfactor.sql")
 	}
 	require.Contains(t, out, fmt.Sprintf("version %d (recorded in txlimit_goose_version)", last))
 	require.Contains(t, ok(t, "migrate", "up", "-dsn", dsn), "up to date: nothing to apply")

@@ -152,28 +152,35 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 		require.True(t, committed(t, key))
 	})
 
-	t.Run("ShardsReservationsEscrowFree", func(t *testing.T) {
-		sharded, reserve, window := UniqueName(t, "sharded"), UniqueName(t, "reserve"), UniqueName(t, "window")
+	t.Run("ShardsAndWindows", func(t *testing.T) {
+		sharded, window := UniqueName(t, "sharded"), UniqueName(t, "window")
 		l := newLimiter(t, map[string]txlimit.Config{
 			sharded: {Kind: txlimit.TokenBucket, Rate: 8, Period: hour, Shards: 4},
-			reserve: {Kind: txlimit.TokenBucket, Rate: 1, Period: hour, MaxReserved: 1},
 			window:  {Kind: txlimit.SlidingWindow, Rate: 2, Period: hour},
 		})
 		for i := range 9 {
 			_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(sharded, "k"))
 			require.Equal(t, i < 8, err == nil, "call %d: %v", i, err)
 		}
-		for i, wait := range []time.Duration{0, time.Hour} {
-			res, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(reserve, "k", txlimit.Reserve()))
-			require.NoError(t, err, "reservation %d", i)
-			require.Equal(t, wait, res.RetryAfter)
-		}
-		_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(reserve, "k", txlimit.Reserve()))
-		require.ErrorIs(t, err, txlimit.ErrRateLimited, "MaxReserved caps the debt")
 		for i := range 3 {
 			_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(window, "k"))
 			require.Equal(t, i < 2, err == nil, "sliding window call %d: %v", i, err)
 		}
+	})
+
+	t.Run("ReserveAndUpToRefused", func(t *testing.T) {
+		name := UniqueName(t, "send")
+		l := newLimiter(t, map[string]txlimit.Config{name: bucket})
+		for field, opt := range map[string]txlimit.Option{"Reserve": txlimit.Reserve(), "UpTo": txlimit.UpTo(2)} {
+			ran := false
+			_, err := l.BeginFunc(ctx, func(TTx) error { ran = true; return nil }, req(name, "k", opt))
+			var inv *txlimit.InvalidError
+			require.ErrorAs(t, err, &inv, field)
+			require.Equal(t, field, inv.Field)
+			require.Contains(t, inv.Problem, "LimitTx before the work")
+			require.False(t, ran, field)
+		}
+		require.Empty(t, h.Rows(t, name, "k"))
 	})
 
 	t.Run("ReshardToOne", func(t *testing.T) {
