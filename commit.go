@@ -2,6 +2,8 @@ package txlimit
 
 import (
 	"context"
+	"errors"
+	"time"
 
 	"github.com/txlimit/txlimit/driver"
 )
@@ -57,22 +59,113 @@ func (l *Limiter[TTx]) commitIn(ctx context.Context, tx *TTx, fn func(TTx) error
 	}
 	var res MultiResult
 	if err == nil {
-		p := takeAllParams(rs, obs)
-		var all driver.TakeAllResult
-		if tx != nil {
-			all, err = l.store.Commit(ctx, *tx, p)
-		} else {
-			all, err = l.store.InTxCommit(ctx, fn, p)
-		}
-		if err == nil {
-			res, err = multiResult(rs, all, obs)
-		}
+		res, err = l.commit(ctx, tx, fn, rs, obs)
 	}
 	res, err = l.finishAll(ctx, opCommit, obs, rs, res, err, false)
 	if err == nil {
 		err = res.Err() // a denial: the transaction did not commit
 	}
 	return res, err
+}
+
+// commit hands out the tokens of the leased limits of rs from their leases
+// (Config.Lease), then has the store take the others and end the
+// transaction; the leased tokens go back when it did not commit.
+func (l *Limiter[TTx]) commit(ctx context.Context, tx *TTx, fn func(TTx) error, rs []request, obs *observation) (MultiResult, error) {
+	results := make([]Result, len(rs))
+	var got []leased
+	var gotFrom []int
+	var stored []request // the limits the store takes
+	var storedAt []int
+	giveBack := func() error {
+		for i, g := range got {
+			if err := l.giveBack(ctx, rs[gotFrom[i]], g); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for i, r := range rs {
+		if r.config.Lease == 0 {
+			stored, storedAt = append(stored, r), append(storedAt, i)
+			continue
+		}
+		r.obs = obs
+		res, g, err := l.fromLease(ctx, r)
+		if err == nil && !res.OK {
+			return l.deniedByLease(ctx, rs, i, res, giveBack)
+		}
+		if err != nil {
+			return MultiResult{}, errors.Join(err, giveBack())
+		}
+		results[i], got, gotFrom = res, append(got, g), append(gotFrom, i)
+	}
+	var all driver.TakeAllResult
+	var err error
+	if len(stored) == 0 {
+		all.OK = true
+	}
+	p := driver.TakeAllParams{}
+	if len(stored) > 0 {
+		p = takeAllParams(stored, obs)
+	}
+	if tx != nil {
+		all, err = l.store.Commit(ctx, *tx, p)
+	} else {
+		all, err = l.store.InTxCommit(ctx, fn, p)
+	}
+	if (err != nil && !errors.Is(err, ErrCommitUnknown)) || (err == nil && !all.OK) {
+		// The transaction did not commit: the leased tokens were not spent.
+		err = errors.Join(err, giveBack())
+	}
+	if err != nil {
+		return MultiResult{}, err
+	}
+	out, err := multiResult(stored, all, obs)
+	if err != nil {
+		return MultiResult{}, err
+	}
+	for j, i := range storedAt {
+		results[i] = out.Results[j]
+	}
+	if !out.OK {
+		for i := range results {
+			results[i].Taken = 0
+		}
+	}
+	out.Results = results
+	if out.At.IsZero() {
+		out.At = time.Now()
+	}
+	return out, nil
+}
+
+// deniedByLease is the MultiResult of a commit whose leased limit denied
+// gives (the denial res): the tokens handed out to the limits before it go
+// back, and every other limit gets what Check would say.
+func (l *Limiter[TTx]) deniedByLease(ctx context.Context, rs []request, denied int, res Result, giveBack func() error) (MultiResult, error) {
+	if err := giveBack(); err != nil {
+		return MultiResult{}, err
+	}
+	out := MultiResult{Results: make([]Result, len(rs)), RetryAfter: res.RetryAfter, At: res.At}
+	for i, r := range rs {
+		if i == denied {
+			out.Results[i] = res
+			continue
+		}
+		checked, err := in(ctx, l, nil, true, func(tx TTx) (Result, error) { return l.check(ctx, tx, r) })
+		if err != nil {
+			return MultiResult{}, err
+		}
+		out.Results[i] = checked
+		if !checked.OK {
+			out.RetryAfter = max(out.RetryAfter, checked.RetryAfter)
+		}
+	}
+	for i := range out.Results {
+		out.Results[i].Taken = 0
+	}
+	return out, nil
 }
 
 // checkAtCommit rejects the options that decide what the work is to be,

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"sync"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
@@ -19,6 +21,9 @@ const (
 	// txlimit's take at commit (Limiter.BeginFunc on pgstore): the
 	// business transaction whose COMMIT carries the take.
 	implCommit = "txlimit/commit"
+	// The same with Config.Lease: the setup docs/commit.md recommends for
+	// a hot key.
+	implCommitLease = "txlimit/commit+lease"
 	// github.com/go-redis/redis_rate/v10 (GCRA, one EVALSHA) beside the
 	// transaction, as the Redis step is.
 	implRedisRate = "redis_rate"
@@ -28,19 +33,58 @@ const (
 // the INSERT of an order, and the take sent with the COMMIT in one
 // pipeline. Each call acquires its connection from the pool, as BeginFunc
 // does, where the other subjects' clients hold one for the run; the pool
-// has one a client, so a call never waits for one.
-type pgCommit struct{ p *pgPool }
+// has one a client, so a call never waits for one. With lease set the
+// limit has Config.Lease (leaseSize, or a quarter of a smaller capacity),
+// and the clients of a limit share one Limiter, as the goroutines of one
+// process do, so that they share its leases.
+type pgCommit struct {
+	p     *pgPool
+	lease bool
+	// limiters are the Limiters of the limits, one each, shared by their
+	// clients.
+	limiters *sync.Map
+}
+
+// leaseSize is the lease of the timed runs: 64 calls' tokens a lease.
+const leaseSize = 64
+
+func newPgCommit(p *pgPool, lease bool) pgCommit {
+	return pgCommit{p: p, lease: lease, limiters: &sync.Map{}}
+}
+
+func (s pgCommit) limiter(spec limitSpec) (*txlimit.Limiter[pgx.Tx], error) {
+	if l, ok := s.limiters.Load(spec.Name); ok {
+		return l.(*txlimit.Limiter[pgx.Tx]), nil
+	}
+	var tune func(*txlimit.Config)
+	if s.lease {
+		tune = func(c *txlimit.Config) { c.Lease = min(leaseSize, math.Floor(spec.Capacity/4)) }
+	}
+	l, err := newLimiter(pgstore.New(s.p.pool), spec, tune)
+	if err != nil {
+		return nil, err
+	}
+	got, _ := s.limiters.LoadOrStore(spec.Name, l)
+	return got.(*txlimit.Limiter[pgx.Tx]), nil
+}
 
 func (s pgCommit) newClient(_ context.Context, spec limitSpec, key string, business bool) (client, error) {
-	l, err := newLimiter(pgstore.New(s.p.pool), spec, nil)
+	l, err := s.limiter(spec)
 	if err != nil {
 		return nil, err
 	}
 	return &commitClient{l: l, req: txlimit.Request{Name: spec.Name, Key: key}, business: business}, nil
 }
 
+// value is the limit's tokens with those parked in the Limiter's lease,
+// taken from the limit but not handed out.
 func (s pgCommit) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
-	return pgLimit{p: s.p, store: pgstore.New(s.p.pool)}.value(ctx, spec, key)
+	l, err := s.limiter(spec)
+	if err != nil {
+		return 0, err
+	}
+	snap, err := l.Value(ctx, spec.Name, key)
+	return snap.Value + snap.Leased, err
 }
 
 type commitClient struct {

@@ -151,7 +151,9 @@ func pgImpls(withRedis bool) []impl[*pgConns] {
 		open: func(c *pgConns) subject { return newPgEscrow(c.pg, c.escrow, c.settleEvery) }})
 	// The take at commit: BeginFunc, the take riding the COMMIT.
 	impls = append(impls, impl[*pgConns]{name: implCommit, runs: inBusiness, checks: businessChecks,
-		open: func(c *pgConns) subject { return pgCommit{c.pg} }})
+		open: func(c *pgConns) subject { return newPgCommit(c.pg, false) }},
+		impl[*pgConns]{name: implCommitLease, runs: inBusiness, checks: businessChecks,
+			open: func(c *pgConns) subject { return newPgCommit(c.pg, true) }})
 	if withRedis {
 		// redis_rate reads Redis's clock: the bounded check only.
 		impls = append(impls, impl[*pgConns]{name: implRedisRate, runs: inBusiness,

@@ -538,7 +538,7 @@ func targets(rows []Row) []Target {
 		if r.DB == "postgres" && r.Impl == implEscrow && r.Scenario == "business-hot" && r.Clients >= 8 {
 			out = append(out, escrowTargets(r)...)
 		}
-		if r.DB == "postgres" && r.Impl == implCommit {
+		if r.DB == "postgres" && (r.Impl == implCommit && r.Scenario == "business" || r.Impl == implCommitLease && r.Scenario == "business-hot") {
 			out = append(out, commitTargets(r)...)
 		}
 		if r.DB != "postgres" || r.Impl != implTxlimit {
@@ -597,7 +597,8 @@ func escrowTargets(r Row) []Target {
 // commitTargets are issue 25's goals for the take at commit: in the
 // business transaction ahead of redis_rate beside it at every client count
 // and within a tenth of no limit at all at one client; on one hot key, at 8
-// clients and more, ahead of redis_rate on that key and within a tenth of
+// clients and more, with the setup docs/commit.md recommends for one
+// (Config.Lease), ahead of redis_rate on that key and within a tenth of
 // its own figure on distinct keys.
 func commitTargets(r Row) []Target {
 	var out []Target
@@ -615,10 +616,10 @@ func commitTargets(r Row) []Target {
 		}
 	case r.Scenario == "business-hot" && r.Clients >= 8:
 		out = append(out, Target{
-			Name: fmt.Sprintf("postgres business transaction on one hot key, %d clients: txlimit/commit >= 1.0x redis_rate on that key", r.Clients),
+			Name: fmt.Sprintf("postgres business transaction on one hot key, %d clients: txlimit/commit+lease >= 1.0x redis_rate on that key", r.Clients),
 			Want: 1, Got: r.VsRedisRate, Met: r.VsRedisRate >= 1,
 		}, Target{
-			Name: fmt.Sprintf("postgres business transaction on one hot key, %d clients: txlimit/commit >= 0.9x its own on distinct keys", r.Clients),
+			Name: fmt.Sprintf("postgres business transaction on one hot key, %d clients: txlimit/commit+lease >= 0.9x its own on distinct keys", r.Clients),
 			Want: 0.9, Got: r.VsDistinct, Met: r.VsDistinct >= 0.9,
 		})
 	}

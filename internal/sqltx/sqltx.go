@@ -60,7 +60,11 @@ type TakeAll func(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driv
 // when Commit failed with err (the database answered, or nothing was sent):
 // otherwise the error matches driver.ErrCommitUnknown.
 func Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams, takeAll TakeAll, commit func(error) error, known func(error) bool) (driver.TakeAllResult, error) {
-	res, err := takeAll(ctx, tx, p)
+	res := driver.TakeAllResult{OK: true}
+	var err error
+	if len(p.Takes) > 0 {
+		res, err = takeAll(ctx, tx, p)
+	}
 	if err != nil || !res.OK {
 		_ = tx.Rollback()
 		return res, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -235,6 +236,8 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 		})
 	})
 
+	t.Run("Leases", func(t *testing.T) { runLeases(t, h) })
+
 	t.Run("Observer", func(t *testing.T) {
 		name := UniqueName(t, "observed")
 		l := newLimiter(t, map[string]txlimit.Config{name: bucket})
@@ -251,3 +254,165 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 		require.True(t, events[0].Result.OK)
 	})
 }
+
+// runLeases is the commit topic's part for Config.Lease: tokens handed out
+// from a lease are exact under concurrency, go back to the lease when the
+// transaction does not commit and to the limit when the lease ends, and a
+// FixedWindow's lease ends with its window.
+func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
+	e := env[TTx]{h: h, ctx: context.Background()}
+	ctx := e.ctx
+	hour := time.Hour
+	req := func(name string) txlimit.Request { return txlimit.Request{Name: name, Key: "k"} }
+	nothing := func(TTx) error { return nil }
+
+	t.Run("HandedOutAndReturned", func(t *testing.T) {
+		clk := NewClock()
+		name := UniqueName(t, "leased")
+		l := e.limiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 10, Period: hour, Lease: 4, LeaseFor: hour}}, clk)
+		snap := func() txlimit.Snapshot {
+			s, err := l.Value(ctx, name, "k")
+			require.NoError(t, err)
+			return s
+		}
+		res, err := l.BeginFunc(ctx, nothing, req(name))
+		require.NoError(t, err)
+		require.True(t, res.OK)
+		require.Equal(t, float64(1), res.Results[0].Taken)
+		require.Equal(t, float64(6), snap().Value, "the lease took 4")
+		require.Equal(t, float64(3), snap().Leased, "and handed out 1")
+
+		boom := errors.New("boom")
+		_, err = l.BeginFunc(ctx, func(TTx) error { return boom }, req(name))
+		require.ErrorIs(t, err, boom)
+		require.Equal(t, float64(3), snap().Leased, "a transaction that failed gave its token back to the lease")
+
+		require.NoError(t, l.ReturnLeases(ctx))
+		require.Equal(t, float64(9), snap().Value, "ReturnLeases gives the unused tokens back")
+		require.Equal(t, float64(0), snap().Leased)
+
+		// 9 tokens left: 9 grants, then a denial with the limit's own wait.
+		for i := range 10 {
+			res, err := l.BeginFunc(ctx, nothing, req(name))
+			if i < 9 {
+				require.NoError(t, err, "call %d", i)
+				continue
+			}
+			require.ErrorIs(t, err, txlimit.ErrRateLimited)
+			require.Equal(t, 6*time.Minute, res.RetryAfter, "a token comes every 6 minutes")
+		}
+		require.Equal(t, float64(0), snap().Value+snap().Leased)
+	})
+
+	t.Run("Invalid", func(t *testing.T) {
+		bucket := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 10, Period: hour}
+		for field, c := range map[string]func(c *txlimit.Config){
+			"Lease":    func(c *txlimit.Config) { c.Lease = 11 },
+			"Lease ":   func(c *txlimit.Config) { c.Lease = -1 },
+			"Lease  ":  func(c *txlimit.Config) { c.Lease, c.Kind = 2, txlimit.SlidingWindow },
+			"Lease   ": func(c *txlimit.Config) { c.Lease, c.Escrow = 2, true },
+			"LeaseFor": func(c *txlimit.Config) { c.Lease, c.LeaseFor = 2, -time.Second },
+		} {
+			cfg := bucket
+			c(&cfg)
+			_, err := txlimit.New(h.Store, map[string]txlimit.Config{"x": cfg}, nil)
+			var inv *txlimit.InvalidError
+			require.ErrorAs(t, err, &inv, field)
+			require.Equal(t, strings.TrimSpace(field), inv.Field, "%v", err)
+		}
+	})
+
+	t.Run("EndsWithItsTime", func(t *testing.T) {
+		clk := NewClock()
+		name := UniqueName(t, "short")
+		l := e.limiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 10, Period: hour, Lease: 5, LeaseFor: time.Minute}}, clk)
+		_, err := l.BeginFunc(ctx, nothing, req(name))
+		require.NoError(t, err)
+		clk.Advance(time.Minute)
+		_, err = l.BeginFunc(ctx, nothing, req(name))
+		require.NoError(t, err)
+		s, err := l.Value(ctx, name, "k")
+		require.NoError(t, err)
+		// The first lease's 4 went back; a minute refilled 1/6; the new
+		// lease took 5 and handed out 1.
+		require.InDelta(t, 10-1-5+1.0/6, s.Value, 1e-9)
+		require.Equal(t, float64(4), s.Leased)
+	})
+
+	t.Run("FixedWindowEndsWithTheWindow", func(t *testing.T) {
+		clk := NewClock()
+		name := UniqueName(t, "window")
+		start := T0.Truncate(hour)
+		l := e.limiter(t, map[string]txlimit.Config{name: {Kind: txlimit.FixedWindow, Rate: 10, Period: hour, Start: start, Lease: 4, LeaseFor: 2 * hour}}, clk)
+		for range 3 {
+			_, err := l.BeginFunc(ctx, nothing, req(name))
+			require.NoError(t, err)
+		}
+		// The next window: the lease taken in the last one is over, and
+		// the window admits exactly its Rate.
+		clk.Advance(start.Add(hour).Sub(clk.Now()))
+		granted := 0
+		for range 12 {
+			if _, err := l.BeginFunc(ctx, nothing, req(name)); err == nil {
+				granted++
+			} else {
+				require.ErrorIs(t, err, txlimit.ErrRateLimited)
+			}
+		}
+		require.Equal(t, 10, granted)
+	})
+
+	t.Run("Exact", func(t *testing.T) {
+		clk := NewClock()
+		name, work := UniqueName(t, "exact"), UniqueName(t, "work")
+		const capacity = 30
+		l := e.limiter(t, map[string]txlimit.Config{
+			name: {Kind: txlimit.FixedWindow, Rate: capacity, Period: hour, Lease: 4},
+			work: {Kind: txlimit.TokenBucket, Rate: 1e9, Period: hour},
+		}, clk)
+		var seq atomic.Int64
+		var committed sync.Map
+		RequireExactAdmission(t, l, name, h.Conns-1, 8, capacity, func() (txlimit.Result, error) {
+			for attempt := 0; ; attempt++ {
+				key := fmt.Sprintf("w%d", seq.Add(1))
+				// A third of the first attempts fail after their take:
+				// the token goes back to the lease and another call
+				// gets it.
+				fail := attempt == 0 && seq.Load()%3 == 0
+				res, err := l.BeginFunc(ctx, func(tx TTx) error {
+					if _, err := l.LimitTx(ctx, tx, work, key); err != nil {
+						return err
+					}
+					if fail {
+						return errFailed
+					}
+					return nil
+				}, req(name))
+				committed.Store(key, err == nil)
+				switch {
+				case errors.Is(err, errFailed):
+					continue
+				case errors.Is(err, txlimit.ErrRateLimited):
+					return res.Results[0], nil
+				case err != nil:
+					return txlimit.Result{}, err
+				}
+				return res.Results[0], nil
+			}
+		})
+		n := 0
+		committed.Range(func(k, ok any) bool {
+			require.Equal(t, ok.(bool), len(h.Rows(t, work, k.(string))) > 0, "work %v committed iff granted", k)
+			if ok.(bool) {
+				n++
+			}
+			return true
+		})
+		require.Equal(t, capacity, n)
+		s, err := l.Value(ctx, name, "k")
+		require.NoError(t, err)
+		require.Zero(t, s.Leased, "every leased token handed out")
+	})
+}
+
+var errFailed = errors.New("the work failed")
