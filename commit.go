@@ -33,7 +33,8 @@ import (
 // committed; so are all limits on pgsqlstore and sqlitestore (database/sql
 // sends one statement at a time). Reserve and UpTo, which decide what the
 // work is to be, do not apply: they are an *InvalidError. docs/commit.md
-// compares the modes.
+// compares the modes. A limit with Config.Lease is taken from its row here,
+// as LimitAllTx takes it: a lease's own transaction would wait for tx.
 func (l *Limiter[TTx]) CommitTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
 	return l.commitIn(ctx, &tx, nil, reqs)
 }
@@ -43,7 +44,8 @@ func (l *Limiter[TTx]) CommitTx(ctx context.Context, tx TTx, reqs ...Request) (M
 // riding the COMMIT. On pgstore the whole transaction then costs no round
 // trip of the limiter's own. An error of fn rolls the transaction back,
 // takes nothing and is returned as it is; fn must not commit or roll back
-// tx itself. The requests are validated before the transaction begins.
+// tx itself. The requests are validated before the transaction begins,
+// and a limit with Config.Lease is taken from its lease then.
 // It returns ErrNoPool when the store has no pool.
 func (l *Limiter[TTx]) BeginFunc(ctx context.Context, fn func(tx TTx) error, reqs ...Request) (MultiResult, error) {
 	return l.commitIn(ctx, nil, fn, reqs)
@@ -69,8 +71,8 @@ func (l *Limiter[TTx]) commitIn(ctx context.Context, tx *TTx, fn func(TTx) error
 }
 
 // commit hands out the tokens of the leased limits of rs from their leases
-// (Config.Lease), then has the store take the others and end the
-// transaction; the leased tokens go back when it did not commit.
+// (Config.Lease; BeginFunc only), then has the store take the others and
+// end the transaction; the leased tokens go back when it did not commit.
 func (l *Limiter[TTx]) commit(ctx context.Context, tx *TTx, fn func(TTx) error, rs []request, obs *observation) (MultiResult, error) {
 	results := make([]Result, len(rs))
 	var got []leased
@@ -86,7 +88,11 @@ func (l *Limiter[TTx]) commit(ctx context.Context, tx *TTx, fn func(TTx) error, 
 		return nil
 	}
 	for i, r := range rs {
-		if r.config.Lease == 0 {
+		// Only BeginFunc takes from leases: it takes them before its
+		// transaction begins. Under CommitTx the caller's transaction is
+		// open, and a lease's own would wait for it (SQLite's one writer)
+		// or for a connection the caller may be holding the last of.
+		if r.config.Lease == 0 || tx != nil {
 			stored, storedAt = append(stored, r), append(storedAt, i)
 			continue
 		}

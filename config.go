@@ -143,8 +143,7 @@ type Config struct {
 	// WeekStart is the first day of a Week window. Defaults to Sunday
 	// (time.Weekday's zero value); time.Monday for ISO 8601 weeks.
 	WeekStart time.Weekday
-	// Lease lets the commit forms (BeginFunc, CommitTx) hand this limit's
-	// tokens out from memory: the Limiter takes up to Lease tokens of a
+	// Lease lets BeginFunc hand this limit's tokens out from memory: the Limiter takes up to Lease tokens of a
 	// key at once, in a short transaction of its own, and gives them to
 	// its callers one call at a time, so that a hot key's row is written
 	// once per lease rather than once per call. A call whose transaction
@@ -155,8 +154,8 @@ type Config struct {
 	// by at most Lease per process and key while leases are held
 	// (docs/commit.md). A FixedWindow's lease ends with the window its
 	// tokens came from. TokenBucket and FixedWindow windows of Period
-	// only; not with Escrow; LimitTx and the other forms take from the
-	// limit itself. Defaults to 0: no lease.
+	// only; not with Escrow; LimitTx, CommitTx and the other forms take
+	// from the limit itself. Defaults to 0: no lease.
 	Lease float64
 	// LeaseFor is how long a lease lasts at most. Defaults to one second.
 	LeaseFor time.Duration

@@ -322,6 +322,21 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		}
 	})
 
+	t.Run("CommitTxTakesTheRow", func(t *testing.T) {
+		// A lease's own transaction would wait for the caller's (SQLite's
+		// one writer): CommitTx takes a leased limit from its row.
+		clk := NewClock()
+		name := UniqueName(t, "row")
+		l := e.limiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 10, Period: hour, Lease: 4}}, clk)
+		tx := h.Begin(t)
+		_, err := l.CommitTx(ctx, tx, req(name))
+		require.NoError(t, err)
+		s, err := l.Value(ctx, name, "k")
+		require.NoError(t, err)
+		require.Equal(t, float64(9), s.Value)
+		require.Zero(t, s.Leased)
+	})
+
 	t.Run("EndsWithItsTime", func(t *testing.T) {
 		clk := NewClock()
 		name := UniqueName(t, "short")
