@@ -102,19 +102,19 @@ func (l *Limiter[TTx]) commit(ctx context.Context, tx *TTx, fn func(TTx) error, 
 			return l.deniedByLease(ctx, rs, i, res, giveBack)
 		}
 		if err != nil {
-			return MultiResult{}, errors.Join(err, giveBack())
+			if gerr := giveBack(); gerr != nil {
+				err = errors.Join(err, gerr)
+			}
+			return MultiResult{}, err
 		}
 		results[i], got, gotFrom = res, append(got, g), append(gotFrom, i)
 	}
-	var all driver.TakeAllResult
-	var err error
-	if len(stored) == 0 {
-		all.OK = true
-	}
-	p := driver.TakeAllParams{}
+	var p driver.TakeAllParams // none to take: the store only commits
 	if len(stored) > 0 {
 		p = takeAllParams(stored, obs)
 	}
+	var all driver.TakeAllResult
+	var err error
 	if tx != nil {
 		all, err = l.store.Commit(ctx, *tx, p)
 	} else {
@@ -122,7 +122,9 @@ func (l *Limiter[TTx]) commit(ctx context.Context, tx *TTx, fn func(TTx) error, 
 	}
 	if (err != nil && !errors.Is(err, ErrCommitUnknown)) || (err == nil && !all.OK) {
 		// The transaction did not commit: the leased tokens were not spent.
-		err = errors.Join(err, giveBack())
+		if gerr := giveBack(); gerr != nil {
+			err = errors.Join(err, gerr)
+		}
 	}
 	if err != nil {
 		return MultiResult{}, err
