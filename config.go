@@ -143,6 +143,22 @@ type Config struct {
 	// WeekStart is the first day of a Week window. Defaults to Sunday
 	// (time.Weekday's zero value); time.Monday for ISO 8601 weeks.
 	WeekStart time.Weekday
+	// Lease lets BeginFunc hand this limit's tokens out from memory: the Limiter takes up to Lease tokens of a
+	// key at once, in a short transaction of its own, and gives them to
+	// its callers one call at a time, so that a hot key's row is written
+	// once per lease rather than once per call. A call whose transaction
+	// does not commit gives its tokens back to the lease; what a lease has
+	// not handed out goes back to the limit (Credit) when it ends, at the
+	// next call for its key or at ReturnLeases. Leased tokens are spent
+	// early, never twice: a lease makes the limit admit less, never more,
+	// by at most Lease per process and key while leases are held
+	// (docs/commit.md). A FixedWindow's lease ends with the window its
+	// tokens came from. TokenBucket and FixedWindow windows of Period
+	// only; not with Escrow; LimitTx, CommitTx and the other forms take
+	// from the limit itself. Defaults to 0: no lease.
+	Lease float64
+	// LeaseFor is how long a lease lasts at most. Defaults to one second.
+	LeaseFor time.Duration
 
 	// loc is Zone, loaded by normalized.
 	loc *time.Location
@@ -189,6 +205,15 @@ func (c Config) normalized(name string) (Config, error) {
 	}
 	if c.Escrow && (c.Kind == SlidingWindow || c.Calendar != 0) {
 		return bad("Escrow", "supports TokenBucket and FixedWindow windows of Period; leave Escrow false for a %v", c.describe())
+	}
+	if problem := c.leaseProblem(); problem != "" {
+		return bad("Lease", "%v, got %v", problem, c.Lease)
+	}
+	if c.LeaseFor < 0 {
+		return bad("LeaseFor", "must be >= 0 (0 means one second), got %v", c.LeaseFor)
+	}
+	if c.LeaseFor == 0 {
+		c.LeaseFor = defaultLeaseFor
 	}
 	c.Period = c.Period.Truncate(time.Microsecond)
 	return c, nil

@@ -24,6 +24,12 @@ var (
 	// Limiter.Ping reports it at startup. Options.FailOpen never grants on
 	// it: it is a mistake in the deployment, not an outage.
 	ErrNotMigrated = driver.ErrNotMigrated
+	// ErrCommitUnknown matches the error of CommitTx and BeginFunc when the
+	// connection failed after the COMMIT was sent and before its answer
+	// came: the transaction, and the tokens with it, may or may not have
+	// committed. Find out from the transaction's own rows before running
+	// its work again.
+	ErrCommitUnknown = driver.ErrCommitUnknown
 )
 
 // RateLimitedError is the error form of a denied Result.

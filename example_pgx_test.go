@@ -67,3 +67,35 @@ func Example_pgx() {
 		log.Fatal(err)
 	}
 }
+
+// The take rides the COMMIT: BeginFunc runs the work first and commits it
+// together with the token, in one round trip with the takes on pgstore. A
+// denial rolls the work back and is the error of the commit.
+func ExampleLimiter_BeginFunc() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	limiter, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
+		"sendMessage": {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Minute},
+	}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	_, err = limiter.BeginFunc(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO messages (sender, body) VALUES ($1, $2)", "alice", "hello")
+		return err
+	}, txlimit.Request{Name: "sendMessage", Key: "alice"})
+	var limited *txlimit.RateLimitedError
+	switch {
+	case err == nil:
+		fmt.Println("sent")
+	case errors.As(err, &limited):
+		fmt.Printf("slow down: retry after %v\n", limited.RetryAfter)
+	default:
+		log.Fatal(err)
+	}
+}

@@ -53,6 +53,7 @@ type Limiter[TTx any] struct {
 	failOpenOnError bool
 	prune           pruneCursor
 	escrow          driver.Escrower // nil when the store has no escrow mode
+	leases          leases          // Config.Lease's
 }
 
 // New returns a Limiter on store with the named limits. Every config is
@@ -245,7 +246,7 @@ func (l *Limiter[TTx]) valueIn(ctx context.Context, tx *TTx, name, key string, o
 			}
 			now := read.At.UnixMicro()
 			states, _ := r.limit.States(read.Rows, now)
-			return Snapshot{Value: algo.Pooled(r.shard(), states, now), At: read.At, Config: r.config}, nil
+			return Snapshot{Value: algo.Pooled(r.shard(), states, now), Leased: l.leased(r.name, r.key), At: read.At, Config: r.config}, nil
 		})
 	}
 	l.report(ctx, r.obs, opValue, r, Result{}, err, false)

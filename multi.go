@@ -68,7 +68,7 @@ func (l *Limiter[TTx]) LimitAll(ctx context.Context, reqs ...Request) (MultiResu
 // finishAll ends a LimitAll call as finish ends a Limit call: FailOpen for
 // a form without Tx (mayFailOpen), then the Observer, one Event per limit,
 // or a single one with the error when the call failed without results.
-func (l *Limiter[TTx]) finishAll(ctx context.Context, obs *observation, rs []request, res MultiResult, err error, mayFailOpen bool) (MultiResult, error) {
+func (l *Limiter[TTx]) finishAll(ctx context.Context, op string, obs *observation, rs []request, res MultiResult, err error, mayFailOpen bool) (MultiResult, error) {
 	failedOpen := mayFailOpen && l.failOpen(err)
 	switch {
 	case failedOpen:
@@ -81,14 +81,14 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, obs *observation, rs []req
 	}
 	if obs != nil {
 		if len(res.Results) != len(rs) {
-			l.report(ctx, obs, opLimitAll, request{}, Result{}, err, false)
+			l.report(ctx, obs, op, request{}, Result{}, err, false)
 		}
 		for i := range res.Results {
 			one := res.Results[i]
 			// A denied call took nothing from any limit: report each as
 			// denied, also those whose own tokens were there.
 			one.OK = one.OK && res.OK
-			l.report(ctx, obs, opLimitAll, rs[i], one, err, failedOpen)
+			l.report(ctx, obs, op, rs[i], one, err, failedOpen)
 		}
 	}
 	if failedOpen {
@@ -140,13 +140,13 @@ func (l *Limiter[TTx]) limitAllIn(ctx context.Context, tx *TTx, reqs []Request) 
 		}
 		res, err = in(ctx, l, tx, false, func(tx TTx) (MultiResult, error) { return l.limitAll(ctx, tx, rs, obs) })
 	}
-	return l.finishAll(ctx, obs, rs, res, err, tx == nil)
+	return l.finishAll(ctx, opLimitAll, obs, rs, res, err, tx == nil)
 }
 
 // newRequests validates every request of a LimitAll call.
 func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 	if len(reqs) == 0 {
-		return nil, &InvalidError{Field: "reqs", Problem: "is empty; LimitAll needs at least one Request"}
+		return nil, &InvalidError{Field: "reqs", Problem: "is empty; pass at least one Request"}
 	}
 	rs := make([]request, len(reqs))
 	seen := make(map[driver.KeyRef]int, len(reqs))
@@ -170,19 +170,30 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 }
 
 func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
-	// One clock for the call: the first request's reading.
+	all, err := l.store.TakeAll(ctx, tx, takeAllParams(rs, obs))
+	if err != nil {
+		return MultiResult{}, err
+	}
+	return multiResult(rs, all, obs)
+}
+
+// takeAllParams is the store's TakeAll for rs, with one clock for the call:
+// the first request's reading.
+func takeAllParams(rs []request, obs *observation) driver.TakeAllParams {
 	p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(rs)), Now: rs[0].now, TimeLocks: obs != nil}
 	for i, r := range rs {
 		r.now = p.Now
 		p.Takes[i] = r.take()
 	}
-	all, err := l.store.TakeAll(ctx, tx, p)
-	if err != nil {
-		return MultiResult{}, err
-	}
+	return p
+}
+
+// multiResult is the MultiResult of what the store decided for rs.
+func multiResult(rs []request, all driver.TakeAllResult, obs *observation) (MultiResult, error) {
 	obs.addLockWait(all.LockWait)
 	out := MultiResult{OK: all.OK, Results: make([]Result, len(rs)), At: all.At}
 	for i, t := range all.Results {
+		var err error
 		if out.Results[i], err = rs[i].result(t); err != nil {
 			return MultiResult{}, err
 		}

@@ -23,6 +23,7 @@ const (
 	opLimit    = "limit"
 	opCheck    = "check"
 	opLimitAll = "limit_all"
+	opCommit   = "commit"
 	opValue    = "value"
 	opCredit   = "credit"
 	opReset    = "reset"
@@ -37,7 +38,9 @@ type Event struct {
 	// limit of the call, or one Event with Err when the call failed; when
 	// the call was denied, every limit's Event is a denial, since nothing
 	// was taken from any of them, with RetryAfter 0 for a limit whose own
-	// tokens were there); "prune" (one batch of Prune: Name and Key are
+	// tokens were there); "commit" (CommitTx or BeginFunc, as "limit_all":
+	// a denial is one whose transaction did not commit, and Err is set
+	// when it failed for another reason, fn's error included); "prune" (one batch of Prune: Name and Key are
 	// empty, Count is the number of rows the batch deleted). A "value"
 	// Event has no Result: the Snapshot is the caller's.
 	Op    string

@@ -78,6 +78,10 @@ type Snapshot struct {
 	// in the limit's own units (not per shard). Negative while reservations
 	// are outstanding.
 	Value float64
+	// Leased is the tokens of the key this Limiter holds in a lease
+	// (Config.Lease) and has not handed out: taken from Value already,
+	// not yet spent.
+	Leased float64
 	// At is the clock reading Value was projected to.
 	At time.Time
 	// Config is the limit's normalized configuration.

@@ -38,6 +38,12 @@ var ErrNoPool = errors.New("txlimit: the store has no pool or database; use the 
 // txlimit.ErrNotMigrated.
 var ErrNotMigrated = errors.New("txlimit: the txlimit table is missing or out of date; run migrations.Up on this database (and schema) before using the limiter")
 
+// ErrCommitUnknown matches (errors.Is) the error of Store.Commit and
+// InTxCommit when the connection failed after the COMMIT was sent and
+// before its answer came: the transaction may or may not have committed.
+// txlimit re-exports it as txlimit.ErrCommitUnknown.
+var ErrCommitUnknown = errors.New("txlimit: the connection failed while COMMIT was under way; the transaction may or may not have committed")
+
 // Store moves the rows of txlimit's table for one database. TTx is the
 // transaction type of its driver (pgx.Tx, *sql.Tx).
 type Store[TTx any] interface {
@@ -62,6 +68,22 @@ type Store[TTx any] interface {
 	// another limit denies; a limit not taken once one denied gets the
 	// decision Read and algo would give it, taking nothing.
 	TakeAll(ctx context.Context, tx TTx, p TakeAllParams) (TakeAllResult, error)
+
+	// Commit takes p's tokens in tx, all or none as TakeAll does, and ends
+	// tx: it commits when every limit granted and rolls back otherwise, so
+	// that the tokens are spent if and only if tx's own work commits. A
+	// store whose driver pipelines sends the takes and the COMMIT in one
+	// round trip where every take is one statement. When it returns nil
+	// and an OK result, tx committed; any other error than one matching
+	// ErrCommitUnknown means it did not.
+	Commit(ctx context.Context, tx TTx, p TakeAllParams) (TakeAllResult, error)
+
+	// InTxCommit begins a transaction on the store's pool, runs fn in it
+	// and, when fn returns nil, ends it as Commit does; an error of fn
+	// rolls it back and is returned as it is. Owning the transaction from
+	// BEGIN, the store can end it without a round trip of the driver's
+	// own. Without a pool it returns ErrNoPool.
+	InTxCommit(ctx context.Context, fn func(tx TTx) error, p TakeAllParams) (TakeAllResult, error)
 
 	// Read returns the rows of (Name, Key) as the transaction sees them,
 	// locking nothing, and the clock.

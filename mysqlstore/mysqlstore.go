@@ -114,11 +114,14 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/sqltx"
 )
 
 // Store is txlimit's store for MySQL and MariaDB on database/sql.
@@ -172,24 +175,35 @@ func New(db *sql.DB) *Store { return &Store{db: db} }
 // Value) is begun read-only. It is rolled back when fn returns an error or
 // panics (the panic then continues) and committed otherwise.
 func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
-	if s.db == nil {
-		return driver.ErrNoPool
-	}
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: readOnly})
-	if err != nil {
-		return &beginError{err} // Retryable: nothing ran
-	}
-	done := false
-	defer func() {
-		if !done {
-			_ = tx.Rollback()
-		}
-	}()
-	if err := fn(tx); err != nil {
-		return err
-	}
-	done = true
-	return wrap(ctx, nil, "commit", tx.Commit())
+	return sqltx.InTx(ctx, s.db, readOnly, fn, beginErr, s.commitErr(ctx))
+}
+
+// Commit implements driver.Store: TakeAll in tx, then COMMIT when it
+// granted and ROLLBACK otherwise, a round trip each (database/sql sends one
+// statement at a time).
+func (s *Store) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	return sqltx.Commit(ctx, tx, p, s.TakeAll, s.commitErr(ctx), committedNot)
+}
+
+// InTxCommit implements driver.Store.
+func (s *Store) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	return sqltx.InTxCommit(ctx, s.db, fn, p, s.TakeAll, beginErr, s.commitErr(ctx), committedNot)
+}
+
+func beginErr(err error) error { return &beginError{err} } // Retryable: nothing ran
+
+func (s *Store) commitErr(ctx context.Context) func(error) error {
+	return func(err error) error { return wrap(ctx, nil, "commit", err) }
+}
+
+// committedNot reports whether a COMMIT that failed with err surely did not
+// commit: the server answered (a MySQL error number, as Galera's
+// certification failure 1213 at COMMIT), the driver knew the connection
+// broken before it sent anything (driver.ErrBadConn), or the transaction had
+// already ended.
+func committedNot(err error) bool {
+	_, answered := errNumber(err)
+	return answered || errors.Is(err, sqldriver.ErrBadConn) || errors.Is(err, sql.ErrTxDone)
 }
 
 // Ping implements driver.Store: it checks that db answers, is MySQL 8.0.19+

@@ -38,6 +38,8 @@ package pgsqlstore
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
+	"errors"
 	"fmt"
 	"time"
 
@@ -87,9 +89,35 @@ func SingleKeyStatements() Option {
 // Value) is begun read-only. It is rolled back when fn returns an error or
 // panics (the panic then continues) and committed otherwise.
 func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
-	return sqltx.InTx(ctx, s.db, readOnly, fn,
-		func(err error) error { return &beginError{err} }, // Retryable: nothing ran
-		func(err error) error { return s.mapErr(ctx, nil, err) })
+	return sqltx.InTx(ctx, s.db, readOnly, fn, beginErr, s.commitErr(ctx))
+}
+
+// Commit implements driver.Store: TakeAll, then COMMIT or ROLLBACK, each a
+// round trip of its own. database/sql sends one statement at a time, so the
+// takes cannot ride the COMMIT as they do on pgstore; the call is still all
+// or nothing with the transaction's work.
+func (s *Store) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	return sqltx.Commit(ctx, tx, p, s.TakeAll, s.commitErr(ctx), committedNot)
+}
+
+// InTxCommit implements driver.Store.
+func (s *Store) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	return sqltx.InTxCommit(ctx, s.db, fn, p, s.TakeAll, beginErr, s.commitErr(ctx), committedNot)
+}
+
+func beginErr(err error) error { return &beginError{err} } // Retryable: nothing ran
+
+func (s *Store) commitErr(ctx context.Context) func(error) error {
+	return func(err error) error { return s.mapErr(ctx, nil, err) }
+}
+
+// committedNot reports whether a COMMIT that failed with err surely did not
+// commit: the server answered (a SQLSTATE), or the driver knew the
+// connection broken before it sent anything (driver.ErrBadConn), or the
+// transaction had already ended.
+func committedNot(err error) bool {
+	_, answered := pgproto.SQLState(err)
+	return answered || errors.Is(err, sqldriver.ErrBadConn) || errors.Is(err, sql.ErrTxDone)
 }
 
 // Ping implements driver.Store: it checks that db is PostgreSQL and that

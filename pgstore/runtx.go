@@ -6,8 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/retrytx"
 )
 
@@ -60,11 +60,10 @@ func runTx(ctx context.Context, db TxBeginner, txOptions pgx.TxOptions, fn func(
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) || pgconn.SafeToRetry(err) {
-			return err // the server rolled it back, or never got the COMMIT
+		if err = commitErr(err); errors.Is(err, driver.ErrCommitUnknown) {
+			return &retrytx.Ambiguous{Err: fmt.Errorf("pgstore: RunTx: %w", err)}
 		}
-		return &retrytx.Ambiguous{Err: fmt.Errorf("pgstore: RunTx: COMMIT failed, and the transaction may or may not have committed: %w", err)}
+		return err
 	}
 	return nil
 }

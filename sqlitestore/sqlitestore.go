@@ -128,8 +128,25 @@ func clock(now *time.Time) time.Time {
 func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
 	return sqltx.InTx(ctx, s.db, readOnly, fn,
 		func(err error) error { return wrap("begin", err) },
-		func(err error) error { return wrap("commit", err) })
+		s.commitErr)
 }
+
+// Commit implements driver.Store: TakeAll, then COMMIT or ROLLBACK. SQLite
+// has no round trip to save, and a COMMIT that fails did not commit.
+func (s *Store) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	return sqltx.Commit(ctx, tx, p, s.TakeAll, s.commitErr, known)
+}
+
+// InTxCommit implements driver.Store.
+func (s *Store) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	return sqltx.InTxCommit(ctx, s.db, fn, p, s.TakeAll, func(err error) error { return wrap("begin", err) }, s.commitErr, known)
+}
+
+func (s *Store) commitErr(err error) error { return wrap("commit", err) }
+
+// known reports that a COMMIT that failed did not commit: SQLite runs in
+// the process, with no connection to lose.
+func known(error) bool { return true }
 
 // Ping implements driver.Store: it checks that db is SQLite and that the
 // txlimit table is there with every column the library uses.

@@ -92,6 +92,14 @@ func escrowChecks(s scenario) []saturation {
 	return bucketChecks(s)
 }
 
+// businessChecks are the token bucket's checks, in the business scenarios.
+func businessChecks(s scenario) []saturation {
+	if !inBusiness(s) {
+		return nil
+	}
+	return bucketChecks(s)
+}
+
 // bucketChecks are the token bucket's checks, in every scenario.
 func bucketChecks(scenario) []saturation { return []saturation{frozenExact, realBounded} }
 
@@ -141,7 +149,21 @@ func pgImpls(withRedis bool) []impl[*pgConns] {
 	// of its own with a settling job beside the clients (see pgEscrow).
 	impls = append(impls, impl[*pgConns]{name: implEscrow, runs: escrowRuns, checks: escrowChecks,
 		open: func(c *pgConns) subject { return newPgEscrow(c.pg, c.escrow, c.settleEvery) }})
+	// The take at commit: BeginFunc, the take riding the COMMIT.
+	impls = append(impls, impl[*pgConns]{name: implCommit, runs: inBusiness, checks: businessChecks,
+		open: func(c *pgConns) subject { return newPgCommit(c.pg, false) }},
+		impl[*pgConns]{name: implCommitLease, runs: inBusiness, checks: businessChecks,
+			open: func(c *pgConns) subject { return newPgCommit(c.pg, true) }})
 	if withRedis {
+		// redis_rate reads Redis's clock: the bounded check only.
+		impls = append(impls, impl[*pgConns]{name: implRedisRate, runs: inBusiness,
+			checks: func(s scenario) []saturation {
+				if !inBusiness(s) {
+					return nil
+				}
+				return []saturation{realBounded}
+			},
+			open: func(c *pgConns) subject { return redisRate{env: c.redis, p: c.pg} }})
 		impls = append(impls, impl[*pgConns]{name: implRedis, runs: inBusiness,
 			// Also on the hot key: one counter under every client at once.
 			checks: func(s scenario) []saturation {

@@ -26,11 +26,16 @@
 //     business transaction, BEGIN; INSERT an order; the limit step;
 //     COMMIT (ROLLBACK when denied), measured for the floor, txlimit,
 //     Redis (seed 003's fixed-window Lua script: server TIME, INCR, EXPIRE
-//     on the first call of a window, in one EVALSHA) and none (no limit at
-//     all: the ceiling);
+//     on the first call of a window, in one EVALSHA), redis_rate
+//     (github.com/go-redis/redis_rate/v10, GCRA, one EVALSHA), both beside
+//     the transaction, txlimit/commit (Limiter.BeginFunc: BEGIN; INSERT;
+//     the take and COMMIT in one pipeline), txlimit/commit+lease (the same
+//     with Config.Lease 64, the clients of a limit sharing one Limiter as
+//     one process's goroutines do) and none (no limit at all: the
+//     ceiling);
 //   - business-hot: the same business transaction with every client on one
-//     key, measured for the floor (on that one row), txlimit, escrow and
-//     Redis;
+//     key, measured for the floor (on that one row), txlimit, escrow,
+//     txlimit/commit, txlimit/commit+lease, Redis and redis_rate;
 //   - escrow, in both business scenarios: txlimit's LimitTx with
 //     Config.Escrow (docs/escrow.md). Its store debits on a pool of its
 //     own (escrowPoolSize connections, beside the clients' pool), so that a
@@ -98,7 +103,8 @@
 //
 // -quick is a smoke run of well under a minute on an idle machine: short
 // cells, one repeat. -subjects measures only the implementations it names
-// (none, floor, txlimit, txlimit/pgsqlstore, escrow, redis), for a quick
+// (none, floor, txlimit, txlimit/pgsqlstore, escrow, txlimit/commit,
+// txlimit/commit+lease, redis, redis_rate), for a quick
 // iteration on a few:
 //
 //	go run . -dsn … -clients 8,32 -subjects floor,escrow,redis -shards '' -sqlite=false
@@ -248,14 +254,14 @@ func (c config) validate() error {
 		return errors.New("-sqlite-clients needs at least one client count, e.g. -sqlite-clients 1,8 (or pass -sqlite=false)")
 	case c.SettleEvery <= 0:
 		return fmt.Errorf("-settle-every must be > 0, got %v", c.SettleEvery)
-	case c.Redis == "" && c.Subjects != nil && slices.Contains(c.Subjects, implRedis):
-		return errors.New("-subjects lists redis, but -redis= leaves Redis out: pass -redis 127.0.0.1:6379, or leave redis out of -subjects")
+	case c.Redis == "" && c.Subjects != nil && (slices.Contains(c.Subjects, implRedis) || slices.Contains(c.Subjects, implRedisRate)):
+		return errors.New("-subjects lists redis or redis_rate, but -redis= leaves Redis out: pass -redis 127.0.0.1:6379, or leave them out of -subjects")
 	}
 	return nil
 }
 
 // subjectNames are the implementations -subjects may name.
-var subjectNames = []string{implNone, implFloor, implTxlimit, implTxlimitSQL, implEscrow, implRedis}
+var subjectNames = []string{implNone, implFloor, implTxlimit, implTxlimitSQL, implEscrow, implCommit, implCommitLease, implRedis, implRedisRate}
 
 // parseSubjects parses -subjects: "" is every subject (nil).
 func parseSubjects(s string) ([]string, error) {

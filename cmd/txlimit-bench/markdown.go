@@ -38,18 +38,22 @@ func (r *Report) markdown() string {
 	p("\n## Throughput\n\n")
 	p("Each call is one transaction that takes one token. *business*: each client its own key, and every transaction " +
 		"inserts an order beside its limit step (`BEGIN; INSERT …; step; COMMIT`); *none* is that transaction with no " +
-		"limit, the ceiling; *redis* is seed 003's fixed-window Lua script (`TIME`, `INCR`, `EXPIRE` in one `EVALSHA`) as the step.\n\n")
-	p("| db | scenario | impl | clients | ops/s | spread | p50 ms | p99 ms | vs floor | vs Redis | vs hot floor | vs distinct | round trips |\n")
-	p("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		"limit, the ceiling; *redis* is seed 003's fixed-window Lua script (`TIME`, `INCR`, `EXPIRE` in one `EVALSHA`) as the step, " +
+		"*redis_rate* github.com/go-redis/redis_rate/v10 (GCRA, one `EVALSHA`); *txlimit/commit* is `Limiter.BeginFunc`, the take " +
+		"sent with the COMMIT in one pipeline (its step: the takes and the COMMIT).\n\n")
+	p("| db | scenario | impl | clients | ops/s | spread | p50 ms | p99 ms | vs floor | vs Redis | vs redis_rate | vs none | vs hot floor | vs distinct | round trips |\n")
+	p("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, row := range r.Rows {
-		p("| %s | %s | %s | %d | %.0f | %s | %.2f | %.2f | %s | %s | %s | %s | %s |\n",
+		p("| %s | %s | %s | %d | %.0f | %s | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s |\n",
 			row.DB, row.Scenario, row.Impl, row.Clients, row.OpsPerSec, spread(row), row.P50Ms, row.P99Ms,
-			cellRatio(row.VsFloor), cellRatio(row.VsRedis), cellRatio(row.VsHotFloor), cellRatio(row.VsDistinct), roundTrips(row))
+			cellRatio(row.VsFloor), cellRatio(row.VsRedis), cellRatio(row.VsRedisRate), cellRatio(row.VsNone),
+			cellRatio(row.VsHotFloor), cellRatio(row.VsDistinct), roundTrips(row))
 	}
 	p("\nvs floor: ops/s over the hand-written floor's (`SELECT … FOR UPDATE; UPDATE`; for hot-shards a sharded floor that " +
 		"does not pool), same scenario and clients. vs Redis: over the business transaction with the Redis limiter. " +
 		"vs hot floor: a sharded hot key over the floor on one unsharded row; in business-hot (one hot key in the business " +
-		"transaction), over the floor on that row in the same transaction. vs distinct: a hot key over the same " +
+		"transaction), over the floor on that row in the same transaction. vs redis_rate, vs none: over the business " +
+		"transaction with redis_rate beside it, and with no limit. vs distinct: a hot key over the same " +
 		"implementation on distinct keys in the same transaction. Spread: half the range of the runs over the median. Round trips: statements and batches sent per call, BEGIN, COMMIT and the Redis call included.\n")
 
 	if steps := stepRows(r); len(steps) > 0 {

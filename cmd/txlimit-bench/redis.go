@@ -104,10 +104,23 @@ func openRedis(ctx context.Context, addr string, conns int) (env *redisEnv, clea
 // pattern matches every key of the run.
 func (e *redisEnv) pattern() string { return keyPrefix + e.runID + ":*" }
 
-// deleteKeys deletes every key of the run and returns how many it deleted.
+// deleteKeys deletes every key of the run, redis_rate's ("rate:" before
+// the run's own) too, and returns how many it deleted.
 func (e *redisEnv) deleteKeys(ctx context.Context) (int64, error) {
 	var deleted int64
-	iter := e.rdb.Scan(ctx, 0, e.pattern(), 1000).Iterator()
+	for _, pattern := range []string{e.pattern(), "rate:" + e.pattern()} {
+		n, err := e.deleteMatching(ctx, pattern)
+		deleted += n
+		if err != nil {
+			return deleted, err
+		}
+	}
+	return deleted, nil
+}
+
+func (e *redisEnv) deleteMatching(ctx context.Context, pattern string) (int64, error) {
+	var deleted int64
+	iter := e.rdb.Scan(ctx, 0, pattern, 1000).Iterator()
 	var batch []string
 	flush := func() error {
 		if len(batch) == 0 {

@@ -44,6 +44,11 @@ type Row struct {
 	// VsRedis is the throughput over that of the business transaction with
 	// the Redis limiter, same scenario and client count (business only).
 	VsRedis float64 `json:"vs_redis,omitempty"`
+	// VsRedisRate and VsNone are the same over redis_rate beside the
+	// transaction and over the transaction with no limit (business
+	// scenarios only).
+	VsRedisRate float64 `json:"vs_redis_rate,omitempty"`
+	VsNone      float64 `json:"vs_none,omitempty"`
 	// StepVsFloor and StepVsRedis are the limit step's p50 over the
 	// floor's and Redis's (lower is faster); the P99 ones the same for p99.
 	StepVsFloor    float64 `json:"step_p50_vs_floor,omitempty"`
@@ -162,17 +167,18 @@ func spread(r Row) string {
 
 func writeTable(w io.Writer, rep *Report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "db\tscenario\timpl\tclients\tops/s\tspread\tp50 ms\tp99 ms\tvs floor\tvs redis\tvs hot floor\tvs distinct\trt/op\tfallback\t")
+	fmt.Fprintln(tw, "db\tscenario\timpl\tclients\tops/s\tspread\tp50 ms\tp99 ms\tvs floor\tvs redis\tvs redis_rate\tvs none\tvs hot floor\tvs distinct\trt/op\tfallback\t")
 	for _, r := range rep.Rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			r.DB, r.Scenario, r.Impl, r.Clients, r.OpsPerSec, spread(r), r.P50Ms, r.P99Ms,
-			ratio(r.VsFloor), ratio(r.VsRedis), ratio(r.VsHotFloor), ratio(r.VsDistinct), roundTrips(r), share(r))
+			ratio(r.VsFloor), ratio(r.VsRedis), ratio(r.VsRedisRate), ratio(r.VsNone), ratio(r.VsHotFloor), ratio(r.VsDistinct), roundTrips(r), share(r))
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\nbusiness: each client its own key, and every transaction inserts an order beside its limit step: BEGIN; INSERT; step; COMMIT.")
 	fmt.Fprintln(w, "none: that transaction with no limit at all, the ceiling. redis: seed 003's fixed-window Lua script (EVALSHA) as the step.")
 	fmt.Fprintln(w, "vs floor: this / the hand-written floor, same scenario (for hot-shards a sharded floor that does not pool) and clients.")
-	fmt.Fprintln(w, "vs redis: this / the business transaction with the Redis limiter, same clients.")
+	fmt.Fprintln(w, "vs redis: this / the business transaction with the Redis limiter, same clients. vs redis_rate: the same with redis_rate (GCRA) beside it.")
+	fmt.Fprintln(w, "vs none: this / the business transaction with no limit, same clients. txlimit/commit: Limiter.BeginFunc, the take riding the COMMIT.")
 	fmt.Fprintln(w, "vs hot floor: txlimit on a sharded hot key / the floor on the same key unsharded (one row), same clients;")
 	fmt.Fprintln(w, "  in business-hot (one hot key inside the business transaction): this / the floor on that one row in the same transaction.")
 	fmt.Fprintln(w, "vs distinct: on the hot key / on distinct keys, same implementation, transaction and clients.")

@@ -20,6 +20,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/migrations"
 )
 
@@ -46,6 +47,14 @@ func (inv *invocation) execute(w io.Writer) error {
 }
 
 func runOn[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w io.Writer) error {
+	err := dispatch(ctx, inv, db, w)
+	if err != nil && inv.command != "migrate" {
+		err = unmigrated(ctx, db, err)
+	}
+	return err
+}
+
+func dispatch[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w io.Writer) error {
 	switch inv.command {
 	case "migrate":
 		return migrate(ctx, inv, db, w)
@@ -61,20 +70,77 @@ func runOn[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w i
 	return usageError{fmt.Errorf("unknown command %q", inv.command)}
 }
 
-// limiter returns a Limiter on db with the configs of the invocation.
-func limiter[TTx any](inv *invocation, db *database[TTx]) (*txlimit.Limiter[TTx], map[string]txlimit.Config, error) {
+// unmigrated adds the fix to err when the table txlimit lacks a migration:
+// the rows are read with every column of the library's state (prev
+// included), so an older table fails the SELECT with the database's own
+// error, which the store's Ping turns into txlimit.ErrNotMigrated.
+func unmigrated[TTx any](ctx context.Context, db *database[TTx], err error) error {
+	var usage usageError
+	if errors.As(err, &usage) || errors.Is(err, txlimit.ErrInvalid) || ctx.Err() != nil {
+		return err
+	}
+	if !errors.Is(err, txlimit.ErrNotMigrated) {
+		ping := db.store.Ping(ctx, driver.PingParams{})
+		if !errors.Is(ping, txlimit.ErrNotMigrated) {
+			return err
+		}
+		err = ping
+	}
+	return fmt.Errorf("%w; txlimit migrate up applies the missing migrations (migrate status lists them)", err)
+}
+
+// limit is one limit of the invocation: its config as the Limiter
+// normalized it (defaults filled in), and as the stores see it.
+type limit struct {
+	config txlimit.Config
+	stored driver.LimitConfig
+}
+
+// limiter returns a Limiter on db with the configs of the invocation, and
+// those configs. txlimit.New validates them: its *txlimit.InvalidError is
+// told with the flag or file field the operator gave.
+func limiter[TTx any](inv *invocation, db *database[TTx]) (*txlimit.Limiter[TTx], map[string]limit, error) {
 	cfgs, err := inv.configs()
 	if err != nil {
 		return nil, nil, err
 	}
 	l, err := txlimit.New(db.store, cfgs, nil)
 	if err != nil {
-		return nil, nil, usageError{fmt.Errorf("config: %w", err)}
+		return nil, nil, usageError{inv.invalidConfig(err)}
 	}
+	limits := make(map[string]limit, len(cfgs))
 	for name := range cfgs {
-		cfgs[name], _ = l.Config(name) // with defaults filled in
+		c, _ := l.Config(name)
+		stored, err := storedConfig(c)
+		if err != nil {
+			return nil, nil, err
+		}
+		limits[name] = limit{config: c, stored: stored}
 	}
-	return l, cfgs, nil
+	return l, limits, nil
+}
+
+// storedConfig is c, a config txlimit.New normalized, as the Limiter hands
+// it to its store (the root keeps that conversion, and the calendar's
+// *time.Location, unexported): the whole limit's Rate, Capacity and
+// MaxReserved, which driver.Limit.Shard divides among the shards.
+func storedConfig(c txlimit.Config) (driver.LimitConfig, error) {
+	var loc *time.Location
+	if c.Calendar != 0 {
+		var err error
+		// txlimit.New loaded it too: it is there.
+		if loc, err = time.LoadLocation(c.Zone); err != nil {
+			return driver.LimitConfig{}, err
+		}
+	}
+	return driver.LimitConfig{
+		Config: algo.Config{
+			Kind: algo.Kind(c.Kind), Rate: c.Rate, Period: c.Period.Microseconds(),
+			Capacity: c.Capacity, MaxReserved: c.MaxReserved,
+			Calendar: algo.Calendar{Unit: algo.CalendarUnit(c.Calendar), Weekday: c.WeekStart, Location: loc},
+		},
+		Shards: c.Shards, Start: c.Start.UnixMicro(), Aligned: !c.Start.IsZero(),
+	}, nil
 }
 
 func migrate[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w io.Writer) error {
@@ -130,65 +196,80 @@ func migrate[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w
 	return nil
 }
 
-// shardConfig is the configuration of one shard of c, as the Limiter uses
-// it: each shard holds Rate/Shards, Capacity/Shards and MaxReserved/Shards.
-func shardConfig(c txlimit.Config) algo.Config {
-	n := float64(c.Shards)
-	return algo.Config{
-		Kind: algo.Kind(c.Kind), Rate: c.Rate / n, Period: c.Period.Microseconds(),
-		Capacity: c.Capacity / n, MaxReserved: c.MaxReserved / n,
+// project returns the tokens of each of l's shards at now, and their total
+// (what Limiter.Value says), from every row of l's key, read as the Limiter
+// reads them (driver.Limit.States): a missing shard is full, and rows
+// written under another number of shards are pooled and spread over l's
+// (resharded is then set). A shard's tokens are algo.Pooled of it alone:
+// the tokens of a token bucket or a fixed window, Rate less the weighted
+// counts of a sliding window.
+func project(l driver.Limit, rows []row, now time.Time) (tokens []float64, total float64, resharded bool) {
+	at := now.UnixMicro()
+	stored := make([]driver.Row, len(rows))
+	for i, r := range rows {
+		stored[i] = r.Row
 	}
+	states, resharded := l.States(stored, at)
+	shard := l.Shard(l.Shards)
+	tokens = make([]float64, len(states))
+	for i, s := range states {
+		tokens[i] = algo.Pooled(shard, []algo.State{s}, at)
+	}
+	return tokens, algo.Pooled(shard, states, at), resharded
 }
 
-// project returns the tokens of every shard of c at now, from the rows of
-// one key: a stored shard projected to now, a missing one full. Rows of
-// shards beyond c.Shards (left by a config with more) are not counted, as
-// the Limiter does not read them.
-func project(c txlimit.Config, rows []row, now time.Time) []float64 {
-	sc := shardConfig(c)
-	out := make([]float64, c.Shards)
-	for i := range out {
-		out[i] = sc.Capacity
+// describe is c's kind and rate: "token bucket, 10 per 1m0s", "fixed
+// window, 1000 per calendar month in Europe/Berlin".
+func describe(c txlimit.Config) string {
+	if c.Calendar == 0 {
+		return fmt.Sprintf("%s, %s per %v", c.Kind, num(c.Rate), c.Period)
 	}
-	for _, r := range rows {
-		if int(r.Shard) < c.Shards {
-			out[r.Shard] = algo.Project(sc, algo.State{Value: r.Value, TS: r.TS.UnixMicro()}, now.UnixMicro()).Value
-		}
+	per := "calendar " + calendarName(c.Calendar)
+	if c.Calendar == txlimit.Week {
+		per += " from " + c.WeekStart.String()
 	}
-	return out
+	return fmt.Sprintf("%s, %s per %s in %s", c.Kind, num(c.Rate), per, cmp.Or(c.Zone, "UTC"))
 }
 
 // valueShard is one shard in value's output.
 type valueShard struct {
 	Shard int32    `json:"shard"`
 	Now   float64  `json:"now"`              // tokens now
-	Row   bool     `json:"row"`              // whether it has a row (else it is full)
-	Value *float64 `json:"stored,omitempty"` // the stored value
+	Row   bool     `json:"row"`              // whether it has a row (else it is full, unless resharded)
+	Value *float64 `json:"stored,omitempty"` // the stored value: a sliding window's count
+	// Prev is the stored count of a sliding window's previous window,
+	// when not 0.
+	Prev *float64 `json:"prev,omitempty"`
 	// TS is the stored ts: the last update of a token bucket, the start
-	// of the window of a fixed window.
+	// of the window of a fixed, sliding or calendar window.
 	TS      *time.Time `json:"ts,omitempty"`
 	Ignored bool       `json:"ignored,omitempty"` // beyond the config's Shards
 }
 
 type valueOutput struct {
-	Name     string       `json:"name"`
-	Key      string       `json:"key"`
-	At       time.Time    `json:"at"`
-	Total    float64      `json:"total"`
-	Capacity float64      `json:"capacity"`
-	Shards   []valueShard `json:"shards"`
+	Name     string    `json:"name"`
+	Key      string    `json:"key"`
+	At       time.Time `json:"at"`
+	Total    float64   `json:"total"`
+	Capacity float64   `json:"capacity"`
+	// Resharded reports rows written under another number of shards: the
+	// limiter pools them and spreads them over the config's Shards, and
+	// Now is each shard's share.
+	Resharded bool         `json:"resharded,omitempty"`
+	Shards    []valueShard `json:"shards"`
 }
 
 func value[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w io.Writer) error {
 	name, key := inv.args[0], inv.args[1]
-	l, cfgs, err := limiter(inv, db)
+	l, limits, err := limiter(inv, db)
 	if err != nil {
 		return err
 	}
-	c, ok := cfgs[name]
+	lim, ok := limits[name]
 	if !ok {
 		return usageError{fmt.Errorf("no config for limit %q: the database keeps none; give -kind, -rate and -period (and -capacity, -shards, … as your application sets them), or -config FILE", name)}
 	}
+	c := lim.config
 	var snap txlimit.Snapshot
 	var rows []row
 	err = db.snapshot(ctx, func(tx TTx) (err error) {
@@ -201,43 +282,83 @@ func value[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w i
 	if err != nil {
 		return err
 	}
-	tokens := project(c, rows, snap.At)
-	out := valueOutput{Name: name, Key: key, At: snap.At.UTC(), Total: snap.Value, Capacity: c.Capacity}
+	tokens, _, resharded := project(lim.stored.Limit(name, key), rows, snap.At)
+	out := valueOutput{Name: name, Key: key, At: snap.At.UTC(), Total: snap.Value, Capacity: c.Capacity, Resharded: resharded}
 	for i, t := range tokens {
 		out.Shards = append(out.Shards, valueShard{Shard: int32(i), Now: t})
 	}
+	written := 0 // the shards of the config the rows were written under
 	for _, r := range rows {
+		written = max(written, int(r.Shard)+1)
 		ts := r.TS.UTC()
+		s := valueShard{Shard: r.Shard, Row: true, Value: &r.Value, TS: &ts}
+		if r.Prev != 0 {
+			s.Prev = &r.Prev
+		}
 		if int(r.Shard) >= c.Shards {
-			out.Shards = append(out.Shards, valueShard{Shard: r.Shard, Row: true, Value: &r.Value, TS: &ts, Ignored: true})
+			s.Ignored = true
+			out.Shards = append(out.Shards, s)
 			continue
 		}
-		s := &out.Shards[r.Shard]
-		s.Row, s.Value, s.TS = true, &r.Value, &ts
+		s.Now = out.Shards[r.Shard].Now
+		out.Shards[r.Shard] = s
 	}
 	if inv.json {
 		return writeJSON(w, out)
 	}
 
-	fmt.Fprintf(w, "limit %s, key %s: %s, %s per %v, capacity %s", name, quote(key), c.Kind, num(c.Rate), c.Period, num(c.Capacity))
+	fmt.Fprintf(w, "limit %s, key %s: %s, capacity %s", name, quote(key), describe(c), num(c.Capacity))
 	if c.MaxReserved > 0 {
 		fmt.Fprintf(w, ", reservations up to %s", num(c.MaxReserved))
 	}
-	fmt.Fprintf(w, ", %d shard(s)\nread at %s (the clock the limiter decides with)\n\n", c.Shards, out.At.Format(time.RFC3339Nano))
+	fmt.Fprintf(w, ", %d shard(s)\nread at %s (the clock the limiter decides with)\n", c.Shards, out.At.Format(time.RFC3339Nano))
+	sliding := c.Kind == txlimit.SlidingWindow
+	if sliding {
+		fmt.Fprintln(w, "a sliding window stores counts, not tokens: a shard's tokens are its rate, less its count, less its\n"+
+			"previous window's count (prev) times the part of that window the sliding window still covers")
+	}
+	if resharded {
+		fmt.Fprintf(w, "the rows were written under %d shard(s): the limiter pools them and spreads them over %d, as TOKENS NOW shows\n", written, c.Shards)
+	}
+	fmt.Fprintln(w)
+
+	// ts is a token bucket's last update and the start of the window of
+	// every other kind; a calendar window's starts are shown in its zone.
 	tsHeader := "UPDATED AT"
-	if c.Kind == txlimit.FixedWindow {
+	if c.Kind != txlimit.TokenBucket {
 		tsHeader = "WINDOW START"
 	}
+	loc := lim.stored.Config.Calendar.Location
+	stamp := func(t *time.Time) string {
+		if loc != nil {
+			return t.In(loc).Format(time.RFC3339Nano)
+		}
+		return t.Format(time.RFC3339Nano)
+	}
+	storedHeader, none := "STORED", "-"
+	stored := func(s valueShard) string { return num(*s.Value) }
+	if sliding {
+		storedHeader, none = "STORED COUNT\tSTORED PREV", "-\t-"
+		stored = func(s valueShard) string {
+			prev := 0.0
+			if s.Prev != nil {
+				prev = *s.Prev
+			}
+			return num(*s.Value) + "\t" + num(prev)
+		}
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "SHARD\tTOKENS NOW\tSTORED\t%s\n", tsHeader)
+	fmt.Fprintf(tw, "SHARD\tTOKENS NOW\t%s\t%s\n", storedHeader, tsHeader)
 	for _, s := range out.Shards {
 		switch {
 		case s.Ignored:
-			fmt.Fprintf(tw, "%d\t-\t%s\t%s (beyond shards %d: not read by the limiter)\n", s.Shard, num(*s.Value), s.TS.Format(time.RFC3339Nano), c.Shards)
+			fmt.Fprintf(tw, "%d\t-\t%s\t%s (beyond shards %d: pooled into the shards above)\n", s.Shard, stored(s), stamp(s.TS), c.Shards)
 		case s.Row:
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", s.Shard, num(s.Now), num(*s.Value), s.TS.Format(time.RFC3339Nano))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", s.Shard, num(s.Now), stored(s), stamp(s.TS))
+		case resharded:
+			fmt.Fprintf(tw, "%d\t%s\t%s\t(no row)\n", s.Shard, num(s.Now), none)
 		default:
-			fmt.Fprintf(tw, "%d\t%s\t-\t(no row: full)\n", s.Shard, num(s.Now))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t(no row: full)\n", s.Shard, num(s.Now), none)
 		}
 	}
 	fmt.Fprintf(tw, "TOTAL\t%s\tof %s\n", num(out.Total), num(c.Capacity))
@@ -286,7 +407,8 @@ type keyState struct {
 	Tokens     float64 `json:"tokens"`
 	Capacity   float64 `json:"capacity"`
 	Fill       float64 `json:"fill"` // Tokens / Capacity
-	// Stored is the sum of the stored values, not projected.
+	// Stored is the sum of the stored values (a sliding window's counts),
+	// not projected.
 	Stored float64 `json:"stored"`
 }
 
@@ -301,7 +423,7 @@ func keys[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w io
 	if len(inv.args) == 1 {
 		name = inv.args[0]
 	}
-	_, cfgs, err := limiter(inv, db)
+	_, limits, err := limiter(inv, db)
 	if err != nil {
 		return err
 	}
@@ -327,12 +449,10 @@ func keys[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w io
 		for _, r := range rows[i:j] {
 			k.Stored += r.Value
 		}
-		if c, ok := cfgs[k.Name]; ok {
-			k.Configured, k.Capacity = true, c.Capacity
-			for _, t := range project(c, rows[i:j], now) {
-				k.Tokens += t
-			}
-			k.Fill = k.Tokens / c.Capacity
+		if lim, ok := limits[k.Name]; ok {
+			k.Configured, k.Capacity = true, lim.config.Capacity
+			_, k.Tokens, _ = project(lim.stored.Limit(k.Name, k.Key), rows[i:j], now)
+			k.Fill = k.Tokens / k.Capacity
 		}
 		states = append(states, k)
 		i = j
@@ -384,11 +504,11 @@ func keys[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w io
 }
 
 func prune[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w io.Writer) error {
-	l, cfgs, err := limiter(inv, db)
+	l, limits, err := limiter(inv, db)
 	if err != nil {
 		return err
 	}
-	if len(cfgs) == 0 {
+	if len(limits) == 0 {
 		return usageError{errors.New("prune needs your limits' configs (-config FILE): it deletes a limit's rows only when they are full under the config your application uses")}
 	}
 	res, err := l.Prune(ctx, &txlimit.PruneOptions{BatchSize: inv.batch})

@@ -20,13 +20,12 @@ import (
 	"github.com/txlimit/txlimit/sqlitestore"
 )
 
-// row is one row of the table txlimit.
+// row is one row of the table txlimit: its name and key, and the shard's
+// state as the library reads it.
 type row struct {
-	Name  string
-	Key   string
-	Shard int32
-	Value float64
-	TS    time.Time
+	Name string
+	Key  string
+	driver.Row
 }
 
 // database is an open database of either dialect. Its Limiter operations go
@@ -73,7 +72,9 @@ func rowsWhere(name string, key *string, ph func(int) string) (string, []any) {
 	return " WHERE " + strings.Join(conds, " AND "), args
 }
 
-const selectRows = "SELECT name, key, shard, value, ts FROM txlimit"
+// selectRows reads every column the library's state has: prev is the
+// previous window's count of a sliding window (0 for the other kinds).
+const selectRows = "SELECT name, key, shard, value, prev, ts FROM txlimit"
 
 func openPostgres(ctx context.Context, dsn string) (*database[pgx.Tx], error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
@@ -108,7 +109,7 @@ func openPostgres(ctx context.Context, dsn string) (*database[pgx.Tx], error) {
 			}
 			return pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 				var x row
-				err := r.Scan(&x.Name, &x.Key, &x.Shard, &x.Value, &x.TS)
+				err := r.Scan(&x.Name, &x.Key, &x.Shard, &x.Value, &x.Prev, &x.TS)
 				return x, err
 			})
 		},
@@ -173,7 +174,7 @@ func openSQLite(dsn string, create bool) (*database[*sql.Tx], error) {
 			for rs.Next() {
 				var x row
 				var ts int64 // microseconds since the epoch
-				if err := rs.Scan(&x.Name, &x.Key, &x.Shard, &x.Value, &ts); err != nil {
+				if err := rs.Scan(&x.Name, &x.Key, &x.Shard, &x.Value, &x.Prev, &ts); err != nil {
 					return nil, err
 				}
 				x.TS = time.UnixMicro(ts).UTC()

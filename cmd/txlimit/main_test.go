@@ -110,6 +110,20 @@ func TestUsage(t *testing.T) {
 		{[]string{"prune", "-config", bad}, `{"send": {"kind": "token_bucket", "rate": 1, "period": "1 minute"}}`, `limit "send": period must be a Go duration`},
 		{[]string{"prune", "-config", bad}, `{"send": {"kind": "token_bucket", "rate": 1, "period": "1m", "burst": 3}}`, `unknown field "burst"`},
 		{[]string{"keys", "-config", bad}, `{"send": {"kind": "fixed_window", "rate": 1, "period": "1m", "shards": 5000}}`, "Shards"},
+		// The window shapes: the command reads the fields, txlimit.New
+		// judges them, and the operator is told which flag or field.
+		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3"}, "", "needs at least -kind, -rate and -period (or -calendar"},
+		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-calendar", "fortnight"}, "", "flag -calendar must be day, week, month or year"},
+		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-calendar", "week", "-week-start", "funday"}, "", "flag -week-start must be a day of the week"},
+		{[]string{"value", "send", "k", "-kind", "sliding_window", "-rate", "3", "-period", "1m", "-calendar", "month"}, "", "flag -calendar: Calendar applies to FixedWindow only, got a sliding window"},
+		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-period", "1m", "-calendar", "month"}, "", "flag -period: Period must be 0 for a calendar window"},
+		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-calendar", "day", "-zone", "Mars/Olympus"}, "", `flag -zone: Zone "Mars/Olympus" is not a time zone`},
+		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-calendar", "day", "-week-start", "monday"}, "", "flag -week-start: WeekStart applies to Week windows only"},
+		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-calendar", "day", "-start", "2026-01-01T00:00:00Z"}, "", "flag -start: Start aligns windows of Period"},
+		{[]string{"keys", "-config", bad}, `{"login": {"kind": "sliding-window", "rate": 1}}`, `limit "login": period: Period must be at least 1µs, got 0s`},
+		{[]string{"keys", "-config", bad}, `{"api": {"kind": "fixed_window", "rate": 1, "calendar": "month", "zone": "Local"}}`, `limit "api": zone: Zone must name a zone`},
+		{[]string{"keys", "-config", bad}, `{"w": {"kind": "fixed_window", "rate": 1, "calendar": "week", "week_start": "Funday"}}`, `limit "w": week_start must be a day of the week`},
+		{[]string{"keys", "-config", bad}, `{"x": {"kind": "leaky", "rate": 1, "period": "1m"}}`, `limit "x": kind must be token_bucket or fixed_window or sliding_window`},
 	} {
 		if c.file != "" {
 			require.NoError(t, os.WriteFile(bad, []byte(c.file), 0o600))
@@ -118,6 +132,11 @@ func TestUsage(t *testing.T) {
 		require.Contains(t, stderr, c.want, "%q", c.args)
 	}
 	require.Contains(t, fails(t, exitError, "prune", "-dsn", dsn, "-config", filepath.Join(t.TempDir(), "missing.json")), "no such file")
+
+	// A calendar window by flags, on a key with no row.
+	out := ok(t, "value", "api", "acme", "-dsn", dsn, "-kind", "fixed_window", "-rate", "3", "-calendar", "DAY")
+	require.Contains(t, out, "limit api, key acme: fixed window, 3 per calendar day in UTC, capacity 3, 1 shard(s)")
+	require.Regexp(t, `(?m)^0\s+3\s+-\s+\(no row: full\)$`, out)
 }
 
 func TestSQLite(t *testing.T) {
@@ -133,6 +152,20 @@ func TestSQLite(t *testing.T) {
 
 func TestPostgres(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
+	dsn := postgresDSN(t)
+	exercise(t, dsn, func(t *testing.T) *txlimit.Limiter[pgx.Tx] {
+		pool, err := pgxpool.New(ctx, dsn)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		return newLimiter(t, pgstore.New(pool))
+	})
+}
+
+// postgresDSN returns the DSN of a schema of the test's own on the test
+// server, dropped when the test ends.
+func postgresDSN(t *testing.T) string {
+	t.Helper()
 	ctx := context.Background()
 	url := cmp.Or(os.Getenv("TEST_DATABASE_URL"), localDatabaseURL)
 	admin, err := pgx.Connect(ctx, url)
@@ -159,13 +192,7 @@ func TestPostgres(t *testing.T) {
 	if strings.Contains(url, "?") {
 		sep = "&"
 	}
-	dsn := url + sep + "search_path=" + schema
-	exercise(t, dsn, func(t *testing.T) *txlimit.Limiter[pgx.Tx] {
-		pool, err := pgxpool.New(ctx, dsn)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
-		return newLimiter(t, pgstore.New(pool))
-	})
+	return url + sep + "search_path=" + schema
 }
 
 // start aligns the windows of "send" so that none ends during a test:
@@ -223,13 +250,17 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	out := ok(t, "migrate", "up", "-dsn", dsn)
 	require.Contains(t, out, "applied 00001_create_txlimit.sql")
 	// Both have the sliding window's prev column; PostgreSQL has escrow
-	// mode's tables and the arithmetic's functions before it.
+	// mode's tables and the arithmetic's functions before it, the
+	// function a take at commit raises with and the table's fillfactor
+	// after it.
 	last := 2
 	if strings.HasPrefix(dsn, "postgres") {
-		last = 4
+		last = 6
 		require.Contains(t, out, "applied 00002_create_txlimit_escrow.sql")
 		require.Contains(t, out, "applied 00003_create_txlimit_functions.sql")
 		require.Contains(t, out, "applied 00004_add_txlimit_prev.sql")
+		require.Contains(t, out, "applied 00005_create_txlimit_deny.sql")
+		require.Contains(t, out, "applied 00006_set_txlimit_fillfactor.sql")
 	}
 	require.Contains(t, out, fmt.Sprintf("version %d (recorded in txlimit_goose_version)", last))
 	require.Contains(t, ok(t, "migrate", "up", "-dsn", dsn), "up to date: nothing to apply")
@@ -326,6 +357,9 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	for range last - 1 {
 		ok(t, "migrate", "down", "-yes", "-dsn", dsn)
 	}
+	// The table is there without prev: the commands say how to fix it.
+	require.Contains(t, fails(t, exitError, "keys", "-dsn", dsn, "-config", config), "txlimit migrate up applies the missing migrations")
+	require.Contains(t, fails(t, exitError, "value", "send", "alice", "-dsn", dsn, "-config", config), "txlimit migrate up applies the missing migrations")
 	out = ok(t, "migrate", "down", "-yes", "-dsn", dsn)
 	require.Contains(t, out, "rolled back 00001_create_txlimit.sql")
 	require.Contains(t, out, "version 0")

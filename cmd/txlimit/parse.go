@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +35,7 @@ type invocation struct {
 // limitFlags is one limit's config given as flags.
 type limitFlags struct {
 	kind, period, start         string
+	calendar, zone, weekStart   string
 	rate, capacity, maxReserved float64
 	shards                      int
 	set                         map[string]bool // the flags given
@@ -54,6 +56,9 @@ func parse(args []string) (*invocation, error) {
 	fs.Float64Var(&inv.limit.maxReserved, "max-reserved", 0, "")
 	fs.IntVar(&inv.limit.shards, "shards", 0, "")
 	fs.StringVar(&inv.limit.start, "start", "", "")
+	fs.StringVar(&inv.limit.calendar, "calendar", "", "")
+	fs.StringVar(&inv.limit.zone, "zone", "", "")
+	fs.StringVar(&inv.limit.weekStart, "week-start", "", "")
 	fs.IntVar(&inv.n, "n", 20, "")
 	fs.IntVar(&inv.batch, "batch", 0, "")
 	fs.BoolVar(&inv.json, "json", false, "")
@@ -138,7 +143,7 @@ var argsWanted = map[string]string{
 	"prune":   "no arguments",
 }
 
-var configFlags = []string{"kind", "rate", "period", "capacity", "max-reserved", "shards", "start"}
+var configFlags = []string{"kind", "rate", "period", "capacity", "max-reserved", "shards", "start", "calendar", "zone", "week-start"}
 
 func (f limitFlags) given() bool {
 	for _, n := range configFlags {
@@ -151,13 +156,30 @@ func (f limitFlags) given() bool {
 
 // config returns the limit the flags define.
 func (f limitFlags) config() (txlimit.Config, error) {
-	if !f.set["kind"] || !f.set["rate"] || !f.set["period"] {
-		return txlimit.Config{}, errors.New("a limit given by flags needs at least -kind, -rate and -period")
+	if !f.set["kind"] || !f.set["rate"] || !f.set["period"] && !f.set["calendar"] {
+		return txlimit.Config{}, errors.New("a limit given by flags needs at least -kind, -rate and -period (or -calendar instead of -period for a calendar window)")
 	}
 	return fileConfig{
 		Kind: f.kind, Rate: f.rate, Period: f.period, Capacity: f.capacity,
 		MaxReserved: f.maxReserved, Shards: f.shards, Start: f.start,
-	}.config("flag -")
+		Calendar: f.calendar, Zone: f.zone, WeekStart: f.weekStart,
+	}.config(source{})
+}
+
+// source is where a limit's config was given: flags, or a limit of the
+// -config file.
+type source struct {
+	file  string // "" for the flags
+	limit string
+}
+
+// field names a field (as the JSON file spells it: week_start) where the
+// operator wrote it: "flag -week-start", or "limits.json: limit "x": week_start".
+func (s source) field(name string) string {
+	if s.file == "" {
+		return "flag -" + strings.ReplaceAll(name, "_", "-")
+	}
+	return fmt.Sprintf("%s: limit %s: %s", s.file, strconv.Quote(s.limit), name)
 }
 
 // fileConfig is one limit in a -config file.
@@ -169,31 +191,77 @@ type fileConfig struct {
 	MaxReserved float64 `json:"max_reserved"`
 	Shards      int     `json:"shards"`
 	Start       string  `json:"start"`
+	Calendar    string  `json:"calendar"`
+	Zone        string  `json:"zone"`
+	WeekStart   string  `json:"week_start"`
 }
 
-// config converts c; prefix names where a field comes from in errors.
-func (c fileConfig) config(prefix string) (txlimit.Config, error) {
+// calendarUnits are the values of calendar, in the order of
+// txlimit.CalendarUnit (Day is 1).
+var calendarUnits = []string{"day", "week", "month", "year"}
+
+// calendarName returns the name of u as calendar takes it.
+func calendarName(u txlimit.CalendarUnit) string {
+	if u >= txlimit.Day && int(u) <= len(calendarUnits) {
+		return calendarUnits[u-txlimit.Day]
+	}
+	return fmt.Sprintf("CalendarUnit(%d)", u)
+}
+
+// config converts c, given at src. It only reads the fields: whether they
+// go together (a Period with a Calendar, a Zone that exists, ...) is for
+// txlimit.New to say.
+func (c fileConfig) config(src source) (txlimit.Config, error) {
 	var out txlimit.Config
 	switch strings.ReplaceAll(c.Kind, "-", "_") {
 	case "token_bucket":
 		out.Kind = txlimit.TokenBucket
 	case "fixed_window":
 		out.Kind = txlimit.FixedWindow
+	case "sliding_window":
+		out.Kind = txlimit.SlidingWindow
 	default:
-		return out, fmt.Errorf("%skind must be token_bucket or fixed_window, got %q", prefix, c.Kind)
+		return out, fmt.Errorf("%s must be token_bucket or fixed_window or sliding_window, got %q", src.field("kind"), c.Kind)
 	}
-	period, err := time.ParseDuration(c.Period)
-	if err != nil {
-		return out, fmt.Errorf("%speriod must be a Go duration such as 1m or 24h, got %q", prefix, c.Period)
+	var err error
+	if c.Period != "" { // none is Period 0: a calendar window's
+		if out.Period, err = time.ParseDuration(c.Period); err != nil {
+			return out, fmt.Errorf("%s must be a Go duration such as 1m or 24h, got %q", src.field("period"), c.Period)
+		}
 	}
-	out.Rate, out.Period, out.Capacity, out.MaxReserved, out.Shards = c.Rate, period, c.Capacity, c.MaxReserved, c.Shards
+	out.Rate, out.Capacity, out.MaxReserved, out.Shards = c.Rate, c.Capacity, c.MaxReserved, c.Shards
 	if c.Start != "" {
 		out.Start, err = time.Parse(time.RFC3339Nano, c.Start)
 		if err != nil {
-			return out, fmt.Errorf("%sstart must be an RFC 3339 time such as 2026-01-01T00:00:00Z, got %q", prefix, c.Start)
+			return out, fmt.Errorf("%s must be an RFC 3339 time such as 2026-01-01T00:00:00Z, got %q", src.field("start"), c.Start)
 		}
 	}
+	if c.Calendar != "" {
+		i := slices.IndexFunc(calendarUnits, func(u string) bool { return strings.EqualFold(u, c.Calendar) })
+		if i < 0 {
+			return out, fmt.Errorf("%s must be day, week, month or year, got %q", src.field("calendar"), c.Calendar)
+		}
+		out.Calendar = txlimit.Day + txlimit.CalendarUnit(i)
+	}
+	out.Zone = c.Zone
+	if c.WeekStart != "" {
+		day, ok := weekday(c.WeekStart)
+		if !ok {
+			return out, fmt.Errorf("%s must be a day of the week, sunday to saturday, got %q", src.field("week_start"), c.WeekStart)
+		}
+		out.WeekStart = day
+	}
 	return out, nil
+}
+
+// weekday returns the day of the week named s (Monday, monday, ...).
+func weekday(s string) (time.Weekday, bool) {
+	for d := time.Sunday; d <= time.Saturday; d++ {
+		if strings.EqualFold(s, d.String()) {
+			return d, true
+		}
+	}
+	return 0, false
 }
 
 // configs returns the limits of the -config file (none without one),
@@ -213,7 +281,7 @@ func (inv *invocation) configs() (map[string]txlimit.Config, error) {
 			return nil, usageError{fmt.Errorf("%s: %v (the file maps each limit's name to its config; see txlimit -help)", inv.config, err)}
 		}
 		for name, fc := range file {
-			c, err := fc.config(fmt.Sprintf("%s: limit %s: ", inv.config, strconv.Quote(name)))
+			c, err := fc.config(source{file: inv.config, limit: name})
 			if err != nil {
 				return nil, usageError{err}
 			}
@@ -229,3 +297,54 @@ func (inv *invocation) configs() (map[string]txlimit.Config, error) {
 	}
 	return out, nil
 }
+
+// source returns where the config of limit name was given: the flags stand
+// for the command's NAME, the file for every other limit.
+func (inv *invocation) source(name string) source {
+	if inv.limit.given() && name == inv.args[0] {
+		return source{}
+	}
+	return source{file: inv.config, limit: name}
+}
+
+// configFields are the fields of the configs, as the file spells them, by
+// the name of the txlimit.Config field an *txlimit.InvalidError reports.
+var configFields = map[string]string{
+	"Kind": "kind", "Rate": "rate", "Period": "period", "Capacity": "capacity", "MaxReserved": "max_reserved",
+	"Shards": "shards", "Start": "start", "Calendar": "calendar", "Zone": "zone", "WeekStart": "week_start",
+}
+
+// configError is txlimit.New's verdict on a config, told where the operator
+// gave the field: "flag -period: Period must be 0 for a calendar window …".
+type configError struct {
+	invalid *txlimit.InvalidError
+	where   string // the flag or file field, or "" when none has the field
+}
+
+// invalidConfig returns err, txlimit.New's error on the invocation's configs,
+// as the operator gave them.
+func (inv *invocation) invalidConfig(err error) error {
+	var invalid *txlimit.InvalidError
+	if !errors.As(err, &invalid) {
+		return fmt.Errorf("invalid config: %w", err)
+	}
+	e := configError{invalid: invalid}
+	if field, ok := configFields[invalid.Field]; ok && invalid.Limit != "" {
+		e.where = inv.source(invalid.Limit).field(field)
+	}
+	return e
+}
+
+func (e configError) Error() string {
+	where := e.where
+	if where == "" && e.invalid.Limit != "" {
+		where = "limit " + strconv.Quote(e.invalid.Limit)
+	}
+	if where != "" {
+		where += ": "
+	}
+	return fmt.Sprintf("invalid config: %s%s %s", where, e.invalid.Field, e.invalid.Problem)
+}
+
+// Unwrap makes errors.Is(err, txlimit.ErrInvalid) true.
+func (e configError) Unwrap() error { return e.invalid }

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"strings"
+
+	txdriver "github.com/txlimit/txlimit/driver"
 )
 
 // The SQLSTATEs the stores name, as PostgreSQL's errcodes table (Appendix A)
@@ -50,9 +52,13 @@ func SQLState(err error) (string, bool) {
 // exist (3D000), which no retry cures. Otherwise err is retryable when its
 // SQLSTATE is (RetryableState) or, without one, when it is a network error,
 // an end of file or driver.ErrBadConn: the connection broke. Context
-// cancellation and deadlines are never retryable: the caller gave up.
+// cancellation and deadlines are never retryable: the caller gave up; nor
+// is a COMMIT whose outcome is unknown (txlimit.ErrCommitUnknown): the
+// transaction may have committed, and running it again would do its work
+// twice.
 func Retryable(err error, connectFailed bool) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, txdriver.ErrCommitUnknown) {
 		return false
 	}
 	code, ok := SQLState(err)

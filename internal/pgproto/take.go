@@ -90,7 +90,7 @@ func (pr Protocol) Take(ctx context.Context, db DB, p driver.TakeParams) (driver
 // (TestTakeRowMatchesAlgo).
 func takeInSQL(ctx context.Context, db DB, p driver.TakeParams, lt *LockTimer) (driver.TakeResult, bool, error) {
 	defer lt.Stop(lt.Start())
-	next, clock, ok, err := TakeRow(ctx, db, p)
+	next, clock, ok, err := TakeRow(ctx, db, p, false)
 	if err != nil || !ok {
 		return driver.TakeResult{}, false, err
 	}
@@ -100,8 +100,9 @@ func takeInSQL(ctx context.Context, db DB, p driver.TakeParams, lt *LockTimer) (
 // TakeRow runs the one-statement take of p on shard 0: TakeBucket or
 // TakeWindow by the limit's kind, TakeReserve for a reservation. ok is false
 // when it returned no row (granted nothing): the row, when it exists, may
-// then be locked, which the locked path that follows takes anyway.
-func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams) (next algo.State, clock time.Time, ok bool, err error) {
+// then be locked, which the locked path that follows takes anyway. With must
+// the statement raises Denied instead of returning no row (TakeCommit).
+func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams, must bool) (next algo.State, clock time.Time, ok bool, err error) {
 	cfg, fullTS := p.Config, micros(p.Full().TS)
 	fresh, freshOK := driver.Fresh(p)
 	var value float64
@@ -112,21 +113,21 @@ func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams) (next algo.
 		r, err = queries.TakeReserve(ctx, db, pgdb.TakeReserveParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: freshOK, FullTs: fullTS, Now: p.Now,
 			Kind: int32(cfg.Kind), Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, MaxReserved: cfg.MaxReserved,
-			Count: p.Count,
+			Count: p.Count, Must: must,
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	case cfg.Kind == algo.FixedWindow:
 		var r pgdb.TakeWindowRow
 		r, err = queries.TakeWindow(ctx, db, pgdb.TakeWindowParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: freshOK, FullTs: fullTS, Now: p.Now,
-			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
+			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count, Must: must,
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	default:
 		var r pgdb.TakeBucketRow
 		r, err = queries.TakeBucket(ctx, db, pgdb.TakeBucketParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: freshOK, FullTs: fullTS, Now: p.Now,
-			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
+			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count, Must: must,
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	}
@@ -313,7 +314,7 @@ func (pr Protocol) store(ctx context.Context, db DB, l driver.Limit, had []drive
 
 // Read is driver.Store.Read: ReadShards, the committed rows of (name, key)
 // and the clock, locking nothing.
-func (Protocol) Read(ctx context.Context, db DB, p driver.ReadParams) (driver.ReadResult, error) {
+func (Protocol) Read(ctx context.Context, db pgdb.DBTX, p driver.ReadParams) (driver.ReadResult, error) {
 	rows, err := queries.ReadShards(ctx, db, pgdb.ReadShardsParams{Name: p.Name, Key: p.Key, Now: p.Now})
 	if err != nil {
 		return driver.ReadResult{}, err

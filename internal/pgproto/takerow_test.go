@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit/algo"
@@ -20,7 +21,8 @@ import (
 // random configs, prior states, counts and clocks go through algo.Take and
 // through the statement the store picks (TakeBucket, TakeWindow, or TakeReserve
 // for a reservation), which must grant exactly when algo grants and store
-// exactly algo's state, bit for bit (the arithmetic is the same IEEE
+// exactly algo's state, bit for bit. With must (TakeCommit) it raises Denied
+// exactly where it would return no row (the arithmetic is the same IEEE
 // operations in the same order, and instants are exact microseconds). A
 // denial must write nothing. The store's whole Take (TakeRow, then the Go
 // path when it grants nothing) must match algo too.
@@ -46,7 +48,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 		// The statement alone.
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			seed(ctx, t, tx, c)
-			got, clock, ok, err := TakeRow(ctx, tx, p)
+			got, clock, ok, err := TakeRow(ctx, tx, p, false)
 			require.NoError(t, err, name)
 			rows := stored(ctx, t, tx, c)
 			if !wantD.OK || algocase.LongReservation(c, want) {
@@ -60,6 +62,24 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 			require.True(t, clock.Equal(now), name)
 			require.Len(t, rows, 1, name)
 			algocase.RequireBits(t, want, rows[0], name+": stored")
+			return errRollback
+		})
+		require.ErrorIs(t, err, errRollback)
+
+		// The statement with must: it raises where it returned no row, and
+		// otherwise returns the same row.
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			seed(ctx, t, tx, c)
+			got, _, ok, err := TakeRow(ctx, tx, p, true)
+			if !wantD.OK || algocase.LongReservation(c, want) {
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr, name)
+				require.Equal(t, Denied, pgErr.Code, name)
+				return errRollback
+			}
+			require.NoError(t, err, name)
+			require.True(t, ok, name)
+			algocase.RequireBits(t, want, got, name)
 			return errRollback
 		})
 		require.ErrorIs(t, err, errRollback)

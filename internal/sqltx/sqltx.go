@@ -1,10 +1,12 @@
 // Package sqltx is the transaction wrapper of the stores on database/sql
-// (pgsqlstore, sqlitestore, mysqlstore): their driver.Store.InTx.
+// (pgsqlstore, sqlitestore, mysqlstore): their driver.Store.InTx, Commit
+// and InTxCommit.
 package sqltx
 
 import (
 	"context"
 	"database/sql"
+	"fmt"
 
 	"github.com/txlimit/txlimit/driver"
 )
@@ -17,6 +19,12 @@ import (
 // turn the errors of BeginTx and Commit into the store's. Without db it
 // returns driver.ErrNoPool.
 func InTx(ctx context.Context, db *sql.DB, readOnly bool, fn func(tx *sql.Tx) error, begin, commit func(error) error) error {
+	return run(ctx, db, readOnly, begin, fn, func(tx *sql.Tx) error { return commit(tx.Commit()) })
+}
+
+// run begins a transaction on db, runs fn in it and then end, rolling back
+// when fn fails or panics.
+func run(ctx context.Context, db *sql.DB, readOnly bool, begin func(error) error, fn, end func(tx *sql.Tx) error) error {
 	if db == nil {
 		return driver.ErrNoPool
 	}
@@ -38,5 +46,46 @@ func InTx(ctx context.Context, db *sql.DB, readOnly bool, fn func(tx *sql.Tx) er
 		return err
 	}
 	done = true
-	return commit(tx.Commit())
+	return end(tx)
+}
+
+// TakeAll is a store's driver.Store.TakeAll.
+type TakeAll func(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error)
+
+// Commit is driver.Store.Commit on database/sql, whose drivers send one
+// statement at a time: takeAll in tx, then COMMIT when it granted and
+// ROLLBACK otherwise, each a round trip of its own (there is none to save
+// on SQLite, which has no server). commit turns the error of Commit into
+// the store's; known reports whether the transaction surely did not commit
+// when Commit failed with err (the database answered, or nothing was sent):
+// otherwise the error matches driver.ErrCommitUnknown.
+func Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams, takeAll TakeAll, commit func(error) error, known func(error) bool) (driver.TakeAllResult, error) {
+	res := driver.TakeAllResult{OK: true}
+	var err error
+	if len(p.Takes) > 0 {
+		res, err = takeAll(ctx, tx, p)
+	}
+	if err != nil || !res.OK {
+		_ = tx.Rollback()
+		return res, err
+	}
+	if err := tx.Commit(); err != nil {
+		if known(err) {
+			return driver.TakeAllResult{}, commit(err)
+		}
+		return driver.TakeAllResult{}, fmt.Errorf("%w: %w", driver.ErrCommitUnknown, commit(err))
+	}
+	return res, nil
+}
+
+// InTxCommit is driver.Store.InTxCommit on database/sql: fn in a
+// transaction begun as InTx begins one that writes, ended by Commit.
+func InTxCommit(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error, p driver.TakeAllParams, takeAll TakeAll,
+	begin, commit func(error) error, known func(error) bool,
+) (res driver.TakeAllResult, err error) {
+	err = run(ctx, db, false, begin, fn, func(tx *sql.Tx) (err error) {
+		res, err = Commit(ctx, tx, p, takeAll, commit, known)
+		return err
+	})
+	return res, err
 }

@@ -7,7 +7,7 @@
 // the public Limiter only, on a real database, in topics that run one after
 // another: prune, limits (and their concurrency), limit_all, remaining,
 // reservations, edges, windows (sliding and calendar windows, UpTo, and the
-// calls that must write nothing).
+// calls that must write nothing), commit (CommitTx and BeginFunc).
 //
 // The suite imports no database driver: a Harness gives it the store and
 // the few things it cannot do through a Limiter (open and end a
@@ -66,6 +66,7 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harne
 		{"reservations", runReservations[TTx]},
 		{"edges", runEdges[TTx]},
 		{"windows", runWindows[TTx]},
+		{"commit", runCommit[TTx]},
 	} {
 		t.Run(topic.name, func(t *testing.T) { topic.run(t, shared) })
 	}

@@ -278,6 +278,10 @@ SELECT name, key, shard, value, prev, ts FROM txlimit LIMIT 0;
 -- shard 0: with such rows there is no conflict, so the ON CONFLICT branch
 -- need not look again. On a conflict the latest version of the row (the one
 -- ON CONFLICT locked, not the statement's snapshot) is refilled and decided.
+-- With must (a take sent in one pipeline with the caller's COMMIT,
+-- Limiter.CommitTx) every case that would return no row raises instead
+-- (txlimit_deny, SQLSTATE TXL01), so that the server skips the COMMIT
+-- queued after it; without must the function is never called.
 -- The clock is statement_timestamp(), the server's time at the call, stable
 -- within the statement so that every use reads the same instant. The
 -- elapsed time is written out where it is used rather than computed once in
@@ -287,19 +291,21 @@ SELECT name, key, shard, value, prev, ts FROM txlimit LIMIT 0;
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
 SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
        txlimit_bucket_ts(sqlc.arg(full_ts)::timestamptz, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
-WHERE sqlc.arg(fresh_ok)::boolean
-  AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                  WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)
+WHERE (sqlc.arg(fresh_ok)::boolean
+       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
+                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0))
+   OR (sqlc.arg(must)::boolean AND txlimit_deny())
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(txlimit_bucket_refill(t.value,
                 CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                 sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
     ts = txlimit_bucket_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
-WHERE t.value BETWEEN -1e300 AND 1e300
-  AND txlimit_fits(txlimit_bucket_refill(t.value,
-          CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-          sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
-      sqlc.arg(capacity)::float8)
+WHERE (t.value BETWEEN -1e300 AND 1e300
+       AND (txlimit_fits(txlimit_bucket_refill(t.value,
+               CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+               sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+           sqlc.arg(capacity)::float8)))
+   OR (sqlc.arg(must)::boolean AND txlimit_deny())
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
 
 -- name: TakeWindow :one
@@ -310,9 +316,10 @@ SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
        txlimit_window_ts(sqlc.arg(full_ts)::timestamptz, f.clock, f.e, sqlc.arg(period)::bigint)
 FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
       FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
-WHERE sqlc.arg(fresh_ok)::boolean
-  AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                  WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)
+WHERE (sqlc.arg(fresh_ok)::boolean
+       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
+                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0))
+   OR (sqlc.arg(must)::boolean AND txlimit_deny())
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(txlimit_window_refill(t.value,
                 CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
@@ -320,11 +327,12 @@ SET value = txlimit_kept(txlimit_window_refill(t.value,
     ts = txlimit_window_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()),
              CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
              sqlc.arg(period)::bigint)
-WHERE t.value BETWEEN -1e300 AND 1e300
-  AND txlimit_fits(txlimit_window_refill(t.value,
-          CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-          sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
-      sqlc.arg(capacity)::float8)
+WHERE (t.value BETWEEN -1e300 AND 1e300
+       AND (txlimit_fits(txlimit_window_refill(t.value,
+               CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
+               sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+           sqlc.arg(capacity)::float8)))
+   OR (sqlc.arg(must)::boolean AND txlimit_deny())
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
 
 -- name: TakeReserve :one
@@ -339,9 +347,10 @@ SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
        txlimit_refill_ts(sqlc.arg(kind)::integer, sqlc.arg(full_ts)::timestamptz, f.clock, f.e, sqlc.arg(period)::bigint)
 FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
       FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
-WHERE sqlc.arg(fresh_ok)::boolean
-  AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                  WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)
+WHERE (sqlc.arg(fresh_ok)::boolean
+       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
+                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0))
+   OR (sqlc.arg(must)::boolean AND txlimit_deny())
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = CASE WHEN txlimit_fits(txlimit_refill(sqlc.arg(kind)::integer, t.value,
                           CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
@@ -357,8 +366,8 @@ SET value = CASE WHEN txlimit_fits(txlimit_refill(sqlc.arg(kind)::integer, t.val
     ts = txlimit_refill_ts(sqlc.arg(kind)::integer, t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()),
              CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
              sqlc.arg(period)::bigint)
-WHERE t.value BETWEEN -1e300 AND 1e300
-  AND (txlimit_fits(txlimit_refill(sqlc.arg(kind)::integer, t.value,
+WHERE (t.value BETWEEN -1e300 AND 1e300
+       AND (txlimit_fits(txlimit_refill(sqlc.arg(kind)::integer, t.value,
                CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
            sqlc.arg(capacity)::float8)
@@ -370,5 +379,6 @@ WHERE t.value BETWEEN -1e300 AND 1e300
                    CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                    sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
                sqlc.arg(rate)::float8, sqlc.arg(period)::bigint,
-               CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint))))
+               CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint)))))
+   OR (sqlc.arg(must)::boolean AND txlimit_deny())
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/pgstore"
+)
+
+// The subjects of the take at commit and of the peer it is measured
+// against.
+const (
+	// txlimit's take at commit (Limiter.BeginFunc on pgstore): the
+	// business transaction whose COMMIT carries the take.
+	implCommit = "txlimit/commit"
+	// The same with Config.Lease: the setup docs/commit.md recommends for
+	// a hot key.
+	implCommitLease = "txlimit/commit+lease"
+	// github.com/go-redis/redis_rate/v10 (GCRA, one EVALSHA) beside the
+	// transaction, as the Redis step is.
+	implRedisRate = "redis_rate"
+)
+
+// pgCommit is the business transaction through Limiter.BeginFunc: BEGIN,
+// the INSERT of an order, and the take sent with the COMMIT in one
+// pipeline. Each call acquires its connection from the pool, as BeginFunc
+// does, where the other subjects' clients hold one for the run; the pool
+// has one a client, so a call never waits for one. With lease set the
+// limit has Config.Lease (leaseSize, or a quarter of a smaller capacity),
+// and the clients of a limit share one Limiter, as the goroutines of one
+// process do, so that they share its leases.
+type pgCommit struct {
+	p     *pgPool
+	lease bool
+	// limiters are the Limiters of the limits, one each, shared by their
+	// clients.
+	limiters *sync.Map
+}
+
+// leaseSize is the lease of the timed runs: 64 calls' tokens a lease.
+const leaseSize = 64
+
+func newPgCommit(p *pgPool, lease bool) pgCommit {
+	return pgCommit{p: p, lease: lease, limiters: &sync.Map{}}
+}
+
+func (s pgCommit) limiter(spec limitSpec) (*txlimit.Limiter[pgx.Tx], error) {
+	if l, ok := s.limiters.Load(spec.Name); ok {
+		return l.(*txlimit.Limiter[pgx.Tx]), nil
+	}
+	var tune func(*txlimit.Config)
+	if s.lease {
+		tune = func(c *txlimit.Config) { c.Lease = min(leaseSize, math.Floor(spec.Capacity/4)) }
+	}
+	l, err := newLimiter(pgstore.New(s.p.pool), spec, tune)
+	if err != nil {
+		return nil, err
+	}
+	got, _ := s.limiters.LoadOrStore(spec.Name, l)
+	return got.(*txlimit.Limiter[pgx.Tx]), nil
+}
+
+func (s pgCommit) newClient(_ context.Context, spec limitSpec, key string, business bool) (client, error) {
+	l, err := s.limiter(spec)
+	if err != nil {
+		return nil, err
+	}
+	return &commitClient{l: l, req: txlimit.Request{Name: spec.Name, Key: key}, business: business}, nil
+}
+
+// value is the limit's tokens with those parked in the Limiter's lease,
+// taken from the limit but not handed out.
+func (s pgCommit) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
+	l, err := s.limiter(spec)
+	if err != nil {
+		return 0, err
+	}
+	snap, err := l.Value(ctx, spec.Name, key)
+	return snap.Value + snap.Leased, err
+}
+
+type commitClient struct {
+	l        *txlimit.Limiter[pgx.Tx]
+	req      txlimit.Request
+	business bool
+}
+
+// take is one business transaction. Its step is the time from the end of
+// the work to BeginFunc's return: the takes and the COMMIT, in one round
+// trip, where the other subjects' step leaves the COMMIT out.
+func (c *commitClient) take(ctx context.Context) (call, error) {
+	var workDone time.Time
+	_, err := c.l.BeginFunc(ctx, func(tx pgx.Tx) error {
+		if c.business {
+			if _, err := tx.Exec(ctx, pgBusinessInsert, c.req.Key, 1); err != nil {
+				return err
+			}
+		}
+		workDone = time.Now()
+		return nil
+	}, c.req)
+	r := call{ok: err == nil, step: time.Since(workDone)}
+	if errors.Is(err, txlimit.ErrRateLimited) {
+		err = nil
+	}
+	return r, err
+}
+
+func (c *commitClient) close() {}
+
+// redisRate is redis_rate's GCRA limiter on Redis beside the business
+// transaction: the step is one Allow (an EVALSHA of its script). Its limit
+// is the spec's token bucket as redis_rate spells one (whole events per
+// Period): Burst the capacity, one event per Period/Rate.
+type redisRate struct {
+	env *redisEnv
+	p   *pgPool
+}
+
+func (s redisRate) limit(spec limitSpec) (redis_rate.Limit, error) {
+	switch {
+	case spec.Clock != nil:
+		return redis_rate.Limit{}, errors.New("redis_rate reads Redis's clock: it cannot run on an injected one")
+	case spec.Capacity != float64(int(spec.Capacity)) || spec.Capacity < 1:
+		return redis_rate.Limit{}, fmt.Errorf("redis_rate's burst is a whole number of events, got capacity %v", spec.Capacity)
+	}
+	return redis_rate.Limit{Rate: 1, Burst: int(spec.Capacity), Period: time.Duration(float64(spec.Period) / spec.Rate)}, nil
+}
+
+func (s redisRate) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
+	lim, err := s.limit(spec)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := s.p.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rc := s.env.rdb.Conn()
+	limiter, k := redis_rate.NewLimiter(rc), s.env.key(spec, key)
+	c := newPgClient(conn, key, business, func(ctx context.Context, _ pgx.Tx) (bool, error) {
+		res, err := limiter.Allow(ctx, k, lim)
+		if err != nil {
+			return false, err
+		}
+		return res.Allowed == 1, nil
+	})
+	c.release = func() { _ = rc.Close() }
+	return c, nil
+}
+
+// value is what redis_rate says remains: the whole events it would admit
+// now (AllowN of 0 takes nothing).
+func (s redisRate) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
+	lim, err := s.limit(spec)
+	if err != nil {
+		return 0, err
+	}
+	res, err := redis_rate.NewLimiter(s.env.rdb).AllowN(ctx, s.env.key(spec, key), lim, 0)
+	if err != nil {
+		return 0, err
+	}
+	return float64(res.Remaining), nil
+}

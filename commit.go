@@ -1,0 +1,191 @@
+package txlimit
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/txlimit/txlimit/driver"
+)
+
+// CommitTx takes the limits of reqs, all or none as LimitAllTx takes them,
+// and ends tx with the decision: it commits tx when every limit grants and
+// rolls it back otherwise. The tokens are spent if and only if tx's own work
+// commits with them, and a denial leaves nothing of tx. Call it in place of
+// tx.Commit when the decision can wait until the work is done; LimitTx
+// decides before the work.
+//
+// The error is nil if and only if tx committed. A denial returns the
+// MultiResult (OK false; each Result is what Check would say of its limit)
+// and its Err, a *RateLimitedError with the RetryAfter. An error matching
+// ErrCommitUnknown means the connection failed during the COMMIT: tx may
+// or may not have committed. Bad input is an *InvalidError returned before
+// anything is sent, tx left open for the caller's deferred Rollback, as is
+// a savepoint passed for tx (pgstore refuses one: its COMMIT would commit
+// the outer transaction); after any other error tx has been rolled back.
+// CommitTx never fails open.
+//
+// On pgstore, when every limit is an unsharded token bucket or fixed window
+// outside escrow, the takes go to the server with the COMMIT in one
+// pipeline, so the limits' rows are locked only while the commit runs.
+// pgx then needs one more round trip to close tx, which BeginFunc saves.
+// Other limits are taken as LimitAllTx takes them and tx is then
+// committed; so are all limits on pgsqlstore and sqlitestore (database/sql
+// sends one statement at a time). Reserve and UpTo, which decide what the
+// work is to be, do not apply: they are an *InvalidError. docs/commit.md
+// compares the modes. A limit with Config.Lease is taken from its row here,
+// as LimitAllTx takes it: a lease's own transaction would wait for tx.
+func (l *Limiter[TTx]) CommitTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
+	return l.commitIn(ctx, &tx, nil, reqs)
+}
+
+// BeginFunc begins a transaction on the store's pool, runs fn in it and
+// ends it as CommitTx does: as pgx.BeginFunc commits, with the takes of reqs
+// riding the COMMIT. On pgstore the whole transaction then costs no round
+// trip of the limiter's own. An error of fn rolls the transaction back,
+// takes nothing and is returned as it is; fn must not commit or roll back
+// tx itself. The requests are validated before the transaction begins,
+// and a limit with Config.Lease is taken from its lease then.
+// It returns ErrNoPool when the store has no pool.
+func (l *Limiter[TTx]) BeginFunc(ctx context.Context, fn func(tx TTx) error, reqs ...Request) (MultiResult, error) {
+	return l.commitIn(ctx, nil, fn, reqs)
+}
+
+func (l *Limiter[TTx]) commitIn(ctx context.Context, tx *TTx, fn func(TTx) error, reqs []Request) (MultiResult, error) {
+	obs := l.observe()
+	rs, err := l.newRequests(reqs)
+	for _, r := range rs {
+		if err == nil {
+			err = r.checkAtCommit()
+		}
+	}
+	var res MultiResult
+	if err == nil {
+		res, err = l.commit(ctx, tx, fn, rs, obs)
+	}
+	res, err = l.finishAll(ctx, opCommit, obs, rs, res, err, false)
+	if err == nil {
+		err = res.Err() // a denial: the transaction did not commit
+	}
+	return res, err
+}
+
+// commit hands out the tokens of the leased limits of rs from their leases
+// (Config.Lease; BeginFunc only), then has the store take the others and
+// end the transaction; the leased tokens go back when it did not commit.
+func (l *Limiter[TTx]) commit(ctx context.Context, tx *TTx, fn func(TTx) error, rs []request, obs *observation) (MultiResult, error) {
+	results := make([]Result, len(rs))
+	var got []leased
+	var gotFrom []int
+	var stored []request // the limits the store takes
+	var storedAt []int
+	giveBack := func() error {
+		for i, g := range got {
+			if err := l.giveBack(ctx, rs[gotFrom[i]], g); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for i, r := range rs {
+		// Only BeginFunc takes from leases: it takes them before its
+		// transaction begins. Under CommitTx the caller's transaction is
+		// open, and a lease's own would wait for it (SQLite's one writer)
+		// or for a connection the caller may be holding the last of.
+		if r.config.Lease == 0 || tx != nil {
+			stored, storedAt = append(stored, r), append(storedAt, i)
+			continue
+		}
+		r.obs = obs
+		res, g, err := l.fromLease(ctx, r)
+		if err == nil && !res.OK {
+			return l.deniedByLease(ctx, rs, i, res, giveBack)
+		}
+		if err != nil {
+			if gerr := giveBack(); gerr != nil {
+				err = errors.Join(err, gerr)
+			}
+			return MultiResult{}, err
+		}
+		results[i], got, gotFrom = res, append(got, g), append(gotFrom, i)
+	}
+	var p driver.TakeAllParams // none to take: the store only commits
+	if len(stored) > 0 {
+		p = takeAllParams(stored, obs)
+	}
+	var all driver.TakeAllResult
+	var err error
+	if tx != nil {
+		all, err = l.store.Commit(ctx, *tx, p)
+	} else {
+		all, err = l.store.InTxCommit(ctx, fn, p)
+	}
+	if (err != nil && !errors.Is(err, ErrCommitUnknown)) || (err == nil && !all.OK) {
+		// The transaction did not commit: the leased tokens were not spent.
+		if gerr := giveBack(); gerr != nil {
+			err = errors.Join(err, gerr)
+		}
+	}
+	if err != nil {
+		return MultiResult{}, err
+	}
+	out, err := multiResult(stored, all, obs)
+	if err != nil {
+		return MultiResult{}, err
+	}
+	for j, i := range storedAt {
+		results[i] = out.Results[j]
+	}
+	if !out.OK {
+		for i := range results {
+			results[i].Taken = 0
+		}
+	}
+	out.Results = results
+	if out.At.IsZero() {
+		out.At = time.Now()
+	}
+	return out, nil
+}
+
+// deniedByLease is the MultiResult of a commit whose leased limit denied
+// gives (the denial res): the tokens handed out to the limits before it go
+// back, and every other limit gets what Check would say.
+func (l *Limiter[TTx]) deniedByLease(ctx context.Context, rs []request, denied int, res Result, giveBack func() error) (MultiResult, error) {
+	if err := giveBack(); err != nil {
+		return MultiResult{}, err
+	}
+	out := MultiResult{Results: make([]Result, len(rs)), RetryAfter: res.RetryAfter, At: res.At}
+	for i, r := range rs {
+		if i == denied {
+			out.Results[i] = res
+			continue
+		}
+		checked, err := in(ctx, l, nil, true, func(tx TTx) (Result, error) { return l.check(ctx, tx, r) })
+		if err != nil {
+			return MultiResult{}, err
+		}
+		out.Results[i] = checked
+		if !checked.OK {
+			out.RetryAfter = max(out.RetryAfter, checked.RetryAfter)
+		}
+	}
+	for i := range out.Results {
+		out.Results[i].Taken = 0
+	}
+	return out, nil
+}
+
+// checkAtCommit rejects the options that decide what the work is to be,
+// which at commit has already been done.
+func (r request) checkAtCommit() error {
+	switch {
+	case r.reserve:
+		return &InvalidError{Limit: r.name, Field: "Reserve", Problem: "does not apply at commit, after the work has run: " +
+			"a reservation tells when to run it; take it with LimitTx before the work"}
+	case r.upTo:
+		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: "does not apply at commit, after the work has run: " +
+			"its size is known by then; pass it as Count, or take UpTo with LimitTx before the work"}
+	}
+	return nil
+}

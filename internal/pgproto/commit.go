@@ -1,0 +1,149 @@
+package pgproto
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/pgdb"
+)
+
+// Denied is txlimit's own SQLSTATE, raised by txlimit_deny (migration
+// 00005) where a take sent with must would grant nothing.
+const Denied = "TXL01"
+
+// Lean reports whether every take of p can ride the COMMIT (TakeCommit):
+// each is one statement, an unsharded limit whose call the SQL decides
+// (driver.InSQL), and none is taken in escrow.
+func Lean(p driver.TakeAllParams) bool {
+	for _, t := range p.Takes {
+		if t.Shards != 1 || t.Escrow || !driver.InSQL(t) {
+			return false
+		}
+	}
+	return true
+}
+
+// TakeCommit is driver.Store.Commit for takes that are Lean, on a
+// connection whose transaction db is: it sends each take, in the canonical
+// order, with must set, and then COMMIT, in one round trip where db
+// pipelines. A take that would grant nothing raises Denied, and the server
+// then skips every statement after it, the COMMIT included, so that either
+// the transaction commits with every take or nothing of it remains.
+//
+// After a denial it rolls back and reads each limit (two more round trips),
+// to give each the decision Check would (the RetryAfter of the denial).
+// When none of them then denies, the SQL refused what algo would grant now:
+// tokens that came in since, or rows the one-statement take leaves to the
+// Go path (those of a limit whose Shards was lowered). Such rows are
+// rewritten by a take of nothing in a transaction of its own, so that the
+// next call can ride the COMMIT, and the call is reported denied with
+// RetryAfter 0: try again.
+//
+// An error the server reported means that the transaction did not commit;
+// it is rolled back and returned. Any other error after the statements
+// were sent (a connection lost, a context cancelled mid-flight) leaves the
+// outcome unknown: the error matches driver.ErrCommitUnknown.
+func (pr Protocol) TakeCommit(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	out := driver.TakeAllResult{OK: true, Results: make([]driver.TakeResult, len(p.Takes))}
+	calls := make([]Call, 0, len(p.Takes)+1)
+	for _, i := range driver.CanonicalOrder(p.Takes) {
+		t := p.Takes[i]
+		t.Now = p.Now
+		calls = append(calls, func(q pgdb.DBTX) error {
+			next, clock, ok, err := TakeRow(ctx, q, t, true)
+			if err == nil && !ok {
+				// Unreachable: with must the statement returns a row or
+				// raises. Should it not, the COMMIT queued after it would
+				// commit a call that took nothing; fail loudly instead.
+				return errors.New("txlimit/pgproto: internal error: a take sent with COMMIT returned no row")
+			}
+			out.Results[i] = driver.TakeResult{Decision: driver.Granted(t.Config, next, clock.UnixMicro()), At: clock, States: []algo.State{next}}
+			out.At = clock
+			return err
+		})
+	}
+	calls = append(calls, Exec(ctx, "COMMIT"))
+	lt := LockTimer{On: p.TimeLocks}
+	start := lt.Start()
+	err := Send(ctx, db, calls...)
+	lt.Stop(start)
+	out.LockWait = lt.Total
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return out, nil
+	case errors.As(err, &pgErr) && pgErr.Code == Denied:
+		return pr.deniedAtCommit(ctx, db, p)
+	case errors.As(err, &pgErr) || pgconn.SafeToRetry(err):
+		// The server refused a statement (the transaction is aborted, or
+		// the COMMIT itself failed and ended it), or nothing was sent.
+		_ = Send(ctx, db, Exec(ctx, "ROLLBACK"))
+		return driver.TakeAllResult{}, err
+	}
+	return driver.TakeAllResult{}, fmt.Errorf("%w: %w", driver.ErrCommitUnknown, err)
+}
+
+// deniedAtCommit ends the transaction a denied TakeCommit left aborted and
+// decides each limit of p as Check would, on the committed rows.
+func (pr Protocol) deniedAtCommit(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	// The ROLLBACK goes alone: the server would not prepare the reads in the
+	// aborted transaction, as pgx does first for statements it has not yet
+	// cached.
+	if _, err := db.Exec(ctx, "ROLLBACK"); err != nil {
+		return driver.TakeAllResult{}, err
+	}
+	reads := make([]driver.ReadResult, len(p.Takes))
+	var calls []Call
+	for i, t := range p.Takes {
+		calls = append(calls, func(q pgdb.DBTX) (err error) {
+			reads[i], err = pr.Read(ctx, q, driver.ReadParams{Name: t.Name, Key: t.Key, Now: p.Now})
+			return err
+		})
+	}
+	if err := Send(ctx, db, calls...); err != nil {
+		return driver.TakeAllResult{}, err
+	}
+	out := driver.TakeAllResult{Results: make([]driver.TakeResult, len(p.Takes))}
+	denied := false
+	for i, t := range p.Takes {
+		out.Results[i] = driver.Check(t, reads[i])
+		out.At = reads[i].At
+		denied = denied || !out.Results[i].Decision.OK
+	}
+	if denied {
+		return out, nil
+	}
+	for i := range out.Results {
+		out.Results[i].Decision = algo.Decision{} // denied, RetryAfter 0
+	}
+	return out, pr.rewrite(ctx, db, p)
+}
+
+// rewrite takes nothing from every limit of p, through the locked path of
+// TakeAll, in a transaction of its own on db's connection: it rewrites rows
+// the one-statement take cannot decide on (those of another Shards) as
+// algo's, and changes no decision.
+func (pr Protocol) rewrite(ctx context.Context, db DB, p driver.TakeAllParams) error {
+	zero := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(p.Takes)), Now: p.Now}
+	for i, t := range p.Takes {
+		t.Count = 0
+		zero.Takes[i] = t
+	}
+	if _, err := db.Exec(ctx, "BEGIN"); err != nil {
+		return err
+	}
+	_, err := pr.TakeAll(ctx, db, zero)
+	end := "COMMIT"
+	if err != nil {
+		end = "ROLLBACK"
+	}
+	if _, cerr := db.Exec(ctx, end); err == nil {
+		err = cerr
+	}
+	return err
+}
