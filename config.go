@@ -147,13 +147,14 @@ type Config struct {
 	// key at once, in a short transaction of its own, and gives them to
 	// its callers one call at a time, so that a hot key's row is written
 	// once per lease rather than once per call. A call whose transaction
-	// does not commit gives its tokens back to the lease; what a lease has
-	// not handed out goes back to the limit (Credit) when it ends, at the
-	// next call for its key or at ReturnLeases. Leased tokens are spent
-	// early, never twice: a lease makes the limit admit less, never more,
-	// by at most Lease per process and key while leases are held
-	// (docs/commit.md). A FixedWindow's lease ends with the window its
-	// tokens came from. TokenBucket and FixedWindow windows of Period
+	// does not commit gives its tokens back to the lease. A lease ends
+	// LeaseFor after it was taken, or with the window its tokens came from
+	// (FixedWindow); what it has not handed out goes back to the limit
+	// (Credit) at the next call for its key or at ReturnLeases, if that
+	// comes within LeaseFor (a FixedWindow's: within the window), and is
+	// dropped otherwise. Every admission spends a token the limit gave
+	// within the last LeaseFor, once; the limit admits less while tokens
+	// are parked, by at most Lease per process and key (docs/commit.md). TokenBucket and FixedWindow windows of Period
 	// only; not with Escrow; LimitTx, CommitTx and the other forms take
 	// from the limit itself. Defaults to 0: no lease.
 	Lease float64

@@ -27,6 +27,10 @@ type lease struct {
 	// after it was taken, or earlier, at the end of the window its tokens
 	// were taken in.
 	until time.Time
+	// returnBy is until for a TokenBucket, the end of the window for a
+	// FixedWindow: its unspent tokens go back to the limit before then,
+	// and are dropped after (returnTokens).
+	returnBy time.Time
 	// config is what the tokens were taken under, for their return.
 	config Config
 	// gen counts the leases taken: a token handed out under one lease
@@ -61,9 +65,10 @@ func (ls *leases) all() map[driver.KeyRef]*lease {
 
 // leased is a token (or Count tokens) handed out from a lease to one call.
 type leased struct {
-	le    *lease
-	gen   uint64
-	count float64
+	le       *lease
+	gen      uint64
+	count    float64
+	returnBy time.Time // the lease's
 }
 
 // fromLease hands r's tokens out of its key's lease, taking a new lease
@@ -85,7 +90,7 @@ func (l *Limiter[TTx]) fromLease(ctx context.Context, r request) (res Result, go
 	}
 	le.tokens -= r.count
 	res = Result{Name: r.name, Key: r.key, Count: r.count, Taken: r.count, OK: true, At: l.leaseNow(), Partial: true}
-	return res, leased{le: le, gen: le.gen, count: r.count}, nil
+	return res, leased{le: le, gen: le.gen, count: r.count, returnBy: le.returnBy}, nil
 }
 
 // takeLease takes a new lease for r into le, whose tokens are 0: up to
@@ -108,18 +113,32 @@ func (l *Limiter[TTx]) takeLease(ctx context.Context, r request, le *lease) (Res
 				return Result{}, err
 			}
 		}
-		// The denial the limit gives r itself, taking nothing.
-		return in(ctx, l, nil, true, func(tx TTx) (Result, error) { return l.check(ctx, tx, r) })
+		// The denial, with the wait the limit gives r itself. Tokens that
+		// came back since the take (another process's credit) may make
+		// Check grant: the call is still denied, having taken nothing,
+		// with RetryAfter 0.
+		res, err := in(ctx, l, nil, true, func(tx TTx) (Result, error) { return l.check(ctx, tx, r) })
+		res.OK, res.Taken = false, 0
+		return res, err
 	}
 	le.tokens, le.config = t.Taken, r.config
-	lasts := r.config.LeaseFor
+	le.until = before.Add(r.config.LeaseFor)
+	le.returnBy = le.until
 	if r.config.Kind == FixedWindow {
-		// Its tokens are this window's: the lease ends with it, measured
-		// from before the take on this clock, so never after it.
-		lasts = min(lasts, windowEnd(r, t.At).Sub(t.At))
+		// Its tokens are this window's: they are handed out and given
+		// back in it, its end measured from before the take on this
+		// clock, so never after it.
+		le.returnBy = before.Add(windowEnd(r, t.At).Sub(t.At))
+		le.until = minTime(le.until, le.returnBy)
 	}
-	le.until = before.Add(lasts)
 	return Result{OK: true}, nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // leaseNow is the clock leases last on: this process's, or Options.Clock
@@ -141,14 +160,13 @@ func windowEnd(r request, at time.Time) time.Time {
 	return time.UnixMicro(origin + start + period)
 }
 
-// endLease gives le's tokens back to the limit (Credit) and empties it.
+// endLease gives le's tokens back to the limit (returnTokens) and empties
+// it.
 func (l *Limiter[TTx]) endLease(ctx context.Context, name, key string, le *lease) error {
-	if le.tokens > 0 {
-		if err := l.creditIn(ctx, nil, name, key, le.tokens, []Option{Inline(le.config)}); err != nil {
-			return err
-		}
+	if err := l.returnTokens(ctx, name, key, le.config, le.tokens, le.returnBy); err != nil {
+		return err
 	}
-	le.tokens, le.until = 0, time.Time{}
+	le.tokens, le.until, le.returnBy = 0, time.Time{}, time.Time{}
 	le.gen++
 	return nil
 }
@@ -162,7 +180,20 @@ func (l *Limiter[TTx]) giveBack(ctx context.Context, r request, got leased) erro
 		got.le.tokens += got.count
 		return nil
 	}
-	return l.creditIn(ctx, nil, r.name, r.key, got.count, []Option{Inline(r.config)})
+	return l.returnTokens(ctx, r.name, r.key, r.config, got.count, got.returnBy)
+}
+
+// returnTokens gives n unspent tokens of a lease back to the limit (Credit)
+// before returnBy, and drops them after: a token bucket's are spent or given
+// back within LeaseFor of being taken, a FixedWindow's within the window
+// they were taken in. A credit later would add tokens that the bucket's
+// Capacity, or the window's end, would have cut meanwhile, and the limit
+// could admit more than it would without leases.
+func (l *Limiter[TTx]) returnTokens(ctx context.Context, name, key string, c Config, n float64, returnBy time.Time) error {
+	if n <= 0 || !l.leaseNow().Before(returnBy) {
+		return nil
+	}
+	return l.creditIn(ctx, nil, name, key, n, []Option{Inline(c)})
 }
 
 // Leased is the tokens of (name, key) that this Limiter holds in a lease
@@ -179,11 +210,12 @@ func (l *Limiter[TTx]) leased(name, key string) float64 {
 	return le.tokens
 }
 
-// ReturnLeases gives the tokens of every lease the Limiter holds
-// (Config.Lease) back to their limits, each in a short transaction of its
-// own: call it when the process stops, so that they are not parked until
-// they would have ended. A lease taken afterwards works as before. It
-// returns the first error and leaves that lease as it was.
+// ReturnLeases ends every lease the Limiter holds (Config.Lease), each in a
+// short transaction of its own, giving their unspent tokens back to their
+// limits (those of a lease past its time are dropped, as at its next
+// call): call it when the process stops, so that the tokens are not lost
+// with it. A lease taken afterwards works as before. It returns the first
+// error and leaves that lease as it was.
 func (l *Limiter[TTx]) ReturnLeases(ctx context.Context) error {
 	for k, le := range l.leases.all() {
 		le.mu.Lock()
