@@ -567,19 +567,17 @@ SELECT $1, $2, 0, $3::float8,
        txlimit_bucket_ts($4::timestamptz, COALESCE($5::timestamptz, statement_timestamp()))
 WHERE ($6::boolean
        AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = $1 AND x.key = $2 AND x.shard > 0))
-   OR ($7::boolean AND txlimit_deny())
+                       WHERE x.name = $1 AND x.key = $2 AND x.shard > 0)) /*must*/
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(txlimit_bucket_refill(t.value,
                 CAST(extract(epoch FROM COALESCE($5::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                $8::float8, $9::bigint, $10::float8) - $11::float8),
+                $7::float8, $8::bigint, $9::float8) - $10::float8),
     ts = txlimit_bucket_ts(t.ts, COALESCE($5::timestamptz, statement_timestamp()))
 WHERE (t.value BETWEEN -1e300 AND 1e300
        AND (txlimit_fits(txlimit_bucket_refill(t.value,
                CAST(extract(epoch FROM COALESCE($5::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-               $8::float8, $9::bigint, $10::float8) - $11::float8,
-           $10::float8)))
-   OR ($7::boolean AND txlimit_deny())
+               $7::float8, $8::bigint, $9::float8) - $10::float8,
+           $9::float8))) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE($5::timestamptz, statement_timestamp()) AS timestamptz) AS clock
 `
 
@@ -590,7 +588,6 @@ type TakeBucketParams struct {
 	FullTs     time.Time
 	Now        *time.Time
 	FreshOk    bool
-	Must       bool
 	Rate       float64
 	Period     int64
 	Capacity   float64
@@ -622,10 +619,12 @@ type TakeBucketRow struct {
 // shard 0: with such rows there is no conflict, so the ON CONFLICT branch
 // need not look again. On a conflict the latest version of the row (the one
 // ON CONFLICT locked, not the statement's snapshot) is refilled and decided.
-// With must (a take sent in one pipeline with the caller's COMMIT,
-// Limiter.CommitTx) every case that would return no row raises instead
-// (txlimit_deny, SQLSTATE TXL01), so that the server skips the COMMIT
-// queued after it; without must the function is never called.
+// A take sent in one pipeline with the caller's COMMIT (Limiter.CommitTx)
+// runs the statement with each /*must*/ replaced by OR txlimit_deny()
+// (internal/pgproto), so that every case that would return no row raises
+// instead (SQLSTATE TXL01) and the server skips the COMMIT queued after
+// it. The plain statement does not name the function: a call of a PL/pgSQL
+// function in a plan costs its every execution, called or not.
 // The clock is statement_timestamp(), the server's time at the call, stable
 // within the statement so that every use reads the same instant. The
 // elapsed time is written out where it is used rather than computed once in
@@ -640,7 +639,6 @@ func (q *Queries) TakeBucket(ctx context.Context, db DBTX, arg TakeBucketParams)
 		arg.FullTs,
 		arg.Now,
 		arg.FreshOk,
-		arg.Must,
 		arg.Rate,
 		arg.Period,
 		arg.Capacity,
@@ -659,19 +657,18 @@ FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - $5::timestamptz) * 10000
       FROM (SELECT COALESCE($7::timestamptz, statement_timestamp()) AS clock) AS k) AS f
 WHERE ($8::boolean
        AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = $1 AND x.key = $2 AND x.shard > 0))
-   OR ($9::boolean AND txlimit_deny())
+                       WHERE x.name = $1 AND x.key = $2 AND x.shard > 0)) /*must*/
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = CASE WHEN txlimit_fits(txlimit_refill($4::integer, t.value,
                           CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                          $10::float8, $6::bigint, $11::float8) - $12::float8,
-                      $11::float8)
+                          $9::float8, $6::bigint, $10::float8) - $11::float8,
+                      $10::float8)
                  THEN txlimit_kept(txlimit_refill($4::integer, t.value,
                           CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                          $10::float8, $6::bigint, $11::float8) - $12::float8)
+                          $9::float8, $6::bigint, $10::float8) - $11::float8)
                  ELSE txlimit_refill($4::integer, t.value,
                           CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                          $10::float8, $6::bigint, $11::float8) - $12::float8
+                          $9::float8, $6::bigint, $10::float8) - $11::float8
             END,
     ts = txlimit_refill_ts($4::integer, t.ts, COALESCE($7::timestamptz, statement_timestamp()),
              CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
@@ -679,18 +676,17 @@ SET value = CASE WHEN txlimit_fits(txlimit_refill($4::integer, t.value,
 WHERE (t.value BETWEEN -1e300 AND 1e300
        AND (txlimit_fits(txlimit_refill($4::integer, t.value,
                CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-               $10::float8, $6::bigint, $11::float8) - $12::float8,
-           $11::float8)
+               $9::float8, $6::bigint, $10::float8) - $11::float8,
+           $10::float8)
        OR (txlimit_within_debt(txlimit_refill($4::integer, t.value,
                    CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                   $10::float8, $6::bigint, $11::float8) - $12::float8,
-               $11::float8, $13::float8)
+                   $9::float8, $6::bigint, $10::float8) - $11::float8,
+               $10::float8, $12::float8)
            AND txlimit_wait_bounded(txlimit_refill($4::integer, t.value,
                    CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                   $10::float8, $6::bigint, $11::float8) - $12::float8,
-               $10::float8, $6::bigint,
-               CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint)))))
-   OR ($9::boolean AND txlimit_deny())
+                   $9::float8, $6::bigint, $10::float8) - $11::float8,
+               $9::float8, $6::bigint,
+               CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint))))) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE($7::timestamptz, statement_timestamp()) AS timestamptz) AS clock
 `
 
@@ -703,7 +699,6 @@ type TakeReserveParams struct {
 	Period      int64
 	Now         *time.Time
 	FreshOk     bool
-	Must        bool
 	Rate        float64
 	Capacity    float64
 	Count       float64
@@ -732,7 +727,6 @@ func (q *Queries) TakeReserve(ctx context.Context, db DBTX, arg TakeReserveParam
 		arg.Period,
 		arg.Now,
 		arg.FreshOk,
-		arg.Must,
 		arg.Rate,
 		arg.Capacity,
 		arg.Count,
@@ -751,21 +745,19 @@ FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - $4::timestamptz) * 10000
       FROM (SELECT COALESCE($6::timestamptz, statement_timestamp()) AS clock) AS k) AS f
 WHERE ($7::boolean
        AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = $1 AND x.key = $2 AND x.shard > 0))
-   OR ($8::boolean AND txlimit_deny())
+                       WHERE x.name = $1 AND x.key = $2 AND x.shard > 0)) /*must*/
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(txlimit_window_refill(t.value,
                 CAST(extract(epoch FROM COALESCE($6::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                $9::float8, $5::bigint, $10::float8) - $11::float8),
+                $8::float8, $5::bigint, $9::float8) - $10::float8),
     ts = txlimit_window_ts(t.ts, COALESCE($6::timestamptz, statement_timestamp()),
              CAST(extract(epoch FROM COALESCE($6::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
              $5::bigint)
 WHERE (t.value BETWEEN -1e300 AND 1e300
        AND (txlimit_fits(txlimit_window_refill(t.value,
                CAST(extract(epoch FROM COALESCE($6::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-               $9::float8, $5::bigint, $10::float8) - $11::float8,
-           $10::float8)))
-   OR ($8::boolean AND txlimit_deny())
+               $8::float8, $5::bigint, $9::float8) - $10::float8,
+           $9::float8))) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE($6::timestamptz, statement_timestamp()) AS timestamptz) AS clock
 `
 
@@ -777,7 +769,6 @@ type TakeWindowParams struct {
 	Period     int64
 	Now        *time.Time
 	FreshOk    bool
-	Must       bool
 	Rate       float64
 	Capacity   float64
 	Count      float64
@@ -800,7 +791,6 @@ func (q *Queries) TakeWindow(ctx context.Context, db DBTX, arg TakeWindowParams)
 		arg.Period,
 		arg.Now,
 		arg.FreshOk,
-		arg.Must,
 		arg.Rate,
 		arg.Capacity,
 		arg.Count,

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txlimit/txlimit/algo"
@@ -15,6 +17,54 @@ import (
 // Denied is txlimit's own SQLSTATE, raised by txlimit_deny (migration
 // 00005) where a take sent with must would grant nothing.
 const Denied = "TXL01"
+
+// mustDB runs the one-statement takes with must: each /*must*/ marker of
+// their SQL (queries/postgres) replaced by OR txlimit_deny(), so that a
+// take that would return no row raises Denied instead. The statements
+// without must leave the function out, which costs every execution that
+// names it.
+type mustDB struct{ db pgdb.DBTX }
+
+// mustSQL is sql with must. A statement without the marker is an internal
+// error, not sent: with COMMIT after it, a take that returned no row would
+// commit the transaction without its tokens.
+func mustSQL(sql string) (string, error) {
+	if !strings.Contains(sql, mustMarker) {
+		return "", errors.New("txlimit/pgproto: internal error: a take sent with COMMIT lacks the " + mustMarker + " marker")
+	}
+	return strings.ReplaceAll(sql, mustMarker, "OR txlimit_deny()"), nil
+}
+
+const mustMarker = "/*must*/"
+
+func (m mustDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	sql, err := mustSQL(sql)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return m.db.Exec(ctx, sql, args...)
+}
+
+func (m mustDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	sql, err := mustSQL(sql)
+	if err != nil {
+		return nil, err
+	}
+	return m.db.Query(ctx, sql, args...)
+}
+
+func (m mustDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	sql, err := mustSQL(sql)
+	if err != nil {
+		return errRow{err}
+	}
+	return m.db.QueryRow(ctx, sql, args...)
+}
+
+// errRow is a pgx.Row whose Scan returns err.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
 
 // Lean reports whether every take of p can ride the COMMIT (TakeCommit):
 // each is one statement, an unsharded limit whose call the SQL decides

@@ -105,6 +105,9 @@ func takeInSQL(ctx context.Context, db DB, p driver.TakeParams, lt *LockTimer) (
 func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams, must bool) (next algo.State, clock time.Time, ok bool, err error) {
 	cfg, fullTS := p.Config, micros(p.Full().TS)
 	fresh, freshOK := driver.Fresh(p)
+	if must {
+		db = mustDB{db}
+	}
 	var value float64
 	var ts time.Time
 	switch {
@@ -113,21 +116,21 @@ func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams, must bool) 
 		r, err = queries.TakeReserve(ctx, db, pgdb.TakeReserveParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: freshOK, FullTs: fullTS, Now: p.Now,
 			Kind: int32(cfg.Kind), Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, MaxReserved: cfg.MaxReserved,
-			Count: p.Count, Must: must,
+			Count: p.Count,
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	case cfg.Kind == algo.FixedWindow:
 		var r pgdb.TakeWindowRow
 		r, err = queries.TakeWindow(ctx, db, pgdb.TakeWindowParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: freshOK, FullTs: fullTS, Now: p.Now,
-			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count, Must: must,
+			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	default:
 		var r pgdb.TakeBucketRow
 		r, err = queries.TakeBucket(ctx, db, pgdb.TakeBucketParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: freshOK, FullTs: fullTS, Now: p.Now,
-			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count, Must: must,
+			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	}

@@ -1,9 +1,9 @@
 -- txlimit_deny raises SQLSTATE TXL01, txlimit's own. The one-statement
--- takes (TakeBucket, TakeWindow, TakeReserve) call it, with must set, where
--- they would grant nothing: a take sent in one pipeline with the caller's
--- COMMIT (Limiter.CommitTx, BeginFunc) then fails, so that the server skips
--- the COMMIT and nothing of the transaction remains. It is PL/pgSQL because
--- a LANGUAGE sql function cannot raise; it never returns.
+-- takes (TakeBucket, TakeWindow, TakeReserve) sent in one pipeline with the
+-- caller's COMMIT (Limiter.CommitTx, BeginFunc) call it where they would
+-- grant nothing, so that the server skips the COMMIT and nothing of the
+-- transaction remains. It is PL/pgSQL because a LANGUAGE sql function
+-- cannot raise; it never returns.
 
 -- +goose Up
 CREATE FUNCTION txlimit_deny() RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$ BEGIN RAISE EXCEPTION 'txlimit: a take at commit was not granted' USING ERRCODE = 'TXL01'; END $$;

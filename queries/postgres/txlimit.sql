@@ -278,10 +278,12 @@ SELECT name, key, shard, value, prev, ts FROM txlimit LIMIT 0;
 -- shard 0: with such rows there is no conflict, so the ON CONFLICT branch
 -- need not look again. On a conflict the latest version of the row (the one
 -- ON CONFLICT locked, not the statement's snapshot) is refilled and decided.
--- With must (a take sent in one pipeline with the caller's COMMIT,
--- Limiter.CommitTx) every case that would return no row raises instead
--- (txlimit_deny, SQLSTATE TXL01), so that the server skips the COMMIT
--- queued after it; without must the function is never called.
+-- A take sent in one pipeline with the caller's COMMIT (Limiter.CommitTx)
+-- runs the statement with each /*must*/ replaced by OR txlimit_deny()
+-- (internal/pgproto), so that every case that would return no row raises
+-- instead (SQLSTATE TXL01) and the server skips the COMMIT queued after
+-- it. The plain statement does not name the function: a call of a PL/pgSQL
+-- function in a plan costs its every execution, called or not.
 -- The clock is statement_timestamp(), the server's time at the call, stable
 -- within the statement so that every use reads the same instant. The
 -- elapsed time is written out where it is used rather than computed once in
@@ -293,8 +295,7 @@ SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
        txlimit_bucket_ts(sqlc.arg(full_ts)::timestamptz, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
 WHERE (sqlc.arg(fresh_ok)::boolean
        AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0))
-   OR (sqlc.arg(must)::boolean AND txlimit_deny())
+                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)) /*must*/
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(txlimit_bucket_refill(t.value,
                 CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
@@ -304,8 +305,7 @@ WHERE (t.value BETWEEN -1e300 AND 1e300
        AND (txlimit_fits(txlimit_bucket_refill(t.value,
                CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
-           sqlc.arg(capacity)::float8)))
-   OR (sqlc.arg(must)::boolean AND txlimit_deny())
+           sqlc.arg(capacity)::float8))) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
 
 -- name: TakeWindow :one
@@ -318,8 +318,7 @@ FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::times
       FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
 WHERE (sqlc.arg(fresh_ok)::boolean
        AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0))
-   OR (sqlc.arg(must)::boolean AND txlimit_deny())
+                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)) /*must*/
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(txlimit_window_refill(t.value,
                 CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
@@ -331,8 +330,7 @@ WHERE (t.value BETWEEN -1e300 AND 1e300
        AND (txlimit_fits(txlimit_window_refill(t.value,
                CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
-           sqlc.arg(capacity)::float8)))
-   OR (sqlc.arg(must)::boolean AND txlimit_deny())
+           sqlc.arg(capacity)::float8))) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
 
 -- name: TakeReserve :one
@@ -349,8 +347,7 @@ FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::times
       FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
 WHERE (sqlc.arg(fresh_ok)::boolean
        AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0))
-   OR (sqlc.arg(must)::boolean AND txlimit_deny())
+                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)) /*must*/
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = CASE WHEN txlimit_fits(txlimit_refill(sqlc.arg(kind)::integer, t.value,
                           CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
@@ -379,6 +376,5 @@ WHERE (t.value BETWEEN -1e300 AND 1e300
                    CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                    sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
                sqlc.arg(rate)::float8, sqlc.arg(period)::bigint,
-               CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint)))))
-   OR (sqlc.arg(must)::boolean AND txlimit_deny())
+               CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint))))) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
