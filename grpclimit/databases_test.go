@@ -17,14 +17,14 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
 )
 
 // The databases the tests run on: a SQLite file in the test's temp dir, and
-// PostgreSQL as internal/testdb finds it (TEST_DATABASE_URL, the local
+// PostgreSQL as internal/testkit/testdb finds it (TEST_DATABASE_URL, the local
 // server, a container), in a schema of the test's own. Without PostgreSQL
 // the PostgreSQL tests skip, loudly, except under CI=true, where they fail.
 

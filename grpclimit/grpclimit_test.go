@@ -23,7 +23,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/grpclimit"
-	"github.com/txlimit/txlimit/internal/storetest"
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
 )
 
 const (

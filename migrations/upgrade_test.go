@@ -14,7 +14,7 @@ import (
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
-	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgsqlstore"
 	"github.com/txlimit/txlimit/sqlitestore"

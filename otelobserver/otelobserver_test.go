@@ -18,7 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/internal/observertest"
+	"github.com/txlimit/txlimit/internal/testkit/observertest"
 	"github.com/txlimit/txlimit/otelobserver"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"

@@ -21,8 +21,8 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/driver"
-	"github.com/txlimit/txlimit/internal/storetest"
-	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
 )

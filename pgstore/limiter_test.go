@@ -1,6 +1,6 @@
 package pgstore_test
 
-// pgstore's behaviour beyond the conformance suite (internal/storetest):
+// pgstore's behaviour beyond the conformance suite (internal/testkit/storetest):
 // row locks held until commit, strict isolation levels, a missing or closed
 // pool.
 
@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/internal/storetest"
-	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/pgstore"
 )
 

@@ -3,7 +3,7 @@ package pgstore_test
 import (
 	"testing"
 
-	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 )
 
 // TestMain runs testdb.ParallelTests parallel tests at once, not go test's

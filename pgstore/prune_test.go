@@ -2,7 +2,7 @@ package pgstore_test
 
 // Prune on PostgreSQL beside live traffic: it passes over what other
 // transactions hold. What Prune deletes and keeps on every store is the
-// conformance suite's prune topic (internal/storetest).
+// conformance suite's prune topic (internal/testkit/storetest).
 
 import (
 	"context"
@@ -19,8 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/internal/storetest"
-	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/pgstore"
 )
 

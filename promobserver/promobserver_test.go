@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/internal/observertest"
+	"github.com/txlimit/txlimit/internal/testkit/observertest"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/promobserver"
 	"github.com/txlimit/txlimit/sqlitestore"

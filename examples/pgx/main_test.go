@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 )
 
 // want is the whole output of the example.

@@ -13,8 +13,8 @@ import (
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
-	"github.com/txlimit/txlimit/internal/algocase"
-	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/internal/testkit/algocase"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 )
 
 // TestTakeRowMatchesAlgo is the differential test of the one-statement takes:

@@ -11,7 +11,7 @@ import (
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/pgdb"
-	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 )
 
 // TryLockShard takes the first row no other transaction holds going up from

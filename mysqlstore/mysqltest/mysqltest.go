@@ -6,7 +6,7 @@
 // go-sql-driver/mysql, not even for its tests: a test-only requirement of
 // the root is in the module graph of every txlimit user (scripts/modgraph.sh
 // bounds it). mysqlstore itself imports no driver; this module brings the
-// one its tests run on. internal/sqldrivers, the other module with that
+// one its tests run on. internal/testkit/sqldrivers, the other module with that
 // driver, runs the root package's suite with other PostgreSQL drivers;
 // keeping the MySQL store's tests here puts them beside the store they test.
 //
@@ -35,7 +35,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 )
 

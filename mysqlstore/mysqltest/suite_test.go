@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/txlimit/txlimit/internal/storetest"
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
 )
 
 // TestMariaDB runs the conformance suite on the MySQL or MariaDB server

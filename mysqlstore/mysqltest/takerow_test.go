@@ -11,7 +11,7 @@ import (
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
-	"github.com/txlimit/txlimit/internal/algocase"
+	"github.com/txlimit/txlimit/internal/testkit/algocase"
 	"github.com/txlimit/txlimit/mysqlstore"
 	"github.com/txlimit/txlimit/mysqlstore/internal/takerow"
 )

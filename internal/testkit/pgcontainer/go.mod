@@ -1,4 +1,4 @@
-module github.com/txlimit/txlimit/internal/pgcontainer
+module github.com/txlimit/txlimit/internal/testkit/pgcontainer
 
 go 1.26.0
 

@@ -3,7 +3,7 @@ package sqldrivers
 import (
 	"testing"
 
-	"github.com/txlimit/txlimit/internal/pgsqltest"
+	"github.com/txlimit/txlimit/internal/testkit/pgsqltest"
 )
 
 // The tests pgsqlstore runs with pgx's database/sql driver, here with

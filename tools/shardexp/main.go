@@ -6,7 +6,7 @@
 // not the benchmark (that is cmd/txlimit-bench): the variants admit
 // everything (capacity 1e9) and nothing checks their counts.
 //
-//	cd internal/shardexp && go run . -dsn postgres://postgres@127.0.0.1:5432/test?sslmode=disable -c 32 -n 16 -r 5
+//	cd tools/shardexp && go run . -dsn postgres://postgres@127.0.0.1:5432/test?sslmode=disable -c 32 -n 16 -r 5
 //
 // For each variant it prints ops/s, the share of a call during which the
 // row is held (from the return of the statement that locked it to the return

@@ -2,7 +2,7 @@
 // tests, prints its URL as the first line of its output, and removes the
 // container when its stdin closes (or on SIGINT/SIGTERM).
 //
-// internal/testdb runs it with `go run .` only when no server is found
+// internal/testkit/testdb runs it with `go run .` only when no server is found
 // otherwise and a Docker engine answers. It is a module of its own so that
 // testcontainers-go and the Docker client it brings stay out of the
 // library's go.mod, and out of the module graph of txlimit's users.

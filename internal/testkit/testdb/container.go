@@ -96,7 +96,7 @@ var container struct {
 	exited <-chan error // receives cmd.Wait's result
 }
 
-// startContainer runs internal/pgcontainer with `go run` and returns the
+// startContainer runs internal/testkit/pgcontainer with `go run` and returns the
 // URL of the PostgreSQL server it started.
 func startContainer() (string, error) {
 	dir, err := pgcontainerDir()
@@ -114,15 +114,15 @@ func startContainer() (string, error) {
 	return launch(cmd, 10*time.Minute)
 }
 
-// pgcontainerDir finds internal/pgcontainer next to this package's source.
+// pgcontainerDir finds internal/testkit/pgcontainer next to this package's source.
 func pgcontainerDir() (string, error) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
-		return "", errors.New("cannot locate internal/testdb's source")
+		return "", errors.New("cannot locate internal/testkit/testdb's source")
 	}
 	dir := filepath.Join(filepath.Dir(file), "..", "pgcontainer")
 	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
-		return "", fmt.Errorf("internal/pgcontainer not found next to internal/testdb (tests built with -trimpath?): %w", err)
+		return "", fmt.Errorf("internal/testkit/pgcontainer not found next to internal/testkit/testdb (tests built with -trimpath?): %w", err)
 	}
 	return dir, nil
 }

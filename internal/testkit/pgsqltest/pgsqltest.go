@@ -1,6 +1,6 @@
 // Package pgsqltest holds pgsqlstore's tests that run with each
 // database/sql PostgreSQL driver: pgx's stdlib driver in pgsqlstore's own
-// tests, and lib/pq in internal/sqldrivers, a module of its own (lib/pq is
+// tests, and lib/pq in internal/testkit/sqldrivers, a module of its own (lib/pq is
 // kept out of the library's go.mod so that a txlimit user's module graph
 // stays small). Each test takes the drivers to run with.
 package pgsqltest
@@ -13,8 +13,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/txlimit/txlimit/internal/storetest"
-	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/pgsqlstore"
 )
 

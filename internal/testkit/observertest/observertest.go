@@ -1,7 +1,7 @@
 // Package observertest is what the tests of txlimit's Observers share: a
 // scenario of real calls whose every outcome is known, the counts it must
 // produce, and the databases it runs on (a SQLite file in the test's temp
-// dir; PostgreSQL through internal/testdb, which fails under CI=true when
+// dir; PostgreSQL through internal/testkit/testdb, which fails under CI=true when
 // there is none), and a Recorder that keeps every Event.
 package observertest
 
@@ -20,8 +20,8 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/driver"
-	"github.com/txlimit/txlimit/internal/storetest"
-	"github.com/txlimit/txlimit/internal/testdb"
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 )
 

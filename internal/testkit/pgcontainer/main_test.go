@@ -8,8 +8,8 @@ import (
 )
 
 // Without a Docker engine the program fails with an error that says so and
-// prints no URL: internal/testdb then reports the error and skips (or fails
-// under CI). With Docker, internal/testdb's own tests exercise the happy path.
+// prints no URL: internal/testkit/testdb then reports the error and skips (or fails
+// under CI). With Docker, internal/testkit/testdb's own tests exercise the happy path.
 func TestNoDockerEngine(t *testing.T) {
 	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no-docker.sock"))
 	var out bytes.Buffer

@@ -1,13 +1,13 @@
 // Package testdb finds a PostgreSQL server for txlimit's tests and gives each
 // test binary a schema of its own on it. It also opens SQLite files for
 // tests, adapts pgx and SQLite stores to the conformance suite
-// (internal/storetest: PgxHarness, SQLiteHarness), and is the TestMain of
+// (internal/testkit/storetest: PgxHarness, SQLiteHarness), and is the TestMain of
 // the packages whose tests wait on PostgreSQL (Main).
 //
 // The server is, in order: TEST_DATABASE_URL; a local server on
 // 127.0.0.1:5432 (database test, user postgres, trust auth, as DEVELOPERS.md
 // sets up); a throwaway container, only when a Docker engine answers. The
-// container is started by the program in internal/pgcontainer, a module of
+// container is started by the program in internal/testkit/pgcontainer, a module of
 // its own so that testcontainers-go and its Docker client stay out of the
 // library's go.mod: testdb runs it with `go run`, reads the server's URL from
 // its first line of output, and the program removes the container when the
