@@ -3,9 +3,8 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
-	"fmt"
 
-	"github.com/txlimit/txlimit/internal/retrytx"
+	"github.com/txlimit/txlimit/internal/sqltx"
 )
 
 // RunTxAttempts is how many times RunTx runs fn at most.
@@ -31,24 +30,7 @@ const RunTxAttempts = 5
 // lost connection) leaves the transaction's fate unknown; RunTx returns it
 // at once, never running fn again.
 func RunTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
-	return retrytx.Run(ctx, "mysqlstore: RunTx", RunTxAttempts, Retryable, func() error { return runTx(ctx, db, opts, fn) })
-}
-
-// runTx is one run of RunTx.
-func runTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, opts)
-	if err != nil {
-		return &beginError{err}
-	}
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		if _, ok := errNumber(err); ok {
-			return err // the server refused it: nothing committed
-		}
-		return &retrytx.Ambiguous{Err: fmt.Errorf("mysqlstore: RunTx: COMMIT failed, and the transaction may or may not have committed: %w", err)}
-	}
-	return nil
+	return sqltx.RunTx(ctx, "mysqlstore: RunTx", RunTxAttempts, db, opts, fn, Retryable,
+		func(err error) error { return &beginError{err} },
+		func(err error) bool { _, ok := errNumber(err); return ok })
 }

@@ -1,6 +1,6 @@
 // Package sqltx is the transaction wrapper of the stores on database/sql
 // (pgsqlstore, sqlitestore, mysqlstore): their driver.Store.InTx, Commit
-// and InTxCommit.
+// and InTxCommit, and the RunTx of pgsqlstore and mysqlstore.
 package sqltx
 
 import (
@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/retrytx"
 )
 
 // InTx runs fn in a new transaction on db and commits it when fn returns
@@ -88,4 +89,33 @@ func InTxCommit(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error, p dr
 		return err
 	})
 	return res, err
+}
+
+// RunTx is the RunTx of a database/sql store (name says which, in errors):
+// fn in a transaction begun on db with opts, committed, the whole of it run
+// again from BEGIN, up to attempts runs, when it fails with an error
+// retryable accepts (retrytx.Run). begin turns the error of BeginTx into
+// the store's; answered reports whether a COMMIT that failed with err was
+// refused by the database, so that nothing committed: otherwise the outcome
+// is unknown, and the error is a *retrytx.Ambiguous, never run again.
+func RunTx(ctx context.Context, name string, attempts int, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error,
+	retryable func(error) bool, begin func(error) error, answered func(error) bool,
+) error {
+	return retrytx.Run(ctx, name, attempts, retryable, func() error {
+		tx, err := db.BeginTx(ctx, opts)
+		if err != nil {
+			return begin(err)
+		}
+		if err := fn(tx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			if answered(err) {
+				return err
+			}
+			return &retrytx.Ambiguous{Err: fmt.Errorf("%s: COMMIT failed, and the transaction may or may not have committed: %w", name, err)}
+		}
+		return nil
+	})
 }
