@@ -30,6 +30,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/benchfloor"
 	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
@@ -58,21 +59,15 @@ func floorTake(value float64, ts, now time.Time) (float64, bool) {
 	return v, v >= 0
 }
 
-// PostgreSQL floor: BEGIN; SELECT … FOR UPDATE; UPDATE; COMMIT on a table
-// with the columns txlimit's own table has.
-const (
-	pgFloorDDL    = `CREATE TABLE floor_table (k text PRIMARY KEY, value double precision NOT NULL, ts timestamptz NOT NULL)`
-	pgFloorInsert = `INSERT INTO floor_table (k, value, ts) VALUES ($1, $2, now()) ON CONFLICT (k) DO NOTHING`
-	pgFloorSelect = `SELECT value, ts FROM floor_table WHERE k = $1 FOR UPDATE`
-	pgFloorUpdate = `UPDATE floor_table SET value = $2, ts = $3 WHERE k = $1`
-)
+// The PostgreSQL floor (benchfloor): BEGIN; SELECT … FOR UPDATE; UPDATE;
+// COMMIT.
 
 func pgFloor(ctx context.Context, pool *pgxpool.Pool, key string) (bool, error) {
 	var ok bool
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var value float64
 		var ts time.Time
-		if err := tx.QueryRow(ctx, pgFloorSelect, key).Scan(&value, &ts); err != nil {
+		if err := tx.QueryRow(ctx, benchfloor.PGSelect, key).Scan(&value, &ts); err != nil {
 			return err
 		}
 		now := time.Now()
@@ -80,7 +75,7 @@ func pgFloor(ctx context.Context, pool *pgxpool.Pool, key string) (bool, error) 
 		if next, ok = floorTake(value, ts, now); !ok {
 			return nil
 		}
-		_, err := tx.Exec(ctx, pgFloorUpdate, key, next, now)
+		_, err := tx.Exec(ctx, benchfloor.PGUpdate, key, next, now)
 		return err
 	})
 	return ok, err
@@ -141,7 +136,7 @@ func runParallel(b *testing.B, keys func() *benchKeys, prepare func(key string) 
 func BenchmarkLimitTx(b *testing.B) {
 	ctx := context.Background()
 	pool := testdb.Pool(b, testdb.Schema(b), pgx.QueryExecModeCacheStatement, benchConns)
-	_, err := pool.Exec(ctx, pgFloorDDL)
+	_, err := pool.Exec(ctx, benchfloor.PGDDL)
 	require.NoError(b, err)
 	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
 		"unsharded": benchConfig(1),
@@ -153,7 +148,7 @@ func BenchmarkLimitTx(b *testing.B) {
 		return func(b *testing.B) {
 			runParallel(b, func() *benchKeys { return newBenchKeys(b, hot) },
 				func(key string) error {
-					_, err := pool.Exec(ctx, pgFloorInsert, key, benchCapacity)
+					_, err := pool.Exec(ctx, benchfloor.PGInsert, key, benchCapacity, time.Now())
 					return err
 				},
 				func(key string) (bool, error) { return pgFloor(ctx, pool, key) })
@@ -225,7 +220,7 @@ func BenchmarkLimitTx(b *testing.B) {
 func BenchmarkLimitTxSerial(b *testing.B) {
 	ctx := context.Background()
 	pool := testdb.Pool(b, testdb.Schema(b), pgx.QueryExecModeCacheStatement, 1)
-	_, err := pool.Exec(ctx, pgFloorDDL)
+	_, err := pool.Exec(ctx, benchfloor.PGDDL)
 	require.NoError(b, err)
 	// The pool's one connection does not wait for its commits to reach
 	// the disk, whose flush would otherwise be most of every write
@@ -239,7 +234,7 @@ func BenchmarkLimitTxSerial(b *testing.B) {
 	}, nil)
 	require.NoError(b, err)
 	key := fmt.Sprintf("%s#%d", b.Name(), benchRun.Add(1))
-	_, err = pool.Exec(ctx, pgFloorInsert, key, benchCapacity)
+	_, err = pool.Exec(ctx, benchfloor.PGInsert, key, benchCapacity, time.Now())
 	require.NoError(b, err)
 	limit := func(name string) func() (bool, error) {
 		return func() (bool, error) {

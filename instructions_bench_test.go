@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/benchfloor"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/pgstore"
 )
@@ -43,10 +44,10 @@ func BenchmarkServerInstructions(b *testing.B) {
 	ctx := context.Background()
 	schema := testdb.Schema(b)
 	setup := testdb.Pool(b, schema, pgx.QueryExecModeCacheStatement, 1)
-	if _, err := setup.Exec(ctx, pgFloorDDL); err != nil {
+	if _, err := setup.Exec(ctx, benchfloor.PGDDL); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := setup.Exec(ctx, pgFloorInsert, "k", benchCapacity); err != nil {
+	if _, err := setup.Exec(ctx, benchfloor.PGInsert, "k", benchCapacity, time.Now()); err != nil {
 		b.Fatal(err)
 	}
 	defer setup.Close()

@@ -23,16 +23,13 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/testkit/benchfloor"
 	"github.com/txlimit/txlimit/migrations"
 )
 
-// The floor's table has the columns of txlimit's own, keyed by one text.
+// The floor's own statements are benchfloor's; the sharded floor and the
+// business write are the command's.
 const (
-	pgFloorDDL    = `CREATE TABLE floor_table (k text PRIMARY KEY, value double precision NOT NULL, ts timestamptz NOT NULL)`
-	pgFloorInsert = `INSERT INTO floor_table (k, value, ts) VALUES ($1, $2, $3) ON CONFLICT (k) DO NOTHING`
-	pgFloorSelect = `SELECT value, ts FROM floor_table WHERE k = $1 FOR UPDATE`
-	pgFloorUpdate = `UPDATE floor_table SET value = $2, ts = $3 WHERE k = $1`
-
 	// The sharded floor: the same rows per shard as txlimit's table, and
 	// the statement a careful hand would write to take a free one: the
 	// first row no other transaction holds going up from a random shard,
@@ -59,11 +56,6 @@ const (
 	pgBusinessInsert     = `INSERT INTO bench_orders (k, amount) VALUES ($1, $2)`
 	sqliteBusinessDDL    = `CREATE TABLE bench_orders (id INTEGER PRIMARY KEY, k TEXT NOT NULL, amount INTEGER NOT NULL)`
 	sqliteBusinessInsert = `INSERT INTO bench_orders (k, amount) VALUES (?, ?)`
-
-	sqliteFloorDDL    = `CREATE TABLE floor_table (k TEXT PRIMARY KEY, value REAL NOT NULL, ts INTEGER NOT NULL) WITHOUT ROWID`
-	sqliteFloorInsert = `INSERT INTO floor_table (k, value, ts) VALUES (?, ?, ?) ON CONFLICT (k) DO NOTHING`
-	sqliteFloorSelect = `SELECT value, ts FROM floor_table WHERE k = ?`
-	sqliteFloorUpdate = `UPDATE floor_table SET value = ?, ts = ? WHERE k = ?`
 )
 
 // floorKey is the floor's row of key in a run.
@@ -122,7 +114,7 @@ func openPostgres(ctx context.Context, dsn string) (env *pgEnv, drop func(), err
 		drop()
 		return nil, nil, err
 	}
-	for _, ddl := range []string{pgFloorDDL, pgShardFloorDDL, pgBusinessDDL} {
+	for _, ddl := range []string{benchfloor.PGDDL, pgShardFloorDDL, pgBusinessDDL} {
 		if _, err := pool.pool.Exec(ctx, ddl); err != nil {
 			drop()
 			return nil, nil, fmt.Errorf("create the floor's and the business tables: %w", err)
@@ -405,14 +397,14 @@ func (s pgFloor) newClient(ctx context.Context, spec limitSpec, key string, busi
 		}
 		return newPgClient(conn, key, business, shardFloorStep(spec, k)), nil
 	}
-	if _, err := conn.Exec(ctx, pgFloorInsert, k, spec.Capacity, spec.now()); err != nil {
+	if _, err := conn.Exec(ctx, benchfloor.PGInsert, k, spec.Capacity, spec.now()); err != nil {
 		conn.Release()
 		return nil, err
 	}
 	return newPgClient(conn, key, business, func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		var value float64
 		var ts time.Time
-		if err := tx.QueryRow(ctx, pgFloorSelect, k).Scan(&value, &ts); err != nil {
+		if err := tx.QueryRow(ctx, benchfloor.PGSelect, k).Scan(&value, &ts); err != nil {
 			return false, err
 		}
 		now := spec.now()
@@ -420,7 +412,7 @@ func (s pgFloor) newClient(ctx context.Context, spec limitSpec, key string, busi
 		if left < 0 {
 			return false, nil
 		}
-		_, err := tx.Exec(ctx, pgFloorUpdate, k, left, now)
+		_, err := tx.Exec(ctx, benchfloor.PGUpdate, k, left, now)
 		return err == nil, err
 	}), nil
 }
@@ -512,7 +504,7 @@ func openSQLite(ctx context.Context) (env *sqliteEnv, cleanup func(), err error)
 		cleanup()
 		return nil, nil, err
 	}
-	for _, ddl := range []string{sqliteFloorDDL, sqliteBusinessDDL} {
+	for _, ddl := range []string{benchfloor.SQLiteDDL, sqliteBusinessDDL} {
 		if _, err := db.ExecContext(ctx, ddl); err != nil {
 			cleanup()
 			return nil, nil, fmt.Errorf("create the floor's and the business tables: %w", err)
@@ -610,14 +602,14 @@ func (s sqliteFloor) newClient(ctx context.Context, spec limitSpec, key string, 
 		return nil, err
 	}
 	k := floorKey(spec, key)
-	if _, err := conn.ExecContext(ctx, sqliteFloorInsert, k, spec.Capacity, spec.now().UnixMicro()); err != nil {
+	if _, err := conn.ExecContext(ctx, benchfloor.SQLiteInsert, k, spec.Capacity, spec.now().UnixMicro()); err != nil {
 		_ = conn.Close()
 		return nil, err
 	}
 	return newSQLClient(conn, sqliteBusinessInsert, key, business, func(ctx context.Context, tx *sql.Tx) (bool, error) {
 		var value float64
 		var ts int64
-		if err := tx.QueryRowContext(ctx, sqliteFloorSelect, k).Scan(&value, &ts); err != nil {
+		if err := tx.QueryRowContext(ctx, benchfloor.SQLiteSelect, k).Scan(&value, &ts); err != nil {
 			return false, err
 		}
 		now := spec.now()
@@ -625,7 +617,7 @@ func (s sqliteFloor) newClient(ctx context.Context, spec limitSpec, key string, 
 		if left < 0 {
 			return false, nil
 		}
-		_, err := tx.ExecContext(ctx, sqliteFloorUpdate, left, now.UnixMicro(), k)
+		_, err := tx.ExecContext(ctx, benchfloor.SQLiteUpdate, left, now.UnixMicro(), k)
 		return err == nil, err
 	}), nil
 }
