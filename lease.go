@@ -72,10 +72,10 @@ type leased struct {
 }
 
 // fromLease hands r's tokens out of its key's lease, taking a new lease
-// when the one held is over or lacks them: Lease tokens (up to, at least
-// r.count) in a short transaction of the Limiter's own. ok is false when
-// the limit does not have r.count tokens: res is then the denial, as
-// Check would give it.
+// when the one held is over or lacks them: up to max(Lease, r.count)
+// tokens in a short transaction of the Limiter's own. When the limit does
+// not have r.count tokens, res is the denial (OK false), with the wait
+// Check gives.
 func (l *Limiter[TTx]) fromLease(ctx context.Context, r request) (res Result, got leased, err error) {
 	le := l.leases.get(driver.KeyRef{Name: r.name, Key: r.key})
 	le.mu.Lock()

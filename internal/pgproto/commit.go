@@ -107,10 +107,10 @@ func (pr Protocol) TakeCommit(ctx context.Context, db DB, p driver.TakeAllParams
 		calls = append(calls, func(q pgdb.DBTX) error {
 			next, clock, ok, err := TakeRow(ctx, q, t, true)
 			if err == nil && !ok {
-				// Unreachable: with must the statement returns a row or
-				// raises. Should it not, the COMMIT queued after it would
-				// commit a call that took nothing; fail loudly instead.
-				return errors.New("txlimit/pgproto: internal error: a take sent with COMMIT returned no row")
+				// With must the statement returns a row or raises
+				// (TestTakeRowMatchesAlgo holds it to that). Were it to
+				// return none, the COMMIT after it would have run: say so.
+				return errors.New("txlimit/pgproto: internal error: a take sent with COMMIT returned no row, and the transaction committed without its tokens")
 			}
 			out.Results[i] = driver.TakeResult{Decision: driver.Granted(t.Config, next, clock.UnixMicro()), At: clock, States: []algo.State{next}}
 			out.At = clock
