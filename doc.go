@@ -1,6 +1,6 @@
 // Package txlimit provides rate limits whose state lives in the application's
-// own SQL database (PostgreSQL or SQLite) and is checked and consumed inside
-// the caller's transaction.
+// own SQL database (PostgreSQL, MySQL/MariaDB or SQLite) and is checked and
+// consumed inside the caller's transaction.
 //
 // Call LimitTx in the same transaction as the work the limit protects:
 //
@@ -49,6 +49,12 @@
 // never admitting more than one unsharded limit would) or, on PostgreSQL,
 // Escrow (the row is held for one statement only; docs/escrow.md).
 //
+// To decide after the work instead, BeginFunc (or CommitTx on a transaction
+// the caller began) takes the limits as the transaction commits: its work
+// and the tokens commit together, or neither; on pgstore the takes ride
+// the COMMIT, costing no round trip of their own, and Config.Lease keeps a
+// hot key's row out of most transactions (docs/commit.md).
+//
 // Within one call txlimit locks in one canonical order; across calls in one
 // transaction the order is the caller's, and two transactions that lock the
 // same rows in different orders can deadlock (retryable). Take several
@@ -66,8 +72,8 @@
 // # Stores and errors
 //
 // New infers the Limiter's transaction type from its store: pgstore.New(pool)
-// (pgx v5, pgx.Tx), pgsqlstore.New(db) (PostgreSQL on database/sql, *sql.Tx)
-// or sqlitestore.New(db) (*sql.Tx). The schema is goose migrations in package
+// (pgx v5, pgx.Tx), pgsqlstore.New(db) (PostgreSQL on database/sql, *sql.Tx),
+// mysqlstore.New(db) or sqlitestore.New(db) (*sql.Tx). The schema is goose migrations in package
 // migrations, run at setup with migrations.Up; Limiter.Ping checks it.
 //
 // A denial is not an error: Result.Err converts it to a *RateLimitedError.
