@@ -1,12 +1,13 @@
 // Package driver is the seam between txlimit's Limiter and a database: the
-// Store interface that pgstore, pgsqlstore, sqlitestore and mysqlstore implement, the parameters of
-// its operations, and the pure helpers every store shares to turn the rows it
-// locked into a decision (they are algo, applied to rows).
+// Store interface that pgstore, pgsqlstore, sqlitestore and mysqlstore
+// implement, the parameters of its operations, and the pure helpers every
+// store shares to turn the rows it locked into a decision (they are algo,
+// applied to rows).
 //
-// The API of this package is not stable and may change in any release. DO NOT
-// IMPLEMENT Store outside this module: build a store with pgstore.New,
-// pgsqlstore.New, sqlitestore.New or mysqlstore.New and hand it to txlimit.New, which infers the transaction
-// type from it.
+// The API of this package is not stable and may change in any release. DO
+// NOT IMPLEMENT Store outside this module: build a store with pgstore.New,
+// pgsqlstore.New, sqlitestore.New or mysqlstore.New and hand it to
+// txlimit.New, which infers the transaction type from it.
 //
 // Each method of Store is one complete operation in the caller's
 // transaction: it locks what it needs the way its database does best
