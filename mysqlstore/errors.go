@@ -31,8 +31,9 @@ const (
 
 // mysqlErrorType is the error type of github.com/go-sql-driver/mysql, whose
 // Number field is the server's error number. The store reads it by
-// reflection so that it imports no driver (TestErrNumber in the mysqltest
-// module holds the name to the driver's).
+// reflection so that it imports no driver (TestDeadlockIsRetryable and
+// TestLockWaitTimeoutIsRetryable, on a real server, hold the name to the
+// driver's).
 var mysqlErrorType = struct{ pkg, name string }{"github.com/go-sql-driver/mysql", "MySQLError"}
 
 // errNumber returns the server's error number of the first MySQL error in

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A three-node MariaDB Galera cluster on loopback, as ordinary processes, for
-# mysqlstore's multi-primary test (TestGalera in mysqlstore/mysqltest,
+# mysqlstore's multi-primary test (TestGalera in mysqlstore,
 # docs/mysql.md):
 #
 #   scripts/galera.sh install     # galera-4, mariadb-server and rsync from Debian's packages, when missing

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure a MariaDB (or MySQL) server answers on 127.0.0.1:3306 as root
 # with no password, with a database named test, as mysqlstore's tests expect
-# (mysqlstore/mysqltest, docs/mysql.md). Starts the installed server when it
+# (mysqlstore's tests, docs/mysql.md). Starts the installed server when it
 # is down; installs MariaDB from Debian's packages when there is none. Does
 # nothing when TEST_MYSQL_DSN is set.
 set -euo pipefail

@@ -74,7 +74,7 @@ func appending(ppid int) bool {
 // SkipOrFail fails tb under CI=true, where every server the tests need must
 // answer, and skips it otherwise, with msg written where `go test ./...`
 // shows it (printNotice). Stores whose servers testdb does not find itself
-// (MySQL, in mysqlstore/mysqltest) call it when theirs is missing.
+// (MySQL, internal/testkit/mysqltest) call it when theirs is missing.
 func SkipOrFail(tb testing.TB, msg string) {
 	tb.Helper()
 	if os.Getenv("CI") == "true" {

@@ -2,7 +2,7 @@
 // unsharded limit as one INSERT … ON DUPLICATE KEY UPDATE that refills,
 // decides and writes with algo's arithmetic in SQL, and what it did, read
 // with RETURNING on MariaDB and by a second statement on MySQL. It is a package of its own so that the differential test in
-// mysqlstore/mysqltest, which runs on a real server, can hold the statement
+// mysqlstore's tests, which runs on a real server, can hold the statement
 // itself, not only the store's whole Take, to algo.
 package takerow
 
@@ -55,7 +55,7 @@ import (
 // The arithmetic is algo's, operation for operation, on DOUBLE (IEEE
 // doubles) and BIGINT microseconds (TIMESTAMPDIFF and TIMESTAMPADD are exact
 // on DATETIME(6)), so that the state written is bit for bit the one algo
-// computes; TestTakeRowMatchesAlgo (mysqltest) holds it to algo. No
+// computes; TestTakeRowMatchesAlgo (mysqlstore) holds it to algo. No
 // float64 reaches the server as a DECIMAL (with interpolateParams the driver
 // writes 0.5 as a literal that MySQL reads as DECIMAL, and an expression of
 // DECIMALs alone is not IEEE arithmetic): each is written as CAST(:x AS

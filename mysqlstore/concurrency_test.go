@@ -1,4 +1,4 @@
-package mysqltest
+package mysqlstore_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/mysqlstore"
 )
 
@@ -45,7 +46,7 @@ func countOrders(t *testing.T, db *sql.DB, name string) int {
 func TestConcurrentCallsAdmitExactly32(t *testing.T) {
 	const workers, callsEach, capacity = 32, 4, 40
 	ctx := context.Background()
-	db := Database(t, workers+1)
+	db := mysqltest.Database(t, workers+1)
 	createOrders(t, db)
 	for _, tc := range []struct {
 		kind   txlimit.Kind
@@ -127,7 +128,7 @@ func TestConcurrentCallsAdmitExactly32(t *testing.T) {
 func TestNewKeysConcurrently(t *testing.T) {
 	const keys = 100
 	ctx := context.Background()
-	db := Database(t, keys+1)
+	db := mysqltest.Database(t, keys+1)
 	var seq atomic.Int64
 
 	// start runs fn(i) for i in 0..keys-1 at once, each in a transaction of
@@ -242,7 +243,7 @@ func TestNewKeysConcurrently(t *testing.T) {
 func TestLimitAllLocksInOneOrder(t *testing.T) {
 	const workers, callsEach, capacity = 16, 6, 30
 	ctx := context.Background()
-	db := Database(t, workers+1)
+	db := mysqltest.Database(t, workers+1)
 	l, err := txlimit.New(mysqlstore.New(db), map[string]txlimit.Config{
 		"all": {Kind: txlimit.TokenBucket, Rate: capacity, Period: time.Hour},
 		"ALL": {Kind: txlimit.TokenBucket, Rate: capacity, Period: time.Hour, Shards: 3},
@@ -291,7 +292,7 @@ func TestLimitAllLocksInOneOrder(t *testing.T) {
 // at once, leaving the held key for a later run.
 func TestPruneDoesNotWait(t *testing.T) {
 	ctx := context.Background()
-	db := Database(t, 4)
+	db := mysqltest.Database(t, 4)
 	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return at }

@@ -1,14 +1,12 @@
-// Package mysqltest runs txlimit's MySQL and MariaDB tests: mysqlstore
-// against a real server, through go-sql-driver/mysql, and the helpers
-// that give each test a database of its own.
+// Package mysqltest holds what mysqlstore's tests share: the MySQL or
+// MariaDB server to test against, a database of its own for each test, and
+// the conformance suite's harness for mysqlstore.
 //
-// It is a module of its own because the root module must not require
-// go-sql-driver/mysql, not even for its tests: a test-only requirement of
-// the root is in the module graph of every txlimit user (scripts/modgraph.sh
-// bounds it). mysqlstore itself imports no driver; this module brings the
-// one its tests run on. internal/testkit/sqldrivers, the other module with that
-// driver, runs the root package's suite with other PostgreSQL drivers;
-// keeping the MySQL store's tests here puts them beside the store they test.
+// go-sql-driver/mysql, which these helpers and the tests run on, is a
+// test-only requirement of the root module: mysqlstore itself imports no
+// driver. It and its one dependency (filippo.io/edwards25519) are the price
+// of `go test ./...` running the MariaDB suite; scripts/modgraph.sh counts
+// them in a pgstore user's module graph.
 //
 // The server: TEST_MYSQL_DSN (a go-sql-driver/mysql DSN, e.g.
 // root:@tcp(127.0.0.1:3306)/test), else MariaDB or MySQL on 127.0.0.1:3306

@@ -1,4 +1,4 @@
-package mysqltest
+package mysqlstore_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/testkit/algocase"
+	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/mysqlstore"
 	"github.com/txlimit/txlimit/mysqlstore/internal/takerow"
 )
@@ -25,7 +26,7 @@ import (
 func TestTakeRowMatchesAlgo(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := Database(t, 2)
+	db := mysqltest.Database(t, 2)
 	store := mysqlstore.New(db)
 	cases := algocase.Generate(27, 1000)
 	algocase.RequireCoverage(t, cases)
@@ -129,7 +130,7 @@ func stored(ctx context.Context, t *testing.T, tx *sql.Tx, c algocase.Case) []al
 func TestTakeRowLeavesReshardToGo(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := Database(t, 2)
+	db := mysqltest.Database(t, 2)
 	s := mysqlstore.New(db)
 	now := time.UnixMicro(1_700_000_000_000_000).UTC()
 	l := driver.Limit{Name: "reshard", Key: "k", Shards: 1,

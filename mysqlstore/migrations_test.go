@@ -1,4 +1,4 @@
-package mysqltest
+package mysqlstore_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/migrations"
 )
 
@@ -18,7 +19,7 @@ import (
 func TestMigrations(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := Open(t, EmptyDatabase(t), 12)
+	db := mysqltest.Open(t, mysqltest.EmptyDatabase(t), 12)
 	_, err := db.Exec("CREATE TABLE goose_db_version (id INT, version_id BIGINT, is_applied BOOL)")
 	require.NoError(t, err)
 

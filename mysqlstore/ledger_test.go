@@ -1,4 +1,4 @@
-package mysqltest
+package mysqlstore_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/mysqlstore"
 )
 
@@ -36,9 +37,9 @@ import (
 func TestLedgerWithRollbacksAndKills(t *testing.T) {
 	const workers, callsEach, capacity = 32, 6, 60
 	ctx := context.Background()
-	db := Database(t, workers+2)
+	db := mysqltest.Database(t, workers+2)
 	createOrders(t, db)
-	admin := Open(t, Config(t), 1)
+	admin := mysqltest.Open(t, mysqltest.Config(t), 1)
 	for _, tc := range []struct {
 		shards int
 		// warm: the key's rows exist (committed) before the storm, so no

@@ -10,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/mysqlstore"
 )
@@ -57,9 +56,4 @@ func Rows(t *testing.T, db *sql.DB, name, key string) []string {
 	}
 	require.NoError(t, rows.Err())
 	return out
-}
-
-// req is one limit of a LimitAll call.
-func req(name, key string, opts ...txlimit.Option) txlimit.Request {
-	return txlimit.Request{Name: name, Key: key, Options: opts}
 }

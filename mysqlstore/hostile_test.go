@@ -1,4 +1,4 @@
-package mysqltest
+package mysqlstore_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/mysqlstore"
 )
@@ -24,11 +25,11 @@ import (
 func TestMySQLHostileInput(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg := EmptyDatabase(t)
-	admin := Open(t, cfg, 1)
+	cfg := mysqltest.EmptyDatabase(t)
+	admin := mysqltest.Open(t, cfg, 1)
 	_, err := admin.Exec("ALTER DATABASE " + cfg.DBName + " CHARACTER SET utf8mb3 COLLATE utf8mb3_general_ci")
 	require.NoError(t, err)
-	require.NoError(t, migrations.Up(ctx, Open(t, cfg, 2), migrations.MySQL))
+	require.NoError(t, migrations.Up(ctx, mysqltest.Open(t, cfg, 2), migrations.MySQL))
 
 	for _, setup := range []struct {
 		desc   string
@@ -50,7 +51,7 @@ func TestMySQLHostileInput(t *testing.T) {
 				}
 				c.Params[k] = v
 			}
-			db := Open(t, c, 3)
+			db := mysqltest.Open(t, c, 3)
 			var mode, charset string
 			require.NoError(t, db.QueryRow("SELECT @@SESSION.sql_mode, @@SESSION.character_set_client").Scan(&mode, &charset))
 			if _, lax := setup.params["sql_mode"]; lax {
@@ -82,7 +83,7 @@ func TestMySQLHostileInput(t *testing.T) {
 			for _, k := range keys {
 				require.True(t, limit(k).OK)
 				require.False(t, limit(k).OK, "%q: two tokens, each key its own limit", k)
-				require.Len(t, Rows(t, admin, name, k), 1, "%q", k)
+				require.Len(t, mysqltest.Rows(t, admin, name, k), 1, "%q", k)
 			}
 
 			// The longest key (MaxKeyLen bytes, here 4-byte characters)
@@ -97,8 +98,8 @@ func TestMySQLHostileInput(t *testing.T) {
 			_, err = l.Limit(ctx, name, longest+"x")
 			require.ErrorAs(t, err, &invalid)
 			require.Equal(t, "key", invalid.Field)
-			require.Empty(t, Rows(t, admin, name, longest+"x"))
-			require.Len(t, Rows(t, admin, name, longest), 1)
+			require.Empty(t, mysqltest.Rows(t, admin, name, longest+"x"))
+			require.Len(t, mysqltest.Rows(t, admin, name, longest), 1)
 			// A name is at most 256 bytes (the limiter's own bound, not
 			// exported; VARBINARY(256) here).
 			longName := strings.Repeat("n", 256)
@@ -107,7 +108,7 @@ func TestMySQLHostileInput(t *testing.T) {
 			_, err = l.Limit(ctx, longName+"n", "k", txlimit.Inline(hourly))
 			require.ErrorAs(t, err, &invalid)
 			require.Equal(t, "name", invalid.Field)
-			require.Empty(t, Rows(t, admin, longName+"n", "k"))
+			require.Empty(t, mysqltest.Rows(t, admin, longName+"n", "k"))
 
 			// A clock outside what DATETIME(6) holds (the store's
 			// ClockRange) is bad input, refused before any statement: a lax
@@ -122,7 +123,7 @@ func TestMySQLHostileInput(t *testing.T) {
 					_, err = l.LimitAll(ctx, req(name, "far", cfg))
 					require.ErrorAs(t, err, &invalid)
 					require.Equal(t, "Options.Clock", invalid.Field)
-					require.Empty(t, Rows(t, admin, name, "far"))
+					require.Empty(t, mysqltest.Rows(t, admin, name, "far"))
 				}
 			}
 			var zero int

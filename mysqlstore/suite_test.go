@@ -1,10 +1,12 @@
-package mysqltest
+package mysqlstore_test
 
 import (
 	"database/sql"
 	"strings"
 	"testing"
 
+	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/internal/testkit/storetest"
 )
 
@@ -16,13 +18,18 @@ import (
 // which one passed.
 func TestMariaDB(t *testing.T) {
 	t.Parallel()
-	t.Run(ServerName(t), func(t *testing.T) {
+	t.Run(mysqltest.ServerName(t), func(t *testing.T) {
 		for _, iso := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelReadCommitted} {
 			t.Run(strings.ReplaceAll(strings.ToLower(iso.String()), " ", "_"), func(t *testing.T) {
 				storetest.Run(t, func(t *testing.T, conns int32) storetest.Harness[*sql.Tx] {
-					return Harness(Database(t, int(conns)), iso)
+					return mysqltest.Harness(mysqltest.Database(t, int(conns)), iso)
 				})
 			})
 		}
 	})
+}
+
+// req is one limit of a LimitAll call.
+func req(name, key string, opts ...txlimit.Option) txlimit.Request {
+	return txlimit.Request{Name: name, Key: key, Options: opts}
 }

@@ -1,4 +1,4 @@
-package mysqltest
+package mysqlstore_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/mysqlstore"
 )
 
@@ -25,7 +26,7 @@ import (
 func TestDeadlockIsRetryable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := Database(t, 4)
+	db := mysqltest.Database(t, 4)
 	l, err := txlimit.New(mysqlstore.New(db), map[string]txlimit.Config{
 		"d": {Kind: txlimit.TokenBucket, Rate: 100, Period: time.Hour},
 	}, nil)
@@ -87,7 +88,7 @@ func TestDeadlockIsRetryable(t *testing.T) {
 func TestLockWaitTimeoutIsRetryable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := Database(t, 4)
+	db := mysqltest.Database(t, 4)
 	l, err := txlimit.New(mysqlstore.New(db), map[string]txlimit.Config{
 		"w": {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Minute},
 	}, nil)
@@ -130,10 +131,10 @@ func TestRetryable(t *testing.T) {
 	// A failure to connect: retryable unless the server refused the login
 	// or the database does not exist.
 	ctx := context.Background()
-	bad := Config(t)
+	bad := mysqltest.Config(t)
 	bad.Passwd = "not the password"
 	bad.User = "txlimit_no_such_user"
-	l, err := txlimit.New(mysqlstore.New(Open(t, bad, 1)), map[string]txlimit.Config{"r": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}, nil)
+	l, err := txlimit.New(mysqlstore.New(mysqltest.Open(t, bad, 1)), map[string]txlimit.Config{"r": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}, nil)
 	require.NoError(t, err)
 	_, err = l.Limit(ctx, "r", "k")
 	var myErr *mysql.MySQLError
@@ -141,9 +142,9 @@ func TestRetryable(t *testing.T) {
 	require.EqualValues(t, 1045, myErr.Number)
 	require.False(t, mysqlstore.Retryable(err), "access denied: %v", err)
 
-	refused := Config(t)
+	refused := mysqltest.Config(t)
 	refused.Addr = "127.0.0.1:1"
-	l, err = txlimit.New(mysqlstore.New(Open(t, refused, 1)), map[string]txlimit.Config{"r": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}, nil)
+	l, err = txlimit.New(mysqlstore.New(mysqltest.Open(t, refused, 1)), map[string]txlimit.Config{"r": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}, nil)
 	require.NoError(t, err)
 	_, err = l.Limit(ctx, "r", "k")
 	require.Error(t, err)

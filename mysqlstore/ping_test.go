@@ -1,4 +1,4 @@
-package mysqltest
+package mysqlstore_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/mysqlstore"
@@ -22,8 +23,8 @@ import (
 func TestPingNamesTheDSNSetting(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg := EmptyDatabase(t)
-	require.NoError(t, migrations.Up(ctx, Open(t, cfg, 2), migrations.MySQL))
+	cfg := mysqltest.EmptyDatabase(t)
+	require.NoError(t, migrations.Up(ctx, mysqltest.Open(t, cfg, 2), migrations.MySQL))
 	berlin, err := time.LoadLocation("Europe/Berlin")
 	require.NoError(t, err)
 	for _, tc := range []struct {
@@ -38,7 +39,7 @@ func TestPingNamesTheDSNSetting(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			c := cfg.Clone()
 			tc.change(c)
-			db := Open(t, c, 2)
+			db := mysqltest.Open(t, c, 2)
 			l, err := txlimit.New(mysqlstore.New(db), map[string]txlimit.Config{"n": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}, nil)
 			require.NoError(t, err)
 			err = l.Ping(ctx)
@@ -48,12 +49,12 @@ func TestPingNamesTheDSNSetting(t *testing.T) {
 		})
 	}
 	t.Run("with every setting", func(t *testing.T) {
-		db := Open(t, cfg, 2)
+		db := mysqltest.Open(t, cfg, 2)
 		require.NoError(t, mysqlstore.New(db).Ping(ctx, driver.PingParams{}))
 		// multiStatements is not used: either value works.
 		c := cfg.Clone()
 		c.MultiStatements = true
-		require.NoError(t, mysqlstore.New(Open(t, c, 2)).Ping(ctx, driver.PingParams{}))
+		require.NoError(t, mysqlstore.New(mysqltest.Open(t, c, 2)).Ping(ctx, driver.PingParams{}))
 	})
 }
 
@@ -63,8 +64,8 @@ func TestPingNamesTheDSNSetting(t *testing.T) {
 func TestCallsNameTheDSNSetting(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg := EmptyDatabase(t)
-	good := Open(t, cfg, 2)
+	cfg := mysqltest.EmptyDatabase(t)
+	good := mysqltest.Open(t, cfg, 2)
 	require.NoError(t, migrations.Up(ctx, good, migrations.MySQL))
 	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	berlin, err := time.LoadLocation("Europe/Berlin")
@@ -79,7 +80,7 @@ func TestCallsNameTheDSNSetting(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			c := cfg.Clone()
 			tc.change(c)
-			db := Open(t, c, 2)
+			db := mysqltest.Open(t, c, 2)
 			for _, shards := range []int{1, 3} {
 				l, err := txlimit.New(mysqlstore.New(db), map[string]txlimit.Config{
 					"n": {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Hour, Shards: shards},
@@ -97,7 +98,7 @@ func TestCallsNameTheDSNSetting(t *testing.T) {
 				_, err = onServerClock.Value(ctx, "n", tc.desc)
 				require.ErrorIs(t, err, mysqlstore.ErrDSN)
 				require.ErrorContains(t, err, tc.param)
-				require.Empty(t, Rows(t, good, "n", tc.desc), "nothing committed")
+				require.Empty(t, mysqltest.Rows(t, good, "n", tc.desc), "nothing committed")
 			}
 		})
 	}
@@ -109,7 +110,7 @@ func TestCallsNameTheDSNSetting(t *testing.T) {
 func TestNotMigrated(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := Open(t, EmptyDatabase(t), 2)
+	db := mysqltest.Open(t, mysqltest.EmptyDatabase(t), 2)
 	l, err := txlimit.New(mysqlstore.New(db), map[string]txlimit.Config{"l": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}},
 		&txlimit.Options{FailOpen: true})
 	require.NoError(t, err)
@@ -165,7 +166,7 @@ func TestNoDatabase(t *testing.T) {
 	_, err = l.Limit(ctx, "l", "k")
 	require.ErrorIs(t, err, txlimit.ErrNoPool)
 	require.ErrorIs(t, l.Ping(ctx), txlimit.ErrNoPool)
-	db := Database(t, 2)
+	db := mysqltest.Database(t, 2)
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer tx.Rollback()

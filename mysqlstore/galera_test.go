@@ -1,4 +1,4 @@
-package mysqltest
+package mysqlstore_test
 
 import (
 	"bufio"
@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/mysqlstore"
@@ -54,7 +55,7 @@ func galera(tb testing.TB) []*mysql.Config {
 		testdb.Skip(tb, "SKIPPING the Galera test: scripts/galera.sh runs the nodes as the mysql user, which needs root")
 	}
 	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "galera.sh")
+	script := filepath.Join(filepath.Dir(file), "..", "scripts", "galera.sh")
 	dir, err := os.MkdirTemp("", "txlimit-galera-")
 	require.NoError(tb, err)
 	tb.Cleanup(func() {
@@ -81,7 +82,7 @@ func galera(tb testing.TB) []*mysql.Config {
 		if _, err := fmt.Sscanf(sc.Text(), "node %d %d", &n, &port); err == nil {
 			cfg := mysql.NewConfig()
 			cfg.User, cfg.Net, cfg.Addr = "root", "tcp", fmt.Sprintf("127.0.0.1:%d", port)
-			nodes = append(nodes, StoreConfig(cfg))
+			nodes = append(nodes, mysqltest.StoreConfig(cfg))
 		}
 	}
 	require.Len(tb, nodes, 3, "galera.sh start printed:\n%s", out.String())
@@ -107,11 +108,11 @@ func TestGalera(t *testing.T) {
 		if i == 0 {
 			c := nodes[0].Clone()
 			c.DBName = ""
-			_, err := Open(t, c, 1).Exec("CREATE DATABASE txlimit_galera")
+			_, err := mysqltest.Open(t, c, 1).Exec("CREATE DATABASE txlimit_galera")
 			require.NoError(t, err)
-			require.NoError(t, migrations.Up(ctx, Open(t, cfg, 2), migrations.MySQL))
+			require.NoError(t, migrations.Up(ctx, mysqltest.Open(t, cfg, 2), migrations.MySQL))
 		}
-		dbs[i] = Open(t, cfg, 8)
+		dbs[i] = mysqltest.Open(t, cfg, 8)
 		createOrdersIfMissing(t, dbs[i])
 	}
 	const capacity = 300
