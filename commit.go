@@ -52,28 +52,51 @@ func (l *Limiter[TTx]) BeginFunc(ctx context.Context, fn func(tx TTx) error, req
 }
 
 func (l *Limiter[TTx]) commitIn(ctx context.Context, tx *TTx, fn func(TTx) error, reqs []Request) (MultiResult, error) {
+	return l.takeWith(ctx, opCommit, atCommit, reqs, nil, tx == nil, func(p driver.TakeAllParams) (driver.TakeAllResult, error) {
+		if tx != nil {
+			return l.store.Commit(ctx, *tx, p)
+		}
+		return l.store.InTxCommit(ctx, fn, p)
+	})
+}
+
+// takeWith is a call whose work is fixed before the limits are taken, at
+// commit or in the caller's batch (when): it validates reqs and then
+// check (nil for none), and has the store take them with send, which
+// runs the work too. With leases (BeginFunc) the leased limits are taken
+// from their leases first. A denial is the error.
+func (l *Limiter[TTx]) takeWith(ctx context.Context, op, when string, reqs []Request, check func() error, leases bool,
+	send func(driver.TakeAllParams) (driver.TakeAllResult, error)) (MultiResult, error) {
 	obs := l.observe()
-	rs, err := l.newRequests(reqs)
+	var rs []request
+	var err error
+	if check != nil {
+		err = check()
+	}
+	if err == nil {
+		rs, err = l.newRequests(reqs)
+	}
 	for _, r := range rs {
 		if err == nil {
-			err = r.checkAtCommit()
+			err = r.checkFixedWork(when)
 		}
 	}
 	var res MultiResult
 	if err == nil {
-		res, err = l.commit(ctx, tx, fn, rs, obs)
+		res, err = l.commit(ctx, leases, rs, obs, send)
 	}
-	res, err = l.finishAll(ctx, opCommit, obs, rs, res, err, false)
+	res, err = l.finishAll(ctx, op, obs, rs, res, err, false)
 	if err == nil {
-		err = res.Err() // a denial: the transaction did not commit
+		err = res.Err() // a denial: the work did not take effect
 	}
 	return res, err
 }
 
 // commit hands out the tokens of the leased limits of rs from their leases
-// (Config.Lease; BeginFunc only), then has the store take the others and
-// end the transaction; the leased tokens go back when it did not commit.
-func (l *Limiter[TTx]) commit(ctx context.Context, tx *TTx, fn func(TTx) error, rs []request, obs *observation) (MultiResult, error) {
+// (Config.Lease; BeginFunc only, with leases), then has the store take the
+// others and do the work with send; the leased tokens go back when the
+// work did not commit.
+func (l *Limiter[TTx]) commit(ctx context.Context, leases bool, rs []request, obs *observation, send func(driver.TakeAllParams) (driver.TakeAllResult, error)) (MultiResult, error) {
 	results := make([]Result, len(rs))
 	var got []leased
 	var gotFrom []int
@@ -89,10 +112,11 @@ func (l *Limiter[TTx]) commit(ctx context.Context, tx *TTx, fn func(TTx) error, 
 	}
 	for i, r := range rs {
 		// Only BeginFunc takes from leases: it takes them before its
-		// transaction begins. Under CommitTx the caller's transaction is
-		// open, and a lease's own would wait for it (SQLite's one writer)
-		// or for a connection the caller may be holding the last of.
-		if r.config.Lease == 0 || tx != nil {
+		// transaction begins. Under CommitTx and SendBatch the caller's
+		// transaction is open, and a lease's own would wait for it
+		// (SQLite's one writer) or for a connection the caller may be
+		// holding the last of.
+		if r.config.Lease == 0 || !leases {
 			stored, storedAt = append(stored, r), append(storedAt, i)
 			continue
 		}
@@ -113,13 +137,7 @@ func (l *Limiter[TTx]) commit(ctx context.Context, tx *TTx, fn func(TTx) error, 
 	if len(stored) > 0 {
 		p = takeAllParams(stored, obs)
 	}
-	var all driver.TakeAllResult
-	var err error
-	if tx != nil {
-		all, err = l.store.Commit(ctx, *tx, p)
-	} else {
-		all, err = l.store.InTxCommit(ctx, fn, p)
-	}
+	all, err := send(p)
 	if (err != nil && !errors.Is(err, ErrCommitUnknown)) || (err == nil && !all.OK) {
 		// The transaction did not commit: the leased tokens were not spent.
 		if gerr := giveBack(); gerr != nil {
@@ -176,16 +194,24 @@ func (l *Limiter[TTx]) deniedByLease(ctx context.Context, rs []request, denied i
 	return out, nil
 }
 
-// checkAtCommit rejects the options that decide what the work is to be,
-// which at commit has already been done.
-func (r request) checkAtCommit() error {
+// The calls whose work is fixed before the limits are taken
+// (checkFixedWork).
+const (
+	atCommit = "at commit, after the work has run"
+	inBatch  = "in a batch, whose statements are queued already"
+)
+
+// checkFixedWork rejects the options that decide what the work is to be,
+// in a call whose work is fixed already (when: at commit, done; in a
+// batch, queued).
+func (r request) checkFixedWork(when string) error {
 	switch {
 	case r.reserve:
-		return &InvalidError{Limit: r.name, Field: "Reserve", Problem: "does not apply at commit, after the work has run: " +
-			"a reservation tells when to run it; take it with LimitTx before the work"}
+		return &InvalidError{Limit: r.name, Field: "Reserve", Problem: "does not apply " + when + ": " +
+			"a reservation tells when to run the work; take it with LimitTx before the work"}
 	case r.upTo:
-		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: "does not apply at commit, after the work has run: " +
-			"its size is known by then; pass it as Count, or take UpTo with LimitTx before the work"}
+		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: "does not apply " + when + ": " +
+			"the work's size is fixed by then; pass it as Count, or take UpTo with LimitTx before the work"}
 	}
 	return nil
 }

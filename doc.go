@@ -53,7 +53,10 @@
 // the caller began) takes the limits as the transaction commits: its work
 // and the tokens commit together, or neither; on pgstore the takes ride
 // the COMMIT, costing no round trip of their own, and Config.Lease keeps a
-// hot key's row out of most transactions (docs/commit.md).
+// hot key's row out of most transactions (docs/commit.md). SendBatch
+// decides before the work at no round trip of its own either: on pgstore
+// the takes go first in the caller's pgx.Batch, whose statements run only
+// when every limit granted.
 //
 // Within one call txlimit locks in one canonical order; across calls in one
 // transaction the order is the caller's, and two transactions that lock the

@@ -24,6 +24,7 @@ const (
 	opCheck    = "check"
 	opLimitAll = "limit_all"
 	opCommit   = "commit"
+	opBatch    = "batch"
 	opValue    = "value"
 	opCredit   = "credit"
 	opReset    = "reset"
@@ -40,7 +41,9 @@ type Event struct {
 	// was taken from any of them, with RetryAfter 0 for a limit whose own
 	// tokens were there); "commit" (CommitTx or BeginFunc, as "limit_all":
 	// a denial is one whose transaction did not commit, and Err is set
-	// when it failed for another reason, fn's error included); "prune" (one batch of Prune: Name and Key are
+	// when it failed for another reason, fn's error included); "batch"
+	// (SendBatch, as "limit_all": Err is set when it failed, the error of
+	// the batch's own statements included); "prune" (one batch of Prune: Name and Key are
 	// empty, Count is the number of rows the batch deleted). A "value"
 	// Event has no Result: the Snapshot is the caller's.
 	Op    string

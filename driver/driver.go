@@ -114,6 +114,25 @@ type Store[TTx any] interface {
 	Ping(ctx context.Context, p PingParams) error
 }
 
+// BatchSender is what a store whose driver pipelines adds to Store for
+// txlimit.SendBatch: the takes sent in the caller's own batch of
+// statements (TBatch: *pgx.Batch for pgstore), ahead of them. txlimit
+// checks for it with the batch's type, and refuses the call before
+// anything is sent when the store lacks it (database/sql sends one
+// statement at a time).
+type BatchSender[TTx, TBatch any] interface {
+	// SendBatch takes p's tokens in tx, all or none as TakeAll does, and
+	// then runs b's statements in tx, in their order, with their own
+	// result handling; tx stays open for the caller to commit. Where every
+	// take is one statement the takes go first in the same round trip as
+	// b's statements, and a take that would grant nothing stops the
+	// statements after it on the server; other takes are taken as TakeAll
+	// takes them before b is sent. A denial runs none of b's statements
+	// and rolls tx back. An error of b's statements is returned as it is.
+	// b is not nil (txlimit checks).
+	SendBatch(ctx context.Context, tx TTx, b TBatch, p TakeAllParams) (TakeAllResult, error)
+}
+
 // ClockRanger is what a store whose database cannot hold every instant adds
 // to Store: the first and the last instant it holds. txlimit refuses a
 // reading of txlimit.Options.Clock outside them before any statement.

@@ -154,6 +154,22 @@ func (e *commitEnv) settled(t *testing.T) {
 	require.Zero(t, inTx, "a backend of the pool is still in a transaction")
 }
 
+// roundTrips asserts that call, a transaction on e's one connection
+// (MaxConns 1, dialed through counter) that commits order *id, costs want
+// round trips, three times after a first call that prepares the statements
+// it has not cached yet.
+func (e *commitEnv) roundTrips(t *testing.T, counter *testdb.ReadyCounter, what string, want int, id *int64, call func() error) {
+	t.Helper()
+	require.NoError(t, call(), what)
+	for i := range 3 {
+		counter.Take()
+		require.NoError(t, call(), what)
+		require.Equal(t, want, counter.Take(), "%s: round trips of call %d", what, i)
+		require.True(t, e.committed(t, *id), "%s: the work committed", what)
+		require.Zero(t, e.pool.Stat().AcquiredConns(), "%s: the connection is back", what)
+	}
+}
+
 func commitReq(name, key string, opts ...txlimit.Option) txlimit.Request {
 	return txlimit.Request{Name: name, Key: key, Options: opts}
 }
@@ -182,15 +198,7 @@ func TestCommitRoundTrips(t *testing.T) {
 	var id int64
 	measure := func(what string, want int, call func() error) {
 		t.Helper()
-		// The first call prepares the statements it has not cached yet.
-		require.NoError(t, call(), what)
-		for i := range 3 {
-			counter.Take()
-			require.NoError(t, call(), what)
-			require.Equal(t, want, counter.Take(), "%s: round trips of call %d", what, i)
-			require.True(t, e.committed(t, id), "%s: the work committed", what)
-			require.Zero(t, e.pool.Stat().AcquiredConns(), "%s: the connection is back", what)
-		}
+		e.roundTrips(t, counter, what, want, &id, call)
 	}
 	measure("pgx.BeginFunc, no limit", 3, func() error { return pgx.BeginFunc(ctx, e.pool, e.order(&id)) })
 	measure("BeginFunc, one limit", 3, func() error {
@@ -478,7 +486,17 @@ func TestCommitHotKeyExact(t *testing.T) {
 	const callers, calls, capacity = 16, 20, 50
 	name := storetest.UniqueName(t, "hot")
 	e := newCommitEnv(t, callers+1, nil, map[string]txlimit.Config{name: window(capacity)})
+	e.hotKeyExact(t, name, callers, calls, capacity, func(id *int64) (txlimit.MultiResult, error) {
+		return e.l.BeginFunc(ctx, e.order(id), commitReq(name, "k"))
+	})
+}
 
+// hotKeyExact runs callers goroutines that each make calls calls of call,
+// a transaction that commits order *id when the key name of capacity
+// grants: exactly capacity calls are granted, and their orders alone
+// commit; every other call is a denial with a RetryAfter.
+func (e *commitEnv) hotKeyExact(t *testing.T, name string, callers, calls, capacity int, call func(id *int64) (txlimit.MultiResult, error)) {
+	t.Helper()
 	var mu sync.Mutex
 	grantedIDs := map[int64]bool{}
 	var granted, denied atomic.Int64
@@ -490,7 +508,7 @@ func TestCommitHotKeyExact(t *testing.T) {
 			defer wg.Done()
 			for range calls {
 				var id int64
-				res, err := e.l.BeginFunc(ctx, e.order(&id), commitReq(name, "k"))
+				res, err := call(&id)
 				var rl *txlimit.RateLimitedError
 				switch {
 				case err == nil && res.OK:
@@ -513,7 +531,7 @@ func TestCommitHotKeyExact(t *testing.T) {
 	require.Equal(t, int64(capacity), granted.Load())
 	require.Equal(t, int64(callers*calls-capacity), denied.Load())
 	require.Equal(t, capacity, e.orders(t), "the granted orders alone committed")
-	rows, err := e.admin.Query(ctx, `SELECT id FROM orders`)
+	rows, err := e.admin.Query(context.Background(), `SELECT id FROM orders`)
 	require.NoError(t, err)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/pgstore"
@@ -24,6 +25,9 @@ const (
 	// The same with Config.Lease: the setup docs/commit.md recommends for
 	// a hot key.
 	implCommitLease = "txlimit/commit+lease"
+	// txlimit's take in the caller's batch (txlimit.SendBatch on pgstore):
+	// the business transaction whose INSERT is queued after the take.
+	implBatch = "txlimit/batch"
 	// github.com/go-redis/redis_rate/v10 (GCRA, one EVALSHA) beside the
 	// transaction, as the Redis step is.
 	implRedisRate = "redis_rate"
@@ -115,6 +119,62 @@ func (c *commitClient) take(ctx context.Context) (call, error) {
 }
 
 func (c *commitClient) close() {}
+
+// pgBatch is the business transaction through txlimit.SendBatch: BEGIN,
+// one batch of the take and the INSERT of an order, COMMIT (a denial has
+// rolled the transaction back). Each client holds a connection of its own
+// for the run, as LimitTx's do.
+type pgBatch struct{ p *pgPool }
+
+func (s pgBatch) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
+	l, err := newLimiter(pgstore.New(s.p.pool), spec, nil)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := s.p.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &batchClient{conn: conn, l: l, req: txlimit.Request{Name: spec.Name, Key: key}, business: business}, nil
+}
+
+func (s pgBatch) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
+	return pgLimit{p: s.p, store: pgstore.New(s.p.pool)}.value(ctx, spec, key)
+}
+
+type batchClient struct {
+	conn     *pgxpool.Conn
+	l        *txlimit.Limiter[pgx.Tx]
+	req      txlimit.Request
+	business bool
+}
+
+// take is one business transaction. Its step is SendBatch: the take and
+// the INSERT in one round trip, where the other subjects' step leaves the
+// INSERT out.
+func (c *batchClient) take(ctx context.Context) (call, error) {
+	tx, err := c.conn.Begin(ctx)
+	if err != nil {
+		return call{}, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	b := &pgx.Batch{}
+	if c.business {
+		b.Queue(pgBusinessInsert, c.req.Key, 1)
+	}
+	start := time.Now()
+	_, err = txlimit.SendBatch(ctx, c.l, tx, b, c.req)
+	r := call{ok: err == nil, step: time.Since(start)}
+	switch {
+	case errors.Is(err, txlimit.ErrRateLimited):
+		return r, nil
+	case err != nil:
+		return r, err
+	}
+	return r, tx.Commit(ctx)
+}
+
+func (c *batchClient) close() { c.conn.Release() }
 
 // redisRate is redis_rate's GCRA limiter on Redis beside the business
 // transaction: the step is one Allow (an EVALSHA of its script). Its limit

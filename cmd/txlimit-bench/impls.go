@@ -154,6 +154,10 @@ func pgImpls(withRedis bool) []impl[*pgConns] {
 		open: func(c *pgConns) subject { return newPgCommit(c.pg, false) }},
 		impl[*pgConns]{name: implCommitLease, runs: inBusiness, checks: businessChecks,
 			open: func(c *pgConns) subject { return newPgCommit(c.pg, true) }})
+	// The take in the caller's batch: SendBatch, the take queued ahead of
+	// the INSERT.
+	impls = append(impls, impl[*pgConns]{name: implBatch, runs: inBusiness, checks: businessChecks,
+		open: func(c *pgConns) subject { return pgBatch{c.pg} }})
 	if withRedis {
 		// redis_rate reads Redis's clock: the bounded check only.
 		impls = append(impls, impl[*pgConns]{name: implRedisRate, runs: inBusiness,

@@ -31,11 +31,13 @@
 //     the transaction, txlimit/commit (Limiter.BeginFunc: BEGIN; INSERT;
 //     the take and COMMIT in one pipeline), txlimit/commit+lease (the same
 //     with Config.Lease 64, the clients of a limit sharing one Limiter as
-//     one process's goroutines do) and none (no limit at all: the
-//     ceiling);
+//     one process's goroutines do), txlimit/batch (txlimit.SendBatch:
+//     BEGIN; the take and the INSERT in one batch; COMMIT) and none (no
+//     limit at all: the ceiling);
 //   - business-hot: the same business transaction with every client on one
 //     key, measured for the floor (on that one row), txlimit, escrow,
-//     txlimit/commit, txlimit/commit+lease, Redis and redis_rate;
+//     txlimit/commit, txlimit/commit+lease, txlimit/batch, Redis and
+//     redis_rate;
 //   - escrow, in both business scenarios: txlimit's LimitTx with
 //     Config.Escrow (docs/escrow.md). Its store debits on a pool of its
 //     own (escrowPoolSize connections, beside the clients' pool), so that a
@@ -104,7 +106,7 @@
 // -quick is a smoke run of well under a minute on an idle machine: short
 // cells, one repeat. -subjects measures only the implementations it names
 // (none, floor, txlimit, txlimit/pgsqlstore, escrow, txlimit/commit,
-// txlimit/commit+lease, redis, redis_rate), for a quick
+// txlimit/commit+lease, txlimit/batch, redis, redis_rate), for a quick
 // iteration on a few:
 //
 //	go run . -dsn … -clients 8,32 -subjects floor,escrow,redis -shards '' -sqlite=false
@@ -261,7 +263,7 @@ func (c config) validate() error {
 }
 
 // subjectNames are the implementations -subjects may name.
-var subjectNames = []string{implNone, implFloor, implTxlimit, implTxlimitSQL, implEscrow, implCommit, implCommitLease, implRedis, implRedisRate}
+var subjectNames = []string{implNone, implFloor, implTxlimit, implTxlimitSQL, implEscrow, implCommit, implCommitLease, implBatch, implRedis, implRedisRate}
 
 // parseSubjects parses -subjects: "" is every subject (nil).
 func parseSubjects(s string) ([]string, error) {

@@ -81,11 +81,12 @@ func TestQuickRun(t *testing.T) {
 	// Every cell: on PostgreSQL, at 3 client counts, the floor, txlimit
 	// and txlimit/pgsqlstore in 5 scenarios (distinct, hot, 3 shard
 	// counts), the business scenario with none, floor, both txlimit
-	// stores, escrow, txlimit/commit with and without a lease, redis and
-	// redis_rate, and business-hot with floor, txlimit, escrow, both
-	// txlimit/commit, redis and redis_rate; on SQLite, at 2, the floor and txlimit in distinct and
+	// stores, escrow, txlimit/commit with and without a lease,
+	// txlimit/batch, redis and redis_rate, and business-hot with floor,
+	// txlimit, escrow, both txlimit/commit, txlimit/batch, redis and
+	// redis_rate; on SQLite, at 2, the floor and txlimit in distinct and
 	// hot.
-	const pgRows, sqliteRows = (5*3 + 9 + 7) * 3, 2 * 2 * 2
+	const pgRows, sqliteRows = (5*3 + 10 + 8) * 3, 2 * 2 * 2
 	require.Len(t, rep.Rows, pgRows+sqliteRows)
 	impls := map[string]int{}
 	for _, r := range rep.Rows {
@@ -150,6 +151,10 @@ func TestQuickRun(t *testing.T) {
 			// BEGIN, the INSERT, and the take with the COMMIT: the round
 			// trips of the transaction with no limit.
 			require.Equal(t, 3.0, r.RoundTrips, what)
+		case r.Impl == implBatch:
+			// BEGIN, the take and the INSERT in one batch, COMMIT: the
+			// round trips of the transaction with no limit.
+			require.Equal(t, 3.0, r.RoundTrips, what)
 		case r.Impl == implCommitLease:
 			// BEGIN, the INSERT, COMMIT, and a lease's own short
 			// transaction once every 64 calls.
@@ -176,19 +181,19 @@ func TestQuickRun(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{
 		"postgres none": 3, "postgres floor": 7 * 3, "postgres txlimit": 7 * 3, "postgres txlimit/pgsqlstore": 6 * 3,
-		"postgres escrow": 2 * 3, "postgres redis": 2 * 3, "postgres txlimit/commit": 2 * 3, "postgres txlimit/commit+lease": 2 * 3, "postgres redis_rate": 2 * 3,
+		"postgres escrow": 2 * 3, "postgres redis": 2 * 3, "postgres txlimit/commit": 2 * 3, "postgres txlimit/commit+lease": 2 * 3, "postgres txlimit/batch": 2 * 3, "postgres redis_rate": 2 * 3,
 		"sqlite floor": 4, "sqlite txlimit": 4,
 	}, impls)
 
 	// One all-admitted check per timed run but none's; the saturating
 	// checks at the largest client count: exact and bounded for the floor
 	// (4 scenarios: the sharded floor, which does not pool, left out),
-	// txlimit (7), txlimit/pgsqlstore (6: not business-hot), escrow and
-	// txlimit/commit (business and business-hot), window for Redis in
-	// distinct, hot, business and business-hot, bounded for redis_rate in
-	// business and business-hot.
+	// txlimit (7), txlimit/pgsqlstore (6: not business-hot), escrow,
+	// txlimit/commit and txlimit/batch (business and business-hot),
+	// window for Redis in distinct, hot, business and business-hot,
+	// bounded for redis_rate in business and business-hot.
 	const timed = pgRows + sqliteRows - 3
-	const saturating = 2*(4+7+6+2+2+2) + 4 + 2 + 2*2*2
+	const saturating = 2*(4+7+6+2+2+2+2) + 4 + 2 + 2*2*2
 	require.Len(t, rep.Checks, timed+saturating)
 	kinds := map[string]int{}
 	for _, c := range rep.Checks {
@@ -197,8 +202,8 @@ func TestQuickRun(t *testing.T) {
 		kinds[kind]++
 	}
 	require.Equal(t, 4, kinds["window"], "Redis takes the window check in distinct, hot, business and business-hot")
-	require.Equal(t, 4+7+6+2+2+2+2*2, kinds["exact"], "the floor (4 scenarios), txlimit (7), txlimit/pgsqlstore (6), escrow (2), both txlimit/commit (2 each), SQLite's two (2 each)")
-	require.Equal(t, 4+7+6+2+2+2+2+2*2, kinds["bounded"], "as exact, and redis_rate (2)")
+	require.Equal(t, 4+7+6+2+2+2+2+2*2, kinds["exact"], "the floor (4 scenarios), txlimit (7), txlimit/pgsqlstore (6), escrow (2), both txlimit/commit and txlimit/batch (2 each), SQLite's two (2 each)")
+	require.Equal(t, 4+7+6+2+2+2+2+2+2*2, kinds["bounded"], "as exact, and redis_rate (2)")
 	for _, s := range []string{"business", "business-hot"} {
 		for _, kind := range []string{"exact", "bounded"} {
 			require.True(t, slices.ContainsFunc(rep.Checks, func(c check) bool { return c.Name == kind+"/postgres/"+s+"/escrow/c32" }),
@@ -429,7 +434,7 @@ func TestParseFlags(t *testing.T) {
 	require.False(t, cfg.wants(implTxlimit))
 
 	_, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", "floor,escrw"}, io.Discard)
-	require.ErrorContains(t, err, `-subjects: unknown subject "escrw"; name some of none, floor, txlimit, txlimit/pgsqlstore, escrow, txlimit/commit, txlimit/commit+lease, redis, redis_rate`)
+	require.ErrorContains(t, err, `-subjects: unknown subject "escrw"; name some of none, floor, txlimit, txlimit/pgsqlstore, escrow, txlimit/commit, txlimit/commit+lease, txlimit/batch, redis, redis_rate`)
 
 	_, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", ","}, io.Discard)
 	require.ErrorContains(t, err, "names no subject")

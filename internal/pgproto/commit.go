@@ -26,11 +26,11 @@ const Denied = "TXL01"
 type mustDB struct{ db pgdb.DBTX }
 
 // mustSQL is sql with must. A statement without the marker is an internal
-// error, not sent: with COMMIT after it, a take that returned no row would
-// commit the transaction without its tokens.
+// error, not sent: with COMMIT or the caller's statements after it, a take
+// that returned no row would let them run without its tokens.
 func mustSQL(sql string) (string, error) {
 	if !strings.Contains(sql, mustMarker) {
-		return "", errors.New("txlimit/pgproto: internal error: a take sent with COMMIT lacks the " + mustMarker + " marker")
+		return "", errors.New("txlimit/pgproto: internal error: a take sent with must lacks the " + mustMarker + " marker")
 	}
 	return strings.ReplaceAll(sql, mustMarker, "OR txlimit_deny()"), nil
 }
@@ -66,9 +66,9 @@ type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
 
-// Lean reports whether every take of p can ride the COMMIT (TakeCommit):
-// each is one statement, an unsharded limit whose call the SQL decides
-// (driver.InSQL), and none is taken in escrow.
+// Lean reports whether every take of p can ride the COMMIT (TakeCommit) or
+// the caller's batch (TakeBatch): each is one statement, an unsharded limit
+// whose call the SQL decides (driver.InSQL), and none is taken in escrow.
 func Lean(p driver.TakeAllParams) bool {
 	for _, t := range p.Takes {
 		if t.Shards != 1 || t.Escrow || !driver.InSQL(t) {
@@ -99,24 +99,7 @@ func Lean(p driver.TakeAllParams) bool {
 // were sent (a connection lost, a context cancelled mid-flight) leaves the
 // outcome unknown: the error matches driver.ErrCommitUnknown.
 func (pr Protocol) TakeCommit(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	out := driver.TakeAllResult{OK: true, Results: make([]driver.TakeResult, len(p.Takes))}
-	calls := make([]Call, 0, len(p.Takes)+1)
-	for _, i := range driver.CanonicalOrder(p.Takes) {
-		t := p.Takes[i]
-		t.Now = p.Now
-		calls = append(calls, func(q pgdb.DBTX) error {
-			next, clock, ok, err := TakeRow(ctx, q, t, true)
-			if err == nil && !ok {
-				// With must the statement returns a row or raises
-				// (TestTakeRowMatchesAlgo holds it to that). Were it to
-				// return none, the COMMIT after it would have run: say so.
-				return errors.New("txlimit/pgproto: internal error: a take sent with COMMIT returned no row, and the transaction committed without its tokens")
-			}
-			out.Results[i] = driver.TakeResult{Decision: driver.Granted(t.Config, next, clock.UnixMicro()), At: clock, States: []algo.State{next}}
-			out.At = clock
-			return err
-		})
-	}
+	out, calls := mustTakes(ctx, p)
 	calls = append(calls, Exec(ctx, "COMMIT"))
 	lt := LockTimer{On: p.TimeLocks}
 	start := lt.Start()
@@ -126,8 +109,8 @@ func (pr Protocol) TakeCommit(ctx context.Context, db DB, p driver.TakeAllParams
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
-		return out, nil
-	case errors.As(err, &pgErr) && pgErr.Code == Denied:
+		return *out, nil
+	case isDenied(err):
 		return pr.deniedAtCommit(ctx, db, p)
 	case errors.As(err, &pgErr) || pgconn.SafeToRetry(err):
 		// The server refused a statement (the transaction is aborted, or
@@ -138,8 +121,73 @@ func (pr Protocol) TakeCommit(ctx context.Context, db DB, p driver.TakeAllParams
 	return driver.TakeAllResult{}, fmt.Errorf("%w: %w", driver.ErrCommitUnknown, err)
 }
 
-// deniedAtCommit ends the transaction a denied TakeCommit left aborted and
-// decides each limit of p as Check would, on the committed rows.
+// TakeBatch is pgstore's SendBatch for takes that are Lean, on a
+// connection whose transaction db is: it sends each take, in the canonical
+// order, with must set, and then the statements of b with their callbacks,
+// in one round trip where db pipelines, as TakeCommit sends the takes with
+// COMMIT. A take that would grant nothing raises Denied, and the server
+// then skips every statement after it: none of b's statements takes
+// effect, and none of their callbacks is called. The transaction is then
+// rolled back on the server and the limits are decided as TakeCommit
+// decides them after a denial; db's own bookkeeping of the transaction is
+// the caller's to end.
+//
+// err is the takes' error: it leaves the transaction aborted or the
+// connection broken. batchErr is the error of b's statements after the
+// takes granted, as their callbacks or pgx's Close returned it. The
+// result's LockWait is the whole batch's, b's statements included.
+func (pr Protocol) TakeBatch(ctx context.Context, db DB, p driver.TakeAllParams, b *pgx.Batch) (res driver.TakeAllResult, batchErr, err error) {
+	out, calls := mustTakes(ctx, p)
+	lt := LockTimer{On: p.TimeLocks}
+	start := lt.Start()
+	err, batchErr = send(ctx, db, calls, b.QueuedQueries)
+	lt.Stop(start)
+	out.LockWait = lt.Total
+	switch {
+	case err == nil:
+		return *out, batchErr, nil
+	case isDenied(err):
+		res, err = pr.deniedAtCommit(ctx, db, p)
+		return res, nil, err
+	}
+	return driver.TakeAllResult{}, nil, err
+}
+
+// mustTakes are the calls that take p with must, in the canonical order,
+// and the result they fill in as the batch's results are read.
+func mustTakes(ctx context.Context, p driver.TakeAllParams) (*driver.TakeAllResult, []Call) {
+	out := &driver.TakeAllResult{OK: true, Results: make([]driver.TakeResult, len(p.Takes))}
+	calls := make([]Call, 0, len(p.Takes)+1)
+	for _, i := range driver.CanonicalOrder(p.Takes) {
+		t := p.Takes[i]
+		t.Now = p.Now
+		calls = append(calls, func(q pgdb.DBTX) error {
+			next, clock, ok, err := TakeRow(ctx, q, t, true)
+			if err == nil && !ok {
+				// With must the statement returns a row or raises
+				// (TestTakeRowMatchesAlgo holds it to that). Were it to
+				// return none, the statements after it (the COMMIT, the
+				// caller's) would have run: say so.
+				return errors.New("txlimit/pgproto: internal error: a take sent with must returned no row, " +
+					"and the statements after it ran without its tokens")
+			}
+			out.Results[i] = driver.TakeResult{Decision: driver.Granted(t.Config, next, clock.UnixMicro()), At: clock, States: []algo.State{next}}
+			out.At = clock
+			return err
+		})
+	}
+	return out, calls
+}
+
+// isDenied reports whether err is the Denied a take sent with must raised.
+func isDenied(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == Denied
+}
+
+// deniedAtCommit ends the transaction a denied TakeCommit or TakeBatch left
+// aborted and decides each limit of p as Check would, on the committed
+// rows.
 func (pr Protocol) deniedAtCommit(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	// The ROLLBACK goes alone: the server would not prepare the reads in the
 	// aborted transaction, as pgx does first for statements it has not yet

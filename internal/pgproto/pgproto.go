@@ -15,6 +15,7 @@ package pgproto
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,24 +72,61 @@ func Send(ctx context.Context, db DB, calls ...Call) error {
 	case 1:
 		return calls[0](db)
 	}
-	b := &pgx.Batch{}
-	for _, c := range calls {
-		if err := queued(c(queuer{b})); err != nil {
-			return err
-		}
-	}
-	res := db.SendBatch(ctx, b)
-	var err error
-	for _, c := range calls {
-		if err = c(replay{res}); err != nil {
-			break
-		}
-	}
-	if cerr := res.Close(); err == nil {
-		err = cerr
+	err, tailErr := send(ctx, db, calls, nil)
+	if err == nil {
+		err = tailErr
 	}
 	return err
 }
+
+// send sends calls and then tail, queued queries of a batch built
+// elsewhere, in one batch on db. err is the first call's error; tailErr
+// is the error of tail's statements (their callbacks', the batch's as
+// Close reports it, or pgx's when it could not prepare or encode one of
+// them, and then nothing ran), once every result has been read. When a
+// call failed, none of tail's callbacks is called.
+func send(ctx context.Context, db DB, calls []Call, tail []*pgx.QueuedQuery) (err, tailErr error) {
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(calls)+len(tail))}
+	for _, c := range calls {
+		if err := queued(c(queuer{b})); err != nil {
+			return err, nil
+		}
+	}
+	failed := false
+	for _, q := range tail {
+		q := *q // the caller's batch is left as it was
+		if fn := q.Fn; fn != nil {
+			q.Fn = func(br pgx.BatchResults) error {
+				if failed {
+					return errSkipped
+				}
+				return fn(br)
+			}
+		}
+		b.QueuedQueries = append(b.QueuedQueries, &q)
+	}
+	res := db.SendBatch(ctx, b)
+	for _, c := range calls {
+		if err = c(replay{res}); err != nil {
+			// Close reads the results left and runs their callbacks.
+			failed = true
+			break
+		}
+	}
+	tailErr = res.Close()
+	var pre pgx.ErrPreprocessingBatch
+	if errors.As(err, &pre) && slices.ContainsFunc(b.QueuedQueries[len(calls):], func(q *pgx.QueuedQuery) bool { return q.SQL == pre.SQL() }) {
+		// pgx prepares and encodes every statement before it runs any,
+		// and reports a statement of tail it could not as the first
+		// result's error: nothing ran, and the error is tail's.
+		return nil, err
+	}
+	return err, tailErr
+}
+
+// errSkipped is what the callback of a statement queued after a call that
+// failed returns instead of running.
+var errSkipped = errors.New("txlimit/pgproto: a statement before this one in the batch failed")
 
 // Exec is the Call of a statement without parameters or result.
 func Exec(ctx context.Context, sql string) Call {
