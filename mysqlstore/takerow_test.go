@@ -43,11 +43,24 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 		p := driver.TakeParams{Limit: c.Limit, Count: c.Count, Reserve: c.Reserve, Now: &now}
 		require.True(t, driver.InSQL(p), name)
 
-		for _, returning := range []bool{false, true} { // MySQL's two statements, MariaDB's RETURNING
+		for _, f := range []struct{ returning, serverClock bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+			returning := f.returning // MySQL's two statements, MariaDB's RETURNING
+			if f.serverClock && c.Now < 1e6 {
+				continue // the server's clock starts after the epoch
+			}
 			run(func(tx *sql.Tx) {
-				name := fmt.Sprintf("%s (RETURNING %v)", name, returning)
+				name := fmt.Sprintf("%s (RETURNING %v, server clock %v)", name, returning, f.serverClock)
 				seed(ctx, t, tx, c)
-				r, err := takerow.Run(ctx, tx, p, &now, returning)
+				clock := &now
+				if f.serverClock {
+					// The server's clock, set to the case's: UTC_TIMESTAMP(6)
+					// reads the session's timestamp.
+					_, err := tx.ExecContext(ctx, fmt.Sprintf("SET timestamp = %d.%06d", c.Now/1e6, c.Now%1e6))
+					require.NoError(t, err, name)
+					defer func() { _, err := tx.ExecContext(ctx, "SET timestamp = DEFAULT"); require.NoError(t, err, name) }()
+					clock = nil
+				}
+				r, err := takerow.Run(ctx, tx, p, clock, returning)
 				require.NoError(t, err, name)
 				granted := r.Read && r.Granted
 				rows := stored(ctx, t, tx, c)

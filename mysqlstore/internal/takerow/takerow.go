@@ -46,8 +46,8 @@ import (
 // ones before it already assigned, so the decision is made once, in the
 // first assignment (its steps kept in user variables, see compile), and
 // carried to the second in the user variable @txlimit_ok; the new row's
-// time expression sets @txlimit_ok and the clock (@txlimit_now) for a row it
-// creates. They are session
+// time expression sets @txlimit_ok for a row it creates, and on MySQL the
+// clock (@txlimit_now), which MariaDB returns instead. They are session
 // variables of the connection that runs the caller's transaction, set by
 // every call before it reads them. (MySQL 8.0.13 deprecated setting user
 // variables inside other statements, with a warning; MariaDB has not.)
@@ -82,18 +82,20 @@ import (
 const header = "-- name: TakeRow :execrows\n"
 
 // projected is algo.Project's value of the row found, for kind, from the
-// microseconds e from its ts to the clock.
+// microseconds e from its ts to the clock. e is a BIGINT: a product with a
+// DOUBLE converts it to a double first (exactly, below 2^53 µs), as a CAST
+// would, in fewer tokens.
 func projected(kind algo.Kind, e string) string {
 	if kind == algo.FixedWindow {
 		// Whole windows of the period refill Rate each; within one nothing
 		// is added; the value is capped at Capacity.
 		return "IF(" + e + " < :period, LEAST(value, CAST(:capacity AS DOUBLE))," +
-			" LEAST(value + CAST(:rate AS DOUBLE) * CAST(" + e + " DIV :period AS DOUBLE), CAST(:capacity AS DOUBLE)))"
+			" LEAST(value + CAST(:rate AS DOUBLE) * (" + e + " DIV :period), CAST(:capacity AS DOUBLE)))"
 	}
 	// The elapsed microseconds times Rate per Period, nothing for a clock at
 	// or behind ts, capped at Capacity.
 	return "IF(" + e + " <= 0, LEAST(value, CAST(:capacity AS DOUBLE))," +
-		" LEAST(value + CAST(" + e + " AS DOUBLE) * CAST(:rate AS DOUBLE) / CAST(:period_f AS DOUBLE), CAST(:capacity AS DOUBLE)))"
+		" LEAST(value + " + e + " * CAST(:rate AS DOUBLE) / CAST(:period_f AS DOUBLE), CAST(:capacity AS DOUBLE)))"
 }
 
 // newTS is algo.Project's time for a row at t, e microseconds before the
@@ -104,6 +106,16 @@ func newTS(kind algo.Kind, t, e string) string {
 		return "IF(" + e + " < :period, " + t + ", TIMESTAMPADD(MICROSECOND, -(" + e + " MOD :period), :now))"
 	}
 	return "IF(" + e + " <= 0, " + t + ", :now)"
+}
+
+// advancedTS is the time the ON DUPLICATE KEY UPDATE branch writes: newTS
+// of the row's ts for a grant (@txlimit_ok), ts otherwise, with the two
+// conditions in one IF.
+func advancedTS(kind algo.Kind, e string) string {
+	if kind == algo.FixedWindow {
+		return "IF(@txlimit_ok AND " + e + " >= :period, TIMESTAMPADD(MICROSECOND, -(" + e + " MOD :period), :now), ts)"
+	}
+	return "IF(@txlimit_ok AND " + e + " > 0, :now, ts)"
 }
 
 // compile writes out the statement for kind, with :now the server's clock
@@ -123,7 +135,14 @@ func newTS(kind algo.Kind, t, e string) string {
 // forms decide alike for a plain take: the reservation's clause is false
 // there, and the new value's negative branch is never reached (the grant
 // needs @txlimit_l >= -tol).
-func compile(kind algo.Kind, serverClock, reserve bool) statement {
+//
+// The statement is short because the server parses it on every call: each
+// token it leaves out is parser work saved (see docs/mysql.md,
+// "Performance"). So returning (MariaDB) leaves out @txlimit_now, which
+// RETURNING replaces; and a token bucket on the server's clock proposes a
+// new row at the clock itself, which is newTS of the full state's time, the
+// epoch, at any clock the server can read (its timestamps start after it).
+func compile(kind algo.Kind, serverClock, reserve, returning bool) statement {
 	const e, p, l = "@txlimit_e", "@txlimit_p", "@txlimit_l"
 	tol := "CAST(:tol AS DOUBLE)"
 	// The grant: a finite stored value of a row no sharded config wrote
@@ -142,17 +161,23 @@ func compile(kind algo.Kind, serverClock, reserve bool) statement {
 		newValue = "IF(" + l + " >= -" + tol + ", IF(" + l + " > 0, " + l + ", 0e0), " + l + ")"
 	}
 	fullTS := "CAST(:full_ts AS DATETIME(6))"
+	createdTS := newTS(kind, fullTS, "TIMESTAMPDIFF(MICROSECOND, "+fullTS+", :now)")
+	if kind == algo.TokenBucket && serverClock {
+		createdTS = ":now" // algo.Full's time is 0, the epoch
+	}
+	set := "(@txlimit_ok := 1)"
+	if !returning {
+		set += " AND (@txlimit_now := :now) IS NOT NULL"
+	}
 	s := "INSERT INTO txlimit (name, `key`, shard, value, ts)\n" +
-		"VALUES (:name, :key, 0, CAST(:full_value AS DOUBLE),\n" +
-		"        IF((@txlimit_ok := 1) = 1 AND (@txlimit_now := :now) IS NOT NULL,\n" +
-		"           " + newTS(kind, fullTS, "TIMESTAMPDIFF(MICROSECOND, "+fullTS+", :now)") + ", NULL))\n" +
+		"VALUES (:name, :key, 0, CAST(:full_value AS DOUBLE), IF(" + set + ", " + createdTS + ", NULL))\n" +
 		"ON DUPLICATE KEY UPDATE\n" +
 		"    value = IF((" + e + " := TIMESTAMPDIFF(MICROSECOND, ts, :now)) IS NULL\n" +
 		"               OR (" + p + " := " + projected(kind, e) + ") IS NULL\n" +
 		"               OR (" + l + " := " + p + " - CAST(:count AS DOUBLE)) IS NULL\n" +
 		"               OR NOT (@txlimit_ok := " + fits + "),\n" +
 		"               value, " + newValue + "),\n" +
-		"    ts = IF(@txlimit_ok, " + newTS(kind, "ts", e) + ", ts),\n" +
+		"    ts = " + advancedTS(kind, e) + ",\n" +
 		// algo writes 0 for the third number of the kinds that do not use
 		// it (a row a sliding window left).
 		"    prev = IF(@txlimit_ok, 0e0, prev)"
@@ -220,10 +245,11 @@ const (
 )
 
 // form picks one compiled statement: the limit's kind, the server's clock
-// or the call's, a reservation or a plain take.
+// or the call's, a reservation or a plain take, with RETURNING (MariaDB) or
+// without (MySQL).
 type form struct {
-	kind                 algo.Kind
-	serverClock, reserve bool
+	kind                            algo.Kind
+	serverClock, reserve, returning bool
 }
 
 // statements are the statement compiled for each form.
@@ -232,7 +258,9 @@ var statements = func() map[form]statement {
 	for _, kind := range []algo.Kind{algo.TokenBucket, algo.FixedWindow} {
 		for _, serverClock := range []bool{true, false} {
 			for _, reserve := range []bool{true, false} {
-				out[form{kind, serverClock, reserve}] = compile(kind, serverClock, reserve)
+				for _, returning := range []bool{true, false} {
+					out[form{kind, serverClock, reserve, returning}] = compile(kind, serverClock, reserve, returning)
+				}
 			}
 		}
 	}
@@ -240,9 +268,10 @@ var statements = func() map[form]statement {
 }()
 
 // SQL returns the statement for a limit of kind, on the server's clock or
-// on the call's, for a reservation or a plain take.
-func SQL(kind algo.Kind, serverClock, reserve bool) string {
-	st := statements[form{kind, serverClock, reserve}]
+// on the call's, for a reservation or a plain take, for RETURNING or not
+// (RETURNING itself is not in it).
+func SQL(kind algo.Kind, serverClock, reserve, returning bool) string {
+	st := statements[form{kind, serverClock, reserve, returning}]
 	var b strings.Builder
 	for i, part := range st.parts {
 		b.WriteString(part)
@@ -276,6 +305,13 @@ SELECT t.value, t.ts, CAST(@txlimit_now AS DATETIME(6)) AS clock, CAST(@txlimit_
 FROM txlimit AS t
 WHERE t.name = ? AND t.` + "`key`" + ` = ? AND t.shard = 0`
 
+// readOKSQL is ReadSQL without the clock, which RETURNING gave: what the
+// statement with RETURNING did, read after the connection's first call.
+const readOKSQL = `-- name: TakeRowReadOK :one
+SELECT t.value, t.ts, CAST(@txlimit_ok AS SIGNED) AS ok
+FROM txlimit AS t
+WHERE t.name = ? AND t.` + "`key`" + ` = ? AND t.shard = 0`
+
 // Result is what the statement did and ReadSQL read back.
 type Result struct {
 	// Ran is false when the call did not fit a full bucket without a
@@ -297,7 +333,7 @@ type Result struct {
 
 // Build returns the statement for p and its arguments (ok false when the
 // call does not fit a full bucket without a reservation: nothing to send).
-func Build(p driver.TakeParams, now *time.Time) (query string, args []any, ok bool, err error) {
+func Build(p driver.TakeParams, now *time.Time, returning bool) (query string, args []any, ok bool, err error) {
 	c := p.Config
 	full := p.Full()
 	// A call on a missing row: the full state taken from, whose refill
@@ -310,7 +346,7 @@ func Build(p driver.TakeParams, now *time.Time) (query string, args []any, ok bo
 	}
 	fullValue := fresh.Value
 	tol := 1e-9 * max(1, c.Capacity)
-	s, ok := statements[form{c.Kind, now == nil, p.Reserve}]
+	s, ok := statements[form{c.Kind, now == nil, p.Reserve, returning}]
 	if !ok {
 		return "", nil, false, fmt.Errorf("takerow: unknown kind %v", c.Kind)
 	}
@@ -374,7 +410,7 @@ func Build(p driver.TakeParams, now *time.Time) (query string, args []any, ok bo
 // returning is set, else followed by ReadSQL when it changed a row. now is
 // the call's clock, nil for the server's.
 func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time, returning bool) (Result, error) {
-	query, args, ok, err := Build(p, now)
+	query, args, ok, err := Build(p, now, returning)
 	if err != nil || !ok {
 		return Result{}, err
 	}
@@ -397,8 +433,9 @@ func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time, r
 			out.Read, out.Granted = true, ok.Int64 == 1
 			return out, nil
 		}
-		// The connection's first call: the variables exist now.
-		err = tx.QueryRowContext(ctx, ReadSQL, name, key).Scan(&out.Value, &out.TS, &out.Clock, &granted)
+		// The connection's first call: the variables exist now. The clock
+		// is RETURNING's.
+		err = tx.QueryRowContext(ctx, readOKSQL, name, key).Scan(&out.Value, &out.TS, &granted)
 		if err != nil {
 			return Result{}, err
 		}
