@@ -3,14 +3,12 @@ module github.com/txlimit/txlimit/internal/testkit/sqldrivers
 go 1.26.0
 
 require (
-	github.com/go-sql-driver/mysql v1.10.1
 	github.com/lib/pq v1.12.3
 	github.com/stretchr/testify v1.12.1
 	github.com/txlimit/txlimit v0.0.0
 )
 
 require (
-	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/pgx/v5 v5.12.0 // indirect

@@ -1,33 +1,25 @@
-package sqldrivers
+package pgsqlstore_test
 
 import (
-	"cmp"
 	"context"
-	"database/sql"
-	"os"
 	"testing"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/pgsqlstore"
 )
 
 // pgsqlstore on a MySQL or MariaDB *sql.DB says so, at Ping and at the
-// first call in a transaction. TEST_MYSQL_DSN selects the server; without
-// one answering the test skips.
+// first call in a transaction. The server is the one mysqlstore's tests
+// use (TEST_MYSQL_DSN, else 127.0.0.1:3306): without one the test skips,
+// except under CI=true.
 func TestPgsqlstoreOnMariaDB(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	db, err := sql.Open("mysql", cmp.Or(os.Getenv("TEST_MYSQL_DSN"), "root:@tcp(127.0.0.1:3306)/test"))
-	require.NoError(t, err)
-	defer db.Close()
-	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := db.PingContext(pingCtx); err != nil {
-		t.Skipf("SKIPPING: no MySQL or MariaDB (set TEST_MYSQL_DSN): %v", err)
-	}
+	db := mysqltest.Open(t, mysqltest.EmptyDatabase(t), 1)
 	l, err := txlimit.New(pgsqlstore.New(db), map[string]txlimit.Config{
 		"n": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second},
 	}, nil)
@@ -39,7 +31,7 @@ func TestPgsqlstoreOnMariaDB(t *testing.T) {
 
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	defer tx.Rollback()
+	defer func() { _ = tx.Rollback() }()
 	_, err = l.LimitTx(ctx, tx, "n", "k")
 	require.ErrorIs(t, err, pgsqlstore.ErrWrongDatabase)
 	require.ErrorContains(t, err, "it is MySQL or MariaDB")
