@@ -65,14 +65,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 			seed(ctx, t, tx, c)
 			res, err := s.Take(ctx, tx, p)
 			require.NoError(t, err, name)
-			require.Equal(t, wantD, res.Decision, name)
-			rows := stored(ctx, t, tx, c)
-			if !wantD.OK {
-				algocase.RequireStored(t, c.State, rows, name+": a denial writes nothing")
-				return
-			}
-			require.Len(t, rows, 1, name)
-			algocase.RequireBits(t, want, rows[0], name+": stored by Take")
+			algocase.RequireTake(t, c, res.Decision, stored(ctx, t, tx, c), name)
 		})
 	}
 }

@@ -194,6 +194,22 @@ func RequireStored(t testing.TB, prior *algo.State, rows []algo.State, msg strin
 	RequireBits(t, *prior, rows[0], msg)
 }
 
+// RequireTake fails t unless a store's whole Take of c decided as algo
+// does (got) and left the rows algo would (rows, the states the store holds
+// for c's key after it): the prior row untouched on a denial, algo's state
+// bit for bit on a grant.
+func RequireTake(t testing.TB, c Case, got algo.Decision, rows []algo.State, msg string) {
+	t.Helper()
+	want, wantD := c.Want()
+	require.Equal(t, wantD, got, msg)
+	if !wantD.OK {
+		RequireStored(t, c.State, rows, msg+": a denial writes nothing")
+		return
+	}
+	require.Len(t, rows, 1, msg)
+	RequireBits(t, want, rows[0], msg+": stored by Take")
+}
+
 // RequireBits fails t unless got is want bit for bit: the same float64 bits
 // of Value and the same TS.
 func RequireBits(t testing.TB, want, got algo.State, msg string) {
