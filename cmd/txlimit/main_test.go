@@ -251,16 +251,17 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	require.Contains(t, out, "applied 00001_create_txlimit.sql")
 	// Both have the sliding window's prev column; PostgreSQL has escrow
 	// mode's tables and the arithmetic's functions before it, the
-	// function a take at commit raises with and the table's fillfactor
-	// after it.
+	// function a take at commit raises with, the table's fillfactor and
+	// the shard checks' removal after it.
 	last := 2
 	if strings.HasPrefix(dsn, "postgres") {
-		last = 6
+		last = 7
 		require.Contains(t, out, "applied 00002_create_txlimit_escrow.sql")
 		require.Contains(t, out, "applied 00003_create_txlimit_functions.sql")
 		require.Contains(t, out, "applied 00004_add_txlimit_prev.sql")
 		require.Contains(t, out, "applied 00005_create_txlimit_deny.sql")
 		require.Contains(t, out, "applied 00006_set_txlimit_fillfactor.sql")
+		require.Contains(t, out, "applied 00007_drop_txlimit_shard_checks.sql")
 	}
 	require.Contains(t, out, fmt.Sprintf("version %d (recorded in txlimit_goose_version)", last))
 	require.Contains(t, ok(t, "migrate", "up", "-dsn", dsn), "up to date: nothing to apply")
