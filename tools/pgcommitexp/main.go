@@ -1,0 +1,392 @@
+// Command pgcommitexp measures where a business transaction's CPU goes
+// when its take rides the COMMIT (Limiter.BeginFunc), against the same
+// transaction with no limit and with redis_rate beside it, and what the
+// take statement itself costs against hand-written ones. Each subject is
+// the business transaction BEGIN; INSERT of an order; <step>; COMMIT, on
+// distinct keys (one a client):
+//
+//	none        no step (pgx.BeginFunc)
+//	pipe        no step, the COMMIT sent as a batch (the pipelines' baseline)
+//	select1     SELECT 1 in one batch with the COMMIT
+//	update      a minimal one-row UPDATE … RETURNING with the COMMIT
+//	upsert      a minimal INSERT … ON CONFLICT DO UPDATE … RETURNING with the COMMIT
+//	take        txlimit's TakeBucket as a take at commit sends it, by hand
+//	take-plain  the same without the denial's function (txlimit_deny)
+//	take-noex   the same without its test for rows beyond shard 0
+//	commit      Limiter.BeginFunc on pgstore
+//	limittx     LimitTx inside pgx.BeginFunc
+//	redis_rate  github.com/go-redis/redis_rate/v10 beside pgx.BeginFunc
+//
+// By default it runs every subject for -d with -clients connections, round
+// after round (interleaved), and prints transactions/s and CPU a
+// transaction: the PostgreSQL server's (every process named postgres, from
+// /proc), its own, and Redis's. With -cg it counts instead the
+// instructions the server's backend executes a transaction, on a server
+// run under callgrind (scripts/callgrind.sh): 300 transactions on one
+// connection less 100 on another, over 200. It works in the schema
+// pgcommitexp, which it drops and creates.
+//
+//	go run . -clients 32 -d 6s -rounds 3
+//	go run . -cg /tmp/txlimit-callgrind -dsn 'postgres://postgres@127.0.0.1:7501/postgres?sslmode=disable'
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/migrations"
+	"github.com/txlimit/txlimit/pgstore"
+)
+
+const (
+	schema = "pgcommitexp"
+	orders = `CREATE TABLE orders (id bigserial PRIMARY KEY, k text NOT NULL, amount integer NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT now())`
+	insert = `INSERT INTO orders (k, amount) VALUES ($1, $2)`
+	rows   = `CREATE TABLE exp_row (k text PRIMARY KEY, v float8 NOT NULL, ts timestamptz NOT NULL) WITH (fillfactor = 90)`
+	// A token bucket of capacity $2 refilling $3 a second, with none of
+	// txlimit's care (no clock stepping back, no tolerance, no shards).
+	update = `UPDATE exp_row AS f
+		SET v = least(f.v + extract(epoch FROM statement_timestamp() - f.ts) * $3::float8, $2::float8) - 1, ts = statement_timestamp()
+		WHERE k = $1 AND least(f.v + extract(epoch FROM statement_timestamp() - f.ts) * $3::float8, $2::float8) >= 1 RETURNING v`
+	upsert = `INSERT INTO exp_row AS f (k, v, ts) VALUES ($1, $2::float8 - 1, statement_timestamp())
+		ON CONFLICT (k) DO UPDATE
+		SET v = least(f.v + extract(epoch FROM statement_timestamp() - f.ts) * $3::float8, $2::float8) - 1, ts = statement_timestamp()
+		WHERE least(f.v + extract(epoch FROM statement_timestamp() - f.ts) * $3::float8, $2::float8) >= 1 RETURNING v`
+	capacity = 1e12
+)
+
+func main() {
+	var (
+		dsn      = flag.String("dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL")
+		redisURL = flag.String("redis", "127.0.0.1:6379", "Redis, for redis_rate")
+		clients  = flag.Int("clients", 32, "connections, one key each")
+		dur      = flag.Duration("d", 5*time.Second, "how long each subject runs a round")
+		rounds   = flag.Int("rounds", 3, "rounds")
+		only     = flag.String("s", "none,pipe,select1,update,upsert,take,take-plain,take-noex,commit,limittx,redis_rate", "subjects, comma-separated")
+		gen      = flag.String("sql", "../../internal/pgdb/txlimit.sql.go", "sqlc's generated file holding TakeBucket")
+		cg       = flag.String("cg", "", "callgrind's output directory: count the server's instructions a transaction")
+	)
+	flag.Parse()
+	if err := run(*dsn, *redisURL, *clients, *dur, *rounds, strings.Split(*only, ","), *gen, *cg); err != nil {
+		fmt.Fprintln(os.Stderr, "pgcommitexp:", err)
+		os.Exit(1)
+	}
+}
+
+func run(dsn, redisAddr string, clients int, dur time.Duration, rounds int, subjects []string, gen, cg string) error {
+	ctx := context.Background()
+	take, err := takeBucketSQL(gen)
+	if err != nil {
+		return err
+	}
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE; CREATE SCHEMA "+schema); err != nil {
+		return err
+	}
+	defer func() { _, _ = admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE") }()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	if err := setUp(ctx, cfg); err != nil {
+		return err
+	}
+	cfg.MaxConns = int32(clients)
+	if cg != "" {
+		// One backend a count: the pool is closed between counts.
+		cfg.MaxConns = 1
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	steps, err := newSteps(ctx, pool, redisAddr, clients, take)
+	if err != nil {
+		return err
+	}
+	for _, s := range subjects {
+		if steps[s] == nil {
+			return fmt.Errorf("-s: unknown subject %q", s)
+		}
+	}
+	if cg != "" {
+		return countInstructions(ctx, pool, steps, subjects, cg)
+	}
+	fmt.Printf("%-11s %8s %10s %10s %10s   (µs of CPU a transaction)\n", "subject", "tx/s", "postgres", "this", "redis")
+	for range rounds {
+		for _, s := range subjects {
+			if err := measure(s, steps[s], clients, dur); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// setUp migrates the schema and creates the business and hand-written
+// tables, on a pool of its own that it closes.
+func setUp(ctx context.Context, cfg *pgxpool.Config) error {
+	pool, err := pgxpool.NewWithConfig(ctx, cfg.Copy())
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if err := migrations.Up(ctx, db, migrations.Postgres); err != nil {
+		return err
+	}
+	_, err = pool.Exec(ctx, orders+"; "+rows)
+	return err
+}
+
+// takeBucketSQL is TakeBucket's text from sqlc's generated file (the tools
+// module cannot import the library's internal packages).
+func takeBucketSQL(path string) (string, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read TakeBucket (-sql): %w", err)
+	}
+	m := regexp.MustCompile("(?s)const TakeBucket = `(.*?)`").FindSubmatch(src)
+	if m == nil {
+		return "", fmt.Errorf("%s holds no TakeBucket", path)
+	}
+	return string(m[1]), nil
+}
+
+type step func(ctx context.Context, key string) error
+
+func newSteps(ctx context.Context, pool *pgxpool.Pool, redisAddr string, clients int, take string) (map[string]step, error) {
+	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
+		"exp": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, Capacity: capacity}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, PoolSize: clients})
+	rl := redis_rate.NewLimiter(rdb)
+	rlimit := redis_rate.Limit{Rate: 1, Burst: capacity, Period: time.Hour}
+	work := func(ctx context.Context, key string) func(pgx.Tx) error {
+		return func(tx pgx.Tx) error { _, err := tx.Exec(ctx, insert, key, 1); return err }
+	}
+	// pipe: the business transaction with queue's statements and the
+	// COMMIT in one batch, on a connection acquired for it, as BeginFunc
+	// does.
+	pipe := func(queue func(b *pgx.Batch, key string)) step {
+		return func(ctx context.Context, key string) error {
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release() // destroyed when left in a transaction
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if err := work(ctx, key)(tx); err != nil {
+				return err
+			}
+			b := &pgx.Batch{}
+			queue(b, key)
+			b.Queue("COMMIT")
+			return tx.SendBatch(ctx, b).Close()
+		}
+	}
+	full := time.Now()
+	takeArgs := func(key string) []any {
+		// name, key, fresh_value, full_ts, now, fresh_ok, rate, period, capacity, count
+		return []any{"exp-hand", key, capacity - 1, full, nil, true, 1.0, time.Hour.Microseconds(), capacity, 1.0}
+	}
+	withTake := func(sql string) step {
+		return pipe(func(b *pgx.Batch, key string) { b.Queue(sql, takeArgs(key)...) })
+	}
+	noex := regexp.MustCompile(`(?s)AND NOT EXISTS \(SELECT 1 FROM txlimit AS x\s+WHERE x\.name = \$1 AND x\.key = \$2 AND x\.shard > 0\)`)
+	if !noex.MatchString(take) {
+		return nil, errors.New("TakeBucket has no test for rows beyond shard 0 to leave out: update take-noex")
+	}
+	return map[string]step{
+		"none":       func(ctx context.Context, key string) error { return pgx.BeginFunc(ctx, pool, work(ctx, key)) },
+		"pipe":       pipe(func(*pgx.Batch, string) {}),
+		"select1":    pipe(func(b *pgx.Batch, _ string) { b.Queue("SELECT 1") }),
+		"update":     pipe(func(b *pgx.Batch, key string) { b.Queue(update, key, capacity, 1.0/3600) }),
+		"upsert":     pipe(func(b *pgx.Batch, key string) { b.Queue(upsert, key, capacity, 1.0/3600) }),
+		"take":       withTake(strings.ReplaceAll(take, "/*must*/", "OR txlimit_deny()")),
+		"take-plain": withTake(take),
+		"take-noex":  withTake(strings.ReplaceAll(noex.ReplaceAllString(take, ""), "/*must*/", "OR txlimit_deny()")),
+		"commit": func(ctx context.Context, key string) error {
+			_, err := l.BeginFunc(ctx, work(ctx, key), txlimit.Request{Name: "exp", Key: key})
+			return err
+		},
+		"limittx": func(ctx context.Context, key string) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if err := work(ctx, key)(tx); err != nil {
+					return err
+				}
+				_, err := l.LimitTx(ctx, tx, "exp", key)
+				return err
+			})
+		},
+		"redis_rate": func(ctx context.Context, key string) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if err := work(ctx, key)(tx); err != nil {
+					return err
+				}
+				res, err := rl.Allow(ctx, "pgcommitexp:"+key, rlimit)
+				if err == nil && res.Allowed == 0 {
+					err = errors.New("redis_rate denied")
+				}
+				return err
+			})
+		},
+	}, nil
+}
+
+// measure runs s for dur on clients goroutines, each on its own key, after
+// one transaction each to warm up, and prints its row.
+func measure(name string, s step, clients int, dur time.Duration) error {
+	ctx := context.Background()
+	for c := range clients {
+		if err := s(ctx, fmt.Sprint("k", c)); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	var n atomic.Int64
+	var failed atomic.Pointer[error]
+	stop := make(chan struct{})
+	pg0, redis0, self0 := ticks("postgres"), ticks("redis-server"), selfCPU()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			key := fmt.Sprint("k", c)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := s(ctx, key); err != nil {
+					failed.Store(&err)
+					return
+				}
+				n.Add(1)
+			}
+		})
+	}
+	time.Sleep(dur)
+	close(stop)
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		return fmt.Errorf("%s: %w", name, *err)
+	}
+	elapsed, tx := time.Since(start), float64(n.Load())
+	perTx := func(t int64) float64 { return float64(t) * 1e6 / clockTicks / tx }
+	fmt.Printf("%-11s %8.0f %10.1f %10.1f %10.1f\n", name, tx/elapsed.Seconds(),
+		perTx(ticks("postgres")-pg0), float64((selfCPU()-self0).Microseconds())/tx, perTx(ticks("redis-server")-redis0))
+	return nil
+}
+
+// clockTicks is the unit of /proc/<pid>/stat's CPU times (USER_HZ).
+const clockTicks = 100
+
+// ticks is the CPU (user and system) of every process named comm, live
+// now, in clock ticks.
+func ticks(comm string) int64 {
+	var total int64
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open || s[open+1:end] != comm {
+			continue
+		}
+		f := strings.Fields(s[end+2:])
+		utime, _ := strconv.ParseInt(f[11], 10, 64)
+		stime, _ := strconv.ParseInt(f[12], 10, 64)
+		total += utime + stime
+	}
+	return total
+}
+
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// countInstructions prints, for each subject, the instructions the
+// server's backend executed a transaction: 300 transactions on one
+// connection less 100 on another, over 200, so that the connection's own
+// start and end cancel out.
+func countInstructions(ctx context.Context, pool *pgxpool.Pool, steps map[string]step, subjects []string, dir string) error {
+	count := func(s step, n int) (int64, error) {
+		pool.Reset() // a new backend
+		var pid int32
+		if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			return 0, err
+		}
+		for range n {
+			if err := s(ctx, "k"); err != nil {
+				return 0, err
+			}
+		}
+		pool.Reset() // the backend exits, and callgrind writes its file
+		return callgrindTotal(filepath.Join(dir, fmt.Sprintf("cg.%d", pid)))
+	}
+	for _, name := range subjects {
+		few, err := count(steps[name], 100)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		many, err := count(steps[name], 300)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		fmt.Printf("%-11s %8.1f k instructions a transaction\n", name, float64(many-few)/200/1000)
+	}
+	return nil
+}
+
+// callgrindTotal waits up to a minute for callgrind's file of an exited
+// backend and returns the instructions it counted.
+func callgrindTotal(path string) (int64, error) {
+	for range 600 {
+		if b, err := os.ReadFile(path); err == nil {
+			for line := range strings.SplitSeq(string(b), "\n") {
+				if rest, ok := strings.CutPrefix(line, "totals: "); ok {
+					return strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return 0, fmt.Errorf("%s: no callgrind totals after a minute (is the server running under scripts/callgrind.sh?)", path)
+}
