@@ -154,7 +154,8 @@ type Config struct {
 	// comes within LeaseFor (a FixedWindow's: within the window), and is
 	// dropped otherwise. Every admission spends a token the limit gave
 	// within the last LeaseFor, once; the limit admits less while tokens
-	// are parked, by at most Lease per process and key (docs/commit.md). TokenBucket and FixedWindow windows of Period
+	// are parked, by at most Lease per process and key (more with
+	// LeaseAhead; docs/commit.md). TokenBucket and FixedWindow windows of Period
 	// only; not with Escrow; LimitTx, CommitTx and the other forms take
 	// from the limit itself. Defaults to 0: no lease.
 	Lease float64
@@ -166,10 +167,11 @@ type Config struct {
 	// then never queue behind its row. The lease taken ahead keeps its own
 	// end and is handed out once the one held is spent or over; a take
 	// ahead that fails only leaves the next call to take a lease itself.
-	// A Limiter then holds up to Lease + LeaseAhead unspent tokens of a key
-	// rather than Lease (docs/commit.md). At most Lease; needs Lease.
-	// Defaults to 0: the next lease is taken by the call that finds the
-	// lease empty, while the key's other callers wait.
+	// A Limiter then parks up to Lease + LeaseAhead tokens of a key rather
+	// than Lease, and up to two leases' worth counting those out in open
+	// transactions (docs/commit.md). At most Lease; needs Lease. Defaults
+	// to 0: the next lease is taken by the call that finds the lease
+	// empty, while the key's other callers wait.
 	LeaseAhead float64
 
 	// loc is Zone, loaded by normalized.

@@ -27,7 +27,7 @@ type leases struct {
 type lease struct {
 	mu sync.Mutex
 	// cur is the slice handed out from; next the one taken ahead, which
-	// replaces it when it is over.
+	// replaces it when it is spent or over.
 	cur, next slice
 	// ahead is the take of next in flight, nil when there is none: there
 	// is at most one take of a lease at a time, and next is empty while it
@@ -89,6 +89,20 @@ func (ls *leases) all() map[driver.KeyRef]*lease {
 		out[k] = le
 	}
 	return out
+}
+
+// settle waits until no lease of k is being taken, so that a read of the
+// limit's row and of the lease's tokens agree (Value).
+func (ls *leases) settle(ctx context.Context, k driver.KeyRef) error {
+	ls.mu.Lock()
+	le := ls.m[k]
+	ls.mu.Unlock()
+	if le == nil {
+		return nil
+	}
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.awaitAhead(ctx, false)
 }
 
 // leased is a token (or Count tokens) handed out from a lease to one call.
@@ -195,8 +209,9 @@ func (l *Limiter[TTx]) takeSlice(ctx context.Context, r request, want float64) (
 // le.mu held: up to Lease tokens, in a context of its own that the
 // caller's ending does not cancel (other callers will hand its tokens
 // out), bounded by LeaseFor, past which the slice would be over on
-// landing. A take that fails is reported to the Observer (Op "lease") and
-// otherwise ignored: the call that finds the lease empty takes one itself.
+// landing. A take that fails is reported to the Observer (Op
+// "lease_ahead") and otherwise ignored: the call that finds the lease
+// empty takes one itself.
 func (l *Limiter[TTx]) startTakeAhead(ctx context.Context, r request, le *lease) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.config.LeaseFor)
 	ahead := &takeAhead{done: make(chan struct{}), cancel: cancel}
