@@ -3,8 +3,9 @@ package pgstore_test
 // Leases taken ahead (Config.LeaseAhead) on a real PostgreSQL: many
 // callers of one hot key through one Limiter, with an exact ledger; a
 // token given back to the slice it came from, or to the limit once that
-// slice has ended; and a take ahead in flight when ReturnLeases runs,
-// held on the limit's row lock by a transaction of the test's.
+// slice has ended; and a take ahead in flight, held on the limit's row
+// lock by a transaction of the test's, when a call finds the lease empty
+// and when ReturnLeases runs.
 
 import (
 	"context"
@@ -168,20 +169,22 @@ func TestLeaseAheadGivesBackToItsSlice(t *testing.T) {
 	state(16, 0, "20 less the 4 committed")
 }
 
-// TestLeaseAheadInFlightAtReturnLeases: a take ahead waits on the limit's
-// row, which a transaction of the test's holds. ReturnLeases waits for it
-// and gives its tokens back with the others. Then, with the row held
-// again, ReturnLeases with a deadline cancels the take and returns only
-// once it has ended; the Observer hears of the failed take ("lease_ahead"),
-// and the tokens it would have taken were never taken.
-func TestLeaseAheadInFlightAtReturnLeases(t *testing.T) {
+// TestLeaseAheadInFlight: a take ahead waits on the limit's row, which a
+// transaction of the test's holds (capacity 20, Lease 4, LeaseAhead 2). A
+// call that finds the lease held empty meanwhile waits for that take, not
+// taking one of its own. ReturnLeases waits for it and gives its tokens
+// back with the others. Then, with the row held again, ReturnLeases with a
+// deadline cancels the take and returns only once it has ended; the
+// Observer hears of the failed take ("lease_ahead"), and the tokens it
+// would have taken were never taken.
+func TestLeaseAheadInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newLeaseEnv(t)
 	name := storetest.UniqueName(t, "inflight")
 	app := "txlimit_lease_ahead_" + e.schema[len("txlimit_test_"):]
 	frozen := storetest.T0
-	cfg := aheadLimit(10, frozen)
+	cfg := aheadLimit(20, frozen)
 	cfg.Lease, cfg.LeaseAhead = 4, 2
 	var mu sync.Mutex
 	var aheadErrs []error
@@ -197,10 +200,19 @@ func TestLeaseAheadInFlightAtReturnLeases(t *testing.T) {
 		&txlimit.Options{Clock: func() time.Time { return frozen }, Observer: obs})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, l.ReturnLeases(ctx)) })
+	begin := func() error {
+		_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "w") }, leaseReq(name))
+		return err
+	}
 	call := func() {
 		t.Helper()
-		_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "w") }, leaseReq(name))
-		require.NoError(t, err)
+		require.NoError(t, begin())
+	}
+	state := func(value, leased float64, what string) {
+		t.Helper()
+		s := snapshot(t, l, name)
+		require.Equal(t, value, s.Value, "value: %s", what)
+		require.Equal(t, leased, s.Leased, "leased: %s", what)
 	}
 	// holdRow locks the limit's row until the returned rollback.
 	holdRow := func() (rollback func()) {
@@ -214,20 +226,40 @@ func TestLeaseAheadInFlightAtReturnLeases(t *testing.T) {
 		t.Cleanup(rollback)
 		return rollback
 	}
+	waiting := func() int {
+		t.Helper()
+		var n int
+		require.NoError(t, e.admin.QueryRow(ctx,
+			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`, app).Scan(&n))
+		return n
+	}
 	takeWaits := func() {
 		t.Helper()
-		require.Eventually(t, func() bool {
-			var n int
-			require.NoError(t, e.admin.QueryRow(ctx,
-				`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`, app).Scan(&n))
-			return n == 1
-		}, 10*time.Second, time.Millisecond, "the take ahead waits for the row")
+		require.Eventually(t, func() bool { return waiting() == 1 }, 10*time.Second, time.Millisecond,
+			"the take ahead waits for the row")
 	}
 
-	call() // a slice of 4, 3 left
+	call() // a lease of 4 (20 → 16), 3 left
 	release := holdRow()
 	call()
 	call() // 1 left < LeaseAhead: the take ahead starts, and waits
+	takeWaits()
+	call() // the last token of the lease held
+	called := make(chan error, 1)
+	go func() { called <- begin() }()
+	select {
+	case err := <-called:
+		t.Fatalf("a call on the empty lease returned while the take ahead was in flight: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	require.Equal(t, 1, waiting(), "the call waits for the take ahead, not on the row: it took no lease of its own")
+	release()
+	require.NoError(t, <-called)
+	state(12, 3, "the call was served from the lease taken ahead")
+
+	release = holdRow()
+	call()
+	call() // 1 left: a take ahead, waiting
 	takeWaits()
 	returned := make(chan error, 1)
 	go func() { returned <- l.ReturnLeases(ctx) }()
@@ -238,26 +270,21 @@ func TestLeaseAheadInFlightAtReturnLeases(t *testing.T) {
 	}
 	release()
 	require.NoError(t, <-returned)
-	s := snapshot(t, l, name)
-	require.Zero(t, s.Leased)
-	require.Equal(t, float64(7), s.Value, "the slice held and the one taken ahead both came back: 10 less 3 granted")
+	state(13, 0, "the lease held and the one taken ahead both came back: 20 less 7 granted")
 
-	call() // a slice of 4 (7 → 3), 3 left
+	call() // a lease of 4 (13 → 9), 3 left
 	release = holdRow()
 	call()
 	call() // 1 left: a take ahead, waiting
 	takeWaits()
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
-	err = l.ReturnLeases(short)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, l.ReturnLeases(short), context.DeadlineExceeded)
 	mu.Lock()
 	require.Len(t, aheadErrs, 1, "the cancelled take reached the Observer before ReturnLeases returned")
 	require.Error(t, aheadErrs[0])
 	mu.Unlock()
-	s = snapshot(t, l, name)
-	require.Equal(t, float64(1), s.Leased, "the slice held is left as it was")
-	require.Equal(t, float64(3), s.Value)
+	state(9, 1, "the lease held is left as it was")
 	release()
 	require.Eventually(t, func() bool {
 		var n int
@@ -265,9 +292,8 @@ func TestLeaseAheadInFlightAtReturnLeases(t *testing.T) {
 			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state <> 'idle'`, app).Scan(&n))
 		return n == 0
 	}, 10*time.Second, time.Millisecond, "the cancelled take's backend has finished")
-	require.Equal(t, float64(3), snapshot(t, l, name).Value, "the cancelled take took nothing")
+	state(9, 1, "the cancelled take took nothing")
 	require.NoError(t, l.ReturnLeases(ctx))
-	s = snapshot(t, l, name)
-	require.Equal(t, float64(4), s.Value+s.Leased, "10 less the 6 granted")
-	require.Equal(t, 6, e.rows(t, ""))
+	state(10, 0, "20 less the 10 granted")
+	require.Equal(t, 10, e.rows(t, ""))
 }
