@@ -154,12 +154,25 @@ type Config struct {
 	// comes within LeaseFor (a FixedWindow's: within the window), and is
 	// dropped otherwise. Every admission spends a token the limit gave
 	// within the last LeaseFor, once; the limit admits less while tokens
-	// are parked, by at most Lease per process and key (docs/commit.md). TokenBucket and FixedWindow windows of Period
+	// are parked, by at most Lease per process and key (more with
+	// LeaseAhead; docs/commit.md). TokenBucket and FixedWindow windows of Period
 	// only; not with Escrow; LimitTx, CommitTx and the other forms take
 	// from the limit itself. Defaults to 0: no lease.
 	Lease float64
 	// LeaseFor is how long a lease lasts at most. Defaults to one second.
 	LeaseFor time.Duration
+	// LeaseAhead takes the next lease of a key in the background once the
+	// one held has fewer than LeaseAhead tokens left, so that the calls
+	// that find it empty need not wait for the take: a hot key's callers
+	// then never queue behind its row. The lease taken ahead keeps its own
+	// end and is handed out once the one held is spent or over; a take
+	// ahead that fails only leaves the next call to take a lease itself.
+	// A Limiter then parks up to Lease + LeaseAhead tokens of a key rather
+	// than Lease, and up to two leases' worth counting those out in open
+	// transactions (docs/commit.md). At most Lease; needs Lease. Defaults
+	// to 0: the next lease is taken by the call that finds the lease
+	// empty, while the key's other callers wait.
+	LeaseAhead float64
 
 	// loc is Zone, loaded by normalized.
 	loc *time.Location
@@ -209,6 +222,9 @@ func (c Config) normalized(name string) (Config, error) {
 	}
 	if problem := c.leaseProblem(); problem != "" {
 		return bad("Lease", "%v, got %v", problem, c.Lease)
+	}
+	if problem := c.leaseAheadProblem(); problem != "" {
+		return bad("LeaseAhead", "%v, got %v", problem, c.LeaseAhead)
 	}
 	if c.LeaseFor < 0 {
 		return bad("LeaseFor", "must be >= 0 (0 means one second), got %v", c.LeaseFor)

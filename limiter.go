@@ -230,13 +230,19 @@ func (l *Limiter[TTx]) Value(ctx context.Context, name, key string, opts ...Opti
 // ValueTx returns the tokens of (name, key) projected to now and summed over
 // all shards, with the time of the reading and the config: what a UI needs to
 // draw the limit. It locks and writes nothing. Only Inline is used among
-// opts.
+// opts. Value first waits for a lease of the key being taken
+// (Config.LeaseAhead's in the background), so that Value and Leased agree
+// while no other call is made; ValueTx does not, since that take may wait
+// for tx.
 func (l *Limiter[TTx]) ValueTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Snapshot, error) {
 	return l.valueIn(ctx, &tx, name, key, opts)
 }
 
 func (l *Limiter[TTx]) valueIn(ctx context.Context, tx *TTx, name, key string, opts []Option) (Snapshot, error) {
 	r, err := l.newRequest(name, key, opts, l.observe())
+	if err == nil && tx == nil {
+		err = l.leases.settle(ctx, driver.KeyRef{Name: r.name, Key: r.key})
+	}
 	var s Snapshot
 	if err == nil {
 		s, err = in(ctx, l, tx, true, func(tx TTx) (Snapshot, error) {

@@ -8,10 +8,11 @@ import (
 
 // Observer is told about every call of a Limiter, with its decision or its
 // error: Limit, Check, LimitAll (one Event per limit), Value, Credit, Reset,
-// each with its …Tx form, and each batch of Prune (Op says which). Set
-// Options.Observer to export metrics or logs. It is called on
-// the caller's goroutine after the call has decided (for the …Tx forms,
-// before the caller's transaction ends), so it must be fast and safe for
+// each with its …Tx form, each batch of Prune, and a lease taken ahead
+// that failed (Op says which). Set Options.Observer to export metrics or
+// logs. It is called on the caller's goroutine after the call has decided
+// (for the …Tx forms, before the caller's transaction ends; a lease taken
+// ahead, on the goroutine that took it), so it must be fast and safe for
 // concurrent use, and must not use the transaction. A Limiter without an
 // Observer does no extra work at all: no clock reads, no Event.
 type Observer interface {
@@ -29,6 +30,8 @@ const (
 	opCredit   = "credit"
 	opReset    = "reset"
 	opPrune    = "prune"
+	// opLeaseAhead is a lease taken ahead in the background that failed.
+	opLeaseAhead = "lease_ahead"
 )
 
 // Event is one call as an Observer sees it.
@@ -44,8 +47,12 @@ type Event struct {
 	// when it failed for another reason, fn's error included); "batch"
 	// (SendBatch, as "limit_all": Err is set when it failed, the error of
 	// the batch's own statements included); "prune" (one batch of Prune: Name and Key are
-	// empty, Count is the number of rows the batch deleted). A "value"
-	// Event has no Result: the Snapshot is the caller's.
+	// empty, Count is the number of rows the batch deleted); "lease_ahead"
+	// (a lease taken ahead in the background, Config.LeaseAhead, that
+	// failed: Err is its error and Count the tokens it asked for; no
+	// caller saw the error, and the next call that finds the lease empty
+	// takes one itself). A "value" Event has no Result: the Snapshot is
+	// the caller's.
 	Op    string
 	Name  string
 	Key   string

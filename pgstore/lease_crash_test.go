@@ -266,34 +266,8 @@ func TestLeaseStalledHolder(t *testing.T) {
 	}, nil)
 	require.NoError(t, err)
 
-	// stall runs a call whose work blocks, after its insert, until release
-	// is called, and then returns fail. A test that fails before releases
-	// it at cleanup, before the pool's (which waits for the connection).
-	stall := func(who string, fail error) (release func(), done chan error) {
-		in, ch, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
-		var once sync.Once
-		release = func() { once.Do(func() { close(ch) }) }
-		t.Cleanup(release)
-		go func() {
-			_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error {
-				if err := insert(ctx, tx, who); err != nil {
-					return err
-				}
-				close(in)
-				<-ch
-				return fail
-			}, leaseReq(name))
-			done <- err
-		}()
-		select {
-		case <-in:
-		case err := <-done:
-			t.Fatalf("%s's call ended before its work: %v", who, err)
-		}
-		return release, done
-	}
-	releaseA, doneA := stall("A", nil)
-	releaseB, doneB := stall("B", errFailed)
+	releaseA, doneA := stall(t, l, name, "A", nil)
+	releaseB, doneB := stall(t, l, name, "B", errFailed)
 	s := snapshot(t, l, name)
 	// One lease of 4, with 2 left; or, when B came more than LeaseFor
 	// after A (a loaded machine), a second lease of 4 with 3 left, the
@@ -354,6 +328,36 @@ func TestLeaseStalledHolder(t *testing.T) {
 	require.NoError(t, l.ReturnLeases(ctx))
 	s = snapshot(t, l, name)
 	require.Zero(t, s.Value+s.Leased)
+}
+
+// stall runs a BeginFunc on name's key "k" whose work blocks, after its
+// insert of who, until release is called, and then returns fail. A test
+// that fails before releases it at cleanup, before the pool's (which waits
+// for the connection).
+func stall(t *testing.T, l *txlimit.Limiter[pgx.Tx], name, who string, fail error) (release func(), done chan error) {
+	t.Helper()
+	ctx := context.Background()
+	in, ch, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	var once sync.Once
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	go func() {
+		_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error {
+			if err := insert(ctx, tx, who); err != nil {
+				return err
+			}
+			close(in)
+			<-ch
+			return fail
+		}, leaseReq(name))
+		done <- err
+	}()
+	select {
+	case <-in:
+	case err := <-done:
+		t.Fatalf("%s's call ended before its work: %v", who, err)
+	}
+	return release, done
 }
 
 // assertNoError is require.NoError for goroutines: it reports err without

@@ -38,9 +38,9 @@ const (
 // pipeline. Each call acquires its connection from the pool, as BeginFunc
 // does, where the other subjects' clients hold one for the run; the pool
 // has one a client, so a call never waits for one. With lease set the
-// limit has Config.Lease (leaseSize, or a quarter of a smaller capacity),
-// and the clients of a limit share one Limiter, as the goroutines of one
-// process do, so that they share its leases.
+// limit has Config.Lease (leaseSize, or a quarter of a smaller capacity)
+// and LeaseAhead half of it, and the clients of a limit share one Limiter,
+// as the goroutines of one process do, so that they share its leases.
 type pgCommit struct {
 	p     *pgPool
 	lease bool
@@ -62,7 +62,10 @@ func (s pgCommit) limiter(spec limitSpec) (*txlimit.Limiter[pgx.Tx], error) {
 	}
 	var tune func(*txlimit.Config)
 	if s.lease {
-		tune = func(c *txlimit.Config) { c.Lease = min(leaseSize, math.Floor(spec.Capacity/4)) }
+		tune = func(c *txlimit.Config) {
+			c.Lease = min(leaseSize, math.Floor(spec.Capacity/4))
+			c.LeaseAhead = c.Lease / 2
+		}
 	}
 	l, err := newLimiter(pgstore.New(s.p.pool), spec, tune)
 	if err != nil {

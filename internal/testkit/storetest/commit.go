@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -312,6 +313,12 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 			"Lease  ":  func(c *txlimit.Config) { c.Lease, c.Kind = 2, txlimit.SlidingWindow },
 			"Lease   ": func(c *txlimit.Config) { c.Lease, c.Escrow = 2, true },
 			"LeaseFor": func(c *txlimit.Config) { c.Lease, c.LeaseFor = 2, -time.Second },
+			// LeaseAhead: not a finite count >= 0, without a Lease, above
+			// the Lease.
+			"LeaseAhead":    func(c *txlimit.Config) { c.Lease, c.LeaseAhead = 2, -1 },
+			"LeaseAhead ":   func(c *txlimit.Config) { c.Lease, c.LeaseAhead = 2, math.Inf(1) },
+			"LeaseAhead  ":  func(c *txlimit.Config) { c.LeaseAhead = 1 },
+			"LeaseAhead   ": func(c *txlimit.Config) { c.Lease, c.LeaseAhead = 2, 3 },
 		} {
 			cfg := bucket
 			c(&cfg)
@@ -320,6 +327,105 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 			require.ErrorAs(t, err, &inv, field)
 			require.Equal(t, strings.TrimSpace(field), inv.Field, "%v", err)
 		}
+	})
+
+	t.Run("AheadNamesTheFix", func(t *testing.T) {
+		bucket := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 10, Period: hour}
+		for _, c := range []struct {
+			lease, ahead float64
+			fix          string
+		}{
+			{0, 1, "set Lease too, or leave LeaseAhead 0"},
+			{4, 5, "set at most Lease, such as Lease/2"},
+			{4, math.NaN(), "0: the next lease is taken when the lease runs out"},
+		} {
+			cfg := bucket
+			cfg.Lease, cfg.LeaseAhead = c.lease, c.ahead
+			_, err := txlimit.New(h.Store, map[string]txlimit.Config{"x": cfg}, nil)
+			require.ErrorContains(t, err, c.fix)
+		}
+		cfg := bucket
+		cfg.Lease, cfg.LeaseAhead = 4, 4
+		_, err := txlimit.New(h.Store, map[string]txlimit.Config{"x": cfg}, nil)
+		require.NoError(t, err, "LeaseAhead may equal Lease")
+	})
+
+	t.Run("AheadKeepsEachSliceDeadline", func(t *testing.T) {
+		// A token bucket of 10 an hour (1/12 token per 30 s); leases of 4
+		// lasting a minute, the next taken once one is down to 1.
+		clk := NewClock()
+		name := UniqueName(t, "ahead")
+		l := aheadLimiter(t, e, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 10, Period: hour,
+			Lease: 4, LeaseAhead: 2, LeaseFor: time.Minute}}, clk)
+		snap := func() txlimit.Snapshot {
+			s, err := l.Value(ctx, name, "k")
+			require.NoError(t, err)
+			return s
+		}
+		call := func(fn func(TTx) error) error {
+			_, err := l.BeginFunc(ctx, fn, req(name))
+			return err
+		}
+		require.NoError(t, call(nothing))
+		require.NoError(t, call(nothing))
+		require.Equal(t, float64(6), snap().Value, "the first lease took 4")
+		require.Equal(t, float64(2), snap().Leased, "and handed out 2: not below LeaseAhead")
+
+		// 30 s on, the third call leaves 1 < LeaseAhead: the next lease,
+		// 4 of 2 + 1/12, is taken in the background and lasts until a
+		// minute after its own take.
+		clk.Advance(30 * time.Second)
+		require.NoError(t, call(nothing))
+		require.Equal(t, float64(5), snap().Leased,
+			"the lease taken ahead lands beside the one held (Value waits for it): Leased counts both")
+		require.InDelta(t, 2+1.0/12, snap().Value, 1e-9)
+
+		// A minute after the first take: its last token is over and dropped
+		// (a credit now could add what the Capacity cut), while the one
+		// taken ahead has 30 s to go and serves the call.
+		clk.Advance(30 * time.Second)
+		require.NoError(t, call(nothing))
+		require.Equal(t, float64(3), snap().Leased)
+		require.InDelta(t, 2+2.0/12, snap().Value, 1e-9, "the over lease's token was dropped, not credited")
+
+		boom := errors.New("boom")
+		require.ErrorIs(t, call(func(TTx) error { return boom }), boom)
+		require.Equal(t, float64(3), snap().Leased, "a failed call gave its token back to the lease it came from")
+
+		require.NoError(t, l.ReturnLeases(ctx))
+		s := snapshot(t, l, name)
+		require.Zero(t, s.Leased)
+		require.InDelta(t, 10+2.0/12-4-1, s.Value, 1e-9, "10 + a minute's refill - 4 granted - 1 dropped")
+	})
+
+	t.Run("AheadStaysInItsWindow", func(t *testing.T) {
+		// The lease taken ahead in a window's last minute holds that
+		// window's tokens: it ends with the window, unspent, and the next
+		// window admits exactly its Rate.
+		clk := NewClock()
+		name := UniqueName(t, "window")
+		start := T0.Truncate(hour)
+		clk.Advance(start.Add(hour - time.Minute).Sub(clk.Now()))
+		l := aheadLimiter(t, e, map[string]txlimit.Config{name: {Kind: txlimit.FixedWindow, Rate: 10, Period: hour, Start: start,
+			Lease: 4, LeaseAhead: 4, LeaseFor: 2 * hour}}, clk)
+		_, err := l.BeginFunc(ctx, nothing, req(name))
+		require.NoError(t, err)
+		require.Equal(t, float64(7), snapshot(t, l, name).Leased,
+			"LeaseAhead = Lease: the next lease is taken at the first call")
+
+		clk.Advance(start.Add(hour).Sub(clk.Now()))
+		granted := 0
+		for range 12 {
+			if _, err := l.BeginFunc(ctx, nothing, req(name)); err == nil {
+				granted++
+			} else {
+				require.ErrorIs(t, err, txlimit.ErrRateLimited)
+			}
+		}
+		require.Equal(t, 10, granted, "neither lease of the last window served this one")
+		require.NoError(t, l.ReturnLeases(ctx))
+		s := snapshot(t, l, name)
+		require.Zero(t, s.Value+s.Leased)
 	})
 
 	t.Run("CommitTxTakesTheRow", func(t *testing.T) {
@@ -379,57 +485,82 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		require.Equal(t, 10, granted)
 	})
 
-	t.Run("Exact", func(t *testing.T) {
-		clk := NewClock()
-		name, work := UniqueName(t, "exact"), UniqueName(t, "work")
-		const capacity = 30
-		l := e.limiter(t, map[string]txlimit.Config{
-			name: {Kind: txlimit.FixedWindow, Rate: capacity, Period: hour, Lease: 4},
-			work: {Kind: txlimit.TokenBucket, Rate: 1e9, Period: hour},
-		}, clk)
-		var seq atomic.Int64
-		var committed sync.Map
-		RequireExactAdmission(t, l, name, h.Conns-1, 8, capacity, func() (txlimit.Result, error) {
-			for attempt := 0; ; attempt++ {
-				key := fmt.Sprintf("w%d", seq.Add(1))
-				// A third of the first attempts fail after their take:
-				// the token goes back to the lease and another call
-				// gets it.
-				fail := attempt == 0 && seq.Load()%3 == 0
-				res, err := l.BeginFunc(ctx, func(tx TTx) error {
-					if _, err := l.LimitTx(ctx, tx, work, key); err != nil {
-						return err
-					}
-					if fail {
-						return errFailed
-					}
-					return nil
-				}, req(name))
-				committed.Store(key, err == nil)
-				switch {
-				case errors.Is(err, errFailed):
-					continue
-				case errors.Is(err, txlimit.ErrRateLimited):
-					return res.Results[0], nil
-				case err != nil:
-					return txlimit.Result{}, err
+	t.Run("Exact", func(t *testing.T) { exactLeases(t, e, 0) })
+	t.Run("ExactAhead", func(t *testing.T) { exactLeases(t, e, 2) })
+}
+
+// exactLeases is runLeases' Exact: conns-1 callers on one key of a
+// FixedWindow, leased 4 at a time (LeaseAhead ahead), some of whose
+// transactions fail and are retried, are granted exactly its capacity.
+func exactLeases[TTx any](t *testing.T, e env[TTx], ahead float64) {
+	ctx, h, hour := e.ctx, e.h, time.Hour
+	req := func(name string) txlimit.Request { return txlimit.Request{Name: name, Key: "k"} }
+	clk := NewClock()
+	name, work := UniqueName(t, "exact"), UniqueName(t, "work")
+	const capacity = 30
+	l := aheadLimiter(t, e, map[string]txlimit.Config{
+		name: {Kind: txlimit.FixedWindow, Rate: capacity, Period: hour, Lease: 4, LeaseAhead: ahead},
+		work: {Kind: txlimit.TokenBucket, Rate: 1e9, Period: hour},
+	}, clk)
+	var seq atomic.Int64
+	var committed sync.Map
+	RequireExactAdmission(t, l, name, h.Conns-1, 8, capacity, func() (txlimit.Result, error) {
+		for attempt := 0; ; attempt++ {
+			key := fmt.Sprintf("w%d", seq.Add(1))
+			// A third of the first attempts fail after their take:
+			// the token goes back to the lease and another call
+			// gets it.
+			fail := attempt == 0 && seq.Load()%3 == 0
+			res, err := l.BeginFunc(ctx, func(tx TTx) error {
+				if _, err := l.LimitTx(ctx, tx, work, key); err != nil {
+					return err
 				}
+				if fail {
+					return errFailed
+				}
+				return nil
+			}, req(name))
+			committed.Store(key, err == nil)
+			switch {
+			case errors.Is(err, errFailed):
+				continue
+			case errors.Is(err, txlimit.ErrRateLimited):
 				return res.Results[0], nil
+			case err != nil:
+				return txlimit.Result{}, err
 			}
-		})
-		n := 0
-		committed.Range(func(k, ok any) bool {
-			require.Equal(t, ok.(bool), len(h.Rows(t, work, k.(string))) > 0, "work %v committed iff granted", k)
-			if ok.(bool) {
-				n++
-			}
-			return true
-		})
-		require.Equal(t, capacity, n)
-		s, err := l.Value(ctx, name, "k")
-		require.NoError(t, err)
-		require.Zero(t, s.Leased, "every leased token handed out")
+			return res.Results[0], nil
+		}
 	})
+	n := 0
+	committed.Range(func(k, ok any) bool {
+		require.Equal(t, ok.(bool), len(h.Rows(t, work, k.(string))) > 0, "work %v committed iff granted", k)
+		if ok.(bool) {
+			n++
+		}
+		return true
+	})
+	require.Equal(t, capacity, n)
+	require.NoError(t, l.ReturnLeases(ctx))
+	s, err := l.Value(ctx, name, "k")
+	require.NoError(t, err)
+	require.Zero(t, s.Value+s.Leased, "every leased token handed out")
+}
+
+// aheadLimiter is env.limiter for limits with leases: the test ends by
+// returning them, so that no take ahead is left in flight.
+func aheadLimiter[TTx any](t *testing.T, e env[TTx], limits map[string]txlimit.Config, clk *Clock) *txlimit.Limiter[TTx] {
+	l := e.limiter(t, limits, clk)
+	t.Cleanup(func() { require.NoError(t, l.ReturnLeases(e.ctx)) })
+	return l
+}
+
+// snapshot is l's Value of name's key "k".
+func snapshot[TTx any](t *testing.T, l *txlimit.Limiter[TTx], name string) txlimit.Snapshot {
+	t.Helper()
+	s, err := l.Value(context.Background(), name, "k")
+	require.NoError(t, err)
+	return s
 }
 
 var errFailed = errors.New("the work failed")
