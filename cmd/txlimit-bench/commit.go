@@ -37,7 +37,7 @@ const (
 // the INSERT of an order, and the take sent with the COMMIT in one
 // pipeline. Each call acquires its connection from the pool, as BeginFunc
 // does, where the other subjects' clients hold one for the run; the pool
-// has one a client, so a call never waits for one. With lease set the
+// has one a client (a lease taken ahead waits for one). With lease set the
 // limit has Config.Lease (leaseSize, or a quarter of a smaller capacity)
 // and LeaseAhead half of it, and the clients of a limit share one Limiter,
 // as the goroutines of one process do, so that they share its leases.
@@ -52,6 +52,9 @@ type pgCommit struct {
 // leaseSize is the lease of the timed runs: 64 calls' tokens a lease.
 const leaseSize = 64
 
+// leaseFor is the LeaseFor of the timed runs' leases: longer than a cell.
+const leaseFor = 30 * time.Second
+
 func newPgCommit(p *pgPool, lease bool) pgCommit {
 	return pgCommit{p: p, lease: lease, limiters: &sync.Map{}}
 }
@@ -65,6 +68,12 @@ func (s pgCommit) limiter(spec limitSpec) (*txlimit.Limiter[pgx.Tx], error) {
 		tune = func(c *txlimit.Config) {
 			c.Lease = min(leaseSize, math.Floor(spec.Capacity/4))
 			c.LeaseAhead = c.Lease / 2
+			// A lease's unspent tokens are dropped once it outlives
+			// LeaseFor (by design: a later credit could over-admit), which
+			// a commit stalled for the default second on this machine can
+			// make happen, and the cell's exact ledger would then count
+			// them as lost. Cells last seconds: a lease outlives none.
+			c.LeaseFor = leaseFor
 		}
 	}
 	l, err := newLimiter(pgstore.New(s.p.pool), spec, tune)
