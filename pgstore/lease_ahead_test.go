@@ -9,9 +9,7 @@ package pgstore_test
 
 import (
 	"context"
-	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,8 +50,8 @@ func TestLeaseAheadHotKeyExact(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, l.ReturnLeases(ctx)) })
 
-	var grants, failures, denials atomic.Int64
-	var seq atomic.Int64
+	var tally leaseTally
+	grants, failures, denials := &tally.grants, &tally.failures, &tally.denials
 	// round runs the goroutines, each making calls calls, or calling until
 	// denied when calls is 0.
 	round := func(calls int) {
@@ -61,26 +59,7 @@ func TestLeaseAheadHotKeyExact(t *testing.T) {
 		for range goroutines {
 			wg.Go(func() {
 				for i := 0; calls == 0 || i < calls; i++ {
-					fail := seq.Add(1)%3 == 0
-					_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error {
-						if err := insert(ctx, tx, "w"); err != nil {
-							return err
-						}
-						if fail {
-							return errFailed
-						}
-						return nil
-					}, leaseReq(name))
-					switch {
-					case err == nil:
-						grants.Add(1)
-					case errors.Is(err, errFailed):
-						failures.Add(1)
-					case errors.Is(err, txlimit.ErrRateLimited):
-						denials.Add(1)
-						return
-					default:
-						t.Errorf("unexpected error: %v", err)
+					if denied, ok := tally.call(ctx, t, l, name); denied || !ok {
 						return
 					}
 				}

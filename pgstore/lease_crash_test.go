@@ -479,42 +479,22 @@ func TestLeaseManyLimiters(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	var grants, denials, failures atomic.Int64
-	var seq atomic.Int64
+	var tally leaseTally
 	var wg sync.WaitGroup
 	for _, l := range ls {
 		for range goroutines {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for range calls {
-					fail := seq.Add(1)%3 == 0
-					_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error {
-						if err := insert(ctx, tx, "w"); err != nil {
-							return err
-						}
-						if fail {
-							return errFailed
-						}
-						return nil
-					}, leaseReq(name))
-					switch {
-					case err == nil:
-						grants.Add(1)
-					case errors.Is(err, errFailed):
-						failures.Add(1)
-					case errors.Is(err, txlimit.ErrRateLimited):
-						denials.Add(1)
-					default:
-						t.Errorf("unexpected error: %v", err)
+					if _, ok := tally.call(ctx, t, l, name); !ok {
 						return
 					}
 				}
-			}()
+			})
 		}
 	}
 	wg.Wait()
 	require.False(t, t.Failed())
+	grants, denials, failures := &tally.grants, &tally.denials, &tally.failures
 	require.Equal(t, int64(limiters*goroutines*calls), grants.Load()+failures.Load()+denials.Load())
 	require.Positive(t, denials.Load(), "the demand exceeds the limit")
 	g := int(grants.Load())
@@ -709,4 +689,41 @@ func TestLeaseWindowEndCreditsTheNextWindow(t *testing.T) {
 	t.Logf("window W+1 admitted B %d, A %d", gotB, gotA)
 	require.Equal(t, 10, gotB, "B gets the whole window")
 	require.LessOrEqual(t, e.rows(t, "W+1"), 10, "a window admits at most its Rate (Capacity 10: no rollover)")
+}
+
+// leaseTally counts the outcomes of leaseTally.call.
+type leaseTally struct {
+	grants, failures, denials atomic.Int64
+	seq                       atomic.Int64
+}
+
+// call is one BeginFunc of l on name's key whose work inserts a business
+// row and, every third call of the tally, then fails (rolled back: the
+// token goes back to its lease, or to the limit once that lease has
+// ended). It counts the outcome; denied says the limit denied the call,
+// and ok is false after an unexpected error, which fails t.
+func (c *leaseTally) call(ctx context.Context, t *testing.T, l *txlimit.Limiter[pgx.Tx], name string) (denied, ok bool) {
+	fail := c.seq.Add(1)%3 == 0
+	_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error {
+		if err := insert(ctx, tx, "w"); err != nil {
+			return err
+		}
+		if fail {
+			return errFailed
+		}
+		return nil
+	}, leaseReq(name))
+	switch {
+	case err == nil:
+		c.grants.Add(1)
+	case errors.Is(err, errFailed):
+		c.failures.Add(1)
+	case errors.Is(err, txlimit.ErrRateLimited):
+		c.denials.Add(1)
+		return true, true
+	default:
+		t.Errorf("unexpected error: %v", err)
+		return false, false
+	}
+	return false, true
 }

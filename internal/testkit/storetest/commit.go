@@ -414,14 +414,7 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 			"LeaseAhead = Lease: the next lease is taken at the first call")
 
 		clk.Advance(start.Add(hour).Sub(clk.Now()))
-		granted := 0
-		for range 12 {
-			if _, err := l.BeginFunc(ctx, nothing, req(name)); err == nil {
-				granted++
-			} else {
-				require.ErrorIs(t, err, txlimit.ErrRateLimited)
-			}
-		}
+		granted := grants(ctx, t, l, req(name), 12)
 		require.Equal(t, 10, granted, "neither lease of the last window served this one")
 		require.NoError(t, l.ReturnLeases(ctx))
 		s := snapshot(t, l, name)
@@ -474,14 +467,7 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		// The next window: the lease taken in the last one is over, and
 		// the window admits exactly its Rate.
 		clk.Advance(start.Add(hour).Sub(clk.Now()))
-		granted := 0
-		for range 12 {
-			if _, err := l.BeginFunc(ctx, nothing, req(name)); err == nil {
-				granted++
-			} else {
-				require.ErrorIs(t, err, txlimit.ErrRateLimited)
-			}
-		}
+		granted := grants(ctx, t, l, req(name), 12)
 		require.Equal(t, 10, granted)
 	})
 
@@ -556,6 +542,20 @@ func aheadLimiter[TTx any](t *testing.T, e env[TTx], limits map[string]txlimit.C
 	l := e.limiter(t, limits, clk)
 	t.Cleanup(func() { require.NoError(t, l.ReturnLeases(e.ctx)) })
 	return l
+}
+
+// grants makes n BeginFunc calls of r with no work and counts the grants;
+// every other call must be denied.
+func grants[TTx any](ctx context.Context, t *testing.T, l *txlimit.Limiter[TTx], r txlimit.Request, n int) int {
+	granted := 0
+	for range n {
+		if _, err := l.BeginFunc(ctx, func(TTx) error { return nil }, r); err == nil {
+			granted++
+		} else {
+			require.ErrorIs(t, err, txlimit.ErrRateLimited)
+		}
+	}
+	return granted
 }
 
 // snapshot is l's Value of name's key "k".
