@@ -100,6 +100,9 @@ func galera(tb testing.TB) []*mysql.Config {
 // taken from every node and for keys each routed to one node
 // (docs/mysql.md).
 func TestGalera(t *testing.T) {
+	// In parallel with the package's other tests: most of its time is the
+	// cluster coming up, which waits rather than computes.
+	t.Parallel()
 	nodes := galera(t)
 	ctx := context.Background()
 	dbs := make([]*sql.DB, len(nodes))
