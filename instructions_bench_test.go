@@ -1,12 +1,10 @@
 package txlimit_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/testkit/benchfloor"
+	"github.com/txlimit/txlimit/internal/testkit/measure"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/pgstore"
 )
@@ -140,7 +139,11 @@ func BenchmarkServerInstructions(b *testing.B) {
 		}
 		var total int64
 		for _, pid := range pids {
-			total += callgrindTotal(b, filepath.Join(dir, fmt.Sprintf("cg.%d", pid)))
+			n, err := measure.CallgrindTotal(filepath.Join(dir, fmt.Sprintf("cg.%d", pid)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			total += n
 		}
 		return total
 	}
@@ -159,30 +162,4 @@ func BenchmarkServerInstructions(b *testing.B) {
 			b.ReportMetric(per[s]/per["floor"], s+"/floor")
 		}
 	}
-}
-
-// callgrindTotal waits up to a minute for callgrind's file of a backend that
-// has exited (valgrind writes it as the process ends) and returns the
-// instructions it counted.
-func callgrindTotal(b *testing.B, path string) int64 {
-	for range 600 {
-		if f, err := os.Open(path); err == nil {
-			sc := bufio.NewScanner(f)
-			sc.Buffer(make([]byte, 1<<20), 1<<20)
-			for sc.Scan() {
-				if rest, ok := strings.CutPrefix(sc.Text(), "totals: "); ok {
-					f.Close()
-					n, err := strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
-					if err != nil {
-						b.Fatal(err)
-					}
-					return n
-				}
-			}
-			f.Close()
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	b.Fatalf("%s: no callgrind totals after a minute (is the server running under scripts/callgrind.sh?)", path)
-	return 0
 }

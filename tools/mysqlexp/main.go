@@ -32,6 +32,7 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/measure"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/mysqlstore"
 )
@@ -75,16 +76,13 @@ var variants = []variant{
 		"INSERT INTO v_onecols (id, name, `key`, shard, value, ts) VALUES (?, ?, ?, ?, 1e9, UTC_TIMESTAMP(6))", "SELECT value, ts FROM v_onecols WHERE id = ? FOR UPDATE", "UPDATE v_onecols SET value = ?, ts = ? WHERE id = ?"},
 }
 
+// cpu is the CPU process pid ("self": this one) has used, in clock ticks.
 func cpu(pid string) int64 {
-	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	_, ticks, err := measure.ProcessTicks(pid)
 	if err != nil {
 		panic(err)
 	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndex(s, ")")+2:])
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return u + st
+	return ticks
 }
 
 func busy() int64 {

@@ -38,7 +38,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,6 +51,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/pgdb"
+	"github.com/txlimit/txlimit/internal/testkit/measure"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
 )
@@ -82,22 +83,18 @@ func main() {
 		dur      = flag.Duration("d", 5*time.Second, "how long each subject runs a round")
 		rounds   = flag.Int("rounds", 3, "rounds")
 		only     = flag.String("s", "none,pipe,select1,update,upsert,take,take-plain,take-noex,commit,limittx,redis_rate", "subjects, comma-separated")
-		gen      = flag.String("sql", "../../internal/pgdb/txlimit.sql.go", "sqlc's generated file holding TakeBucket")
 		cg       = flag.String("cg", "", "callgrind's output directory: count the server's instructions a transaction")
 	)
 	flag.Parse()
-	if err := run(*dsn, *redisURL, *clients, *dur, *rounds, strings.Split(*only, ","), *gen, *cg); err != nil {
+	if err := run(*dsn, *redisURL, *clients, *dur, *rounds, strings.Split(*only, ","), *cg); err != nil {
 		fmt.Fprintln(os.Stderr, "pgcommitexp:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dsn, redisAddr string, clients int, dur time.Duration, rounds int, subjects []string, gen, cg string) error {
+func run(dsn, redisAddr string, clients int, dur time.Duration, rounds int, subjects []string, cg string) error {
 	ctx := context.Background()
-	take, err := takeBucketSQL(gen)
-	if err != nil {
-		return err
-	}
+	take := pgdb.TakeBucket
 	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return err
@@ -140,7 +137,7 @@ func run(dsn, redisAddr string, clients int, dur time.Duration, rounds int, subj
 	fmt.Printf("%-11s %8s %10s %10s %10s   (µs of CPU a transaction)\n", "subject", "tx/s", "postgres", "this", "redis")
 	for range rounds {
 		for _, s := range subjects {
-			if err := measure(s, steps[s], clients, dur); err != nil {
+			if err := runSubject(s, steps[s], clients, dur); err != nil {
 				return err
 			}
 		}
@@ -163,20 +160,6 @@ func setUp(ctx context.Context, cfg *pgxpool.Config) error {
 	}
 	_, err = pool.Exec(ctx, orders+"; "+rows)
 	return err
-}
-
-// takeBucketSQL is TakeBucket's text from sqlc's generated file (the tools
-// module cannot import the library's internal packages).
-func takeBucketSQL(path string) (string, error) {
-	src, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("read TakeBucket (-sql): %w", err)
-	}
-	m := regexp.MustCompile("(?s)const TakeBucket = `(.*?)`").FindSubmatch(src)
-	if m == nil {
-		return "", fmt.Errorf("%s holds no TakeBucket", path)
-	}
-	return string(m[1]), nil
 }
 
 type step func(ctx context.Context, key string) error
@@ -265,9 +248,9 @@ func newSteps(ctx context.Context, pool *pgxpool.Pool, redisAddr string, clients
 	}, nil
 }
 
-// measure runs s for dur on clients goroutines, each on its own key, after
+// runSubject runs s for dur on clients goroutines, each on its own key, after
 // one transaction each to warm up, and prints its row.
-func measure(name string, s step, clients int, dur time.Duration) error {
+func runSubject(name string, s step, clients int, dur time.Duration) error {
 	ctx := context.Background()
 	for c := range clients {
 		if err := s(ctx, fmt.Sprint("k", c)); err != nil {
@@ -277,7 +260,7 @@ func measure(name string, s step, clients int, dur time.Duration) error {
 	var n atomic.Int64
 	var failed atomic.Pointer[error]
 	stop := make(chan struct{})
-	pg0, redis0, self0 := ticks("postgres"), ticks("redis-server"), selfCPU()
+	pg0, redis0, self0 := measure.CommandTicks("postgres"), measure.CommandTicks("redis-server"), selfCPU()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for c := range clients {
@@ -304,36 +287,10 @@ func measure(name string, s step, clients int, dur time.Duration) error {
 		return fmt.Errorf("%s: %w", name, *err)
 	}
 	elapsed, tx := time.Since(start), float64(n.Load())
-	perTx := func(t int64) float64 { return float64(t) * 1e6 / clockTicks / tx }
+	perTx := func(t int64) float64 { return float64(t) * 1e6 / measure.ClockTicks / tx }
 	fmt.Printf("%-11s %8.0f %10.1f %10.1f %10.1f\n", name, tx/elapsed.Seconds(),
-		perTx(ticks("postgres")-pg0), float64((selfCPU()-self0).Microseconds())/tx, perTx(ticks("redis-server")-redis0))
+		perTx(measure.CommandTicks("postgres")-pg0), float64((selfCPU()-self0).Microseconds())/tx, perTx(measure.CommandTicks("redis-server")-redis0))
 	return nil
-}
-
-// clockTicks is the unit of /proc/<pid>/stat's CPU times (USER_HZ).
-const clockTicks = 100
-
-// ticks is the CPU (user and system) of every process named comm, live
-// now, in clock ticks.
-func ticks(comm string) int64 {
-	var total int64
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, path := range stats {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || end < open || s[open+1:end] != comm {
-			continue
-		}
-		f := strings.Fields(s[end+2:])
-		utime, _ := strconv.ParseInt(f[11], 10, 64)
-		stime, _ := strconv.ParseInt(f[12], 10, 64)
-		total += utime + stime
-	}
-	return total
 }
 
 func selfCPU() time.Duration {
@@ -359,7 +316,7 @@ func countInstructions(ctx context.Context, pool *pgxpool.Pool, steps map[string
 			}
 		}
 		pool.Reset() // the backend exits, and callgrind writes its file
-		return callgrindTotal(filepath.Join(dir, fmt.Sprintf("cg.%d", pid)))
+		return measure.CallgrindTotal(filepath.Join(dir, fmt.Sprintf("cg.%d", pid)))
 	}
 	for _, name := range subjects {
 		few, err := count(steps[name], 100)
@@ -373,20 +330,4 @@ func countInstructions(ctx context.Context, pool *pgxpool.Pool, steps map[string
 		fmt.Printf("%-11s %8.1f k instructions a transaction\n", name, float64(many-few)/200/1000)
 	}
 	return nil
-}
-
-// callgrindTotal waits up to a minute for callgrind's file of an exited
-// backend and returns the instructions it counted.
-func callgrindTotal(path string) (int64, error) {
-	for range 600 {
-		if b, err := os.ReadFile(path); err == nil {
-			for line := range strings.SplitSeq(string(b), "\n") {
-				if rest, ok := strings.CutPrefix(line, "totals: "); ok {
-					return strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
-				}
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return 0, fmt.Errorf("%s: no callgrind totals after a minute (is the server running under scripts/callgrind.sh?)", path)
 }
