@@ -357,11 +357,7 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		name := UniqueName(t, "ahead")
 		l := aheadLimiter(t, e, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 10, Period: hour,
 			Lease: 4, LeaseAhead: 2, LeaseFor: time.Minute}}, clk)
-		snap := func() txlimit.Snapshot {
-			s, err := l.Value(ctx, name, "k")
-			require.NoError(t, err)
-			return s
-		}
+		snap := func() txlimit.Snapshot { return snapshot(t, l, name) }
 		call := func(fn func(TTx) error) error {
 			_, err := l.BeginFunc(ctx, fn, req(name))
 			return err
@@ -527,12 +523,9 @@ func exactLeases[TTx any](t *testing.T, e env[TTx], ahead float64) {
 		return true
 	})
 	require.Equal(t, capacity, n)
-	s, err := l.Value(ctx, name, "k")
-	require.NoError(t, err)
-	require.Zero(t, s.Leased, "every leased token handed out")
+	require.Zero(t, snapshot(t, l, name).Leased, "every leased token handed out")
 	require.NoError(t, l.ReturnLeases(ctx))
-	s, err = l.Value(ctx, name, "k")
-	require.NoError(t, err)
+	s := snapshot(t, l, name)
 	require.Zero(t, s.Value+s.Leased, "and none left in the limit")
 }
 
