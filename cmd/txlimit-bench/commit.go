@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/benchfloor"
 	"github.com/txlimit/txlimit/pgstore"
 )
 
@@ -116,7 +117,7 @@ func (c *commitClient) take(ctx context.Context) (call, error) {
 	var workDone time.Time
 	_, err := c.l.BeginFunc(ctx, func(tx pgx.Tx) error {
 		if c.business {
-			if _, err := tx.Exec(ctx, pgBusinessInsert, c.req.Key, 1); err != nil {
+			if _, err := tx.Exec(ctx, benchfloor.PGBusinessInsert, c.req.Key, 1); err != nil {
 				return err
 			}
 		}
@@ -172,7 +173,7 @@ func (c *batchClient) take(ctx context.Context) (call, error) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	b := &pgx.Batch{}
 	if c.business {
-		b.Queue(pgBusinessInsert, c.req.Key, 1)
+		b.Queue(benchfloor.PGBusinessInsert, c.req.Key, 1)
 	}
 	start := time.Now()
 	_, err = txlimit.SendBatch(ctx, c.l, tx, b, c.req)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/txlimit/txlimit/internal/testkit/benchfloor"
 	"github.com/txlimit/txlimit/pgsqlstore"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
@@ -30,10 +31,10 @@ const (
 // A txlimit variant is one entry more in pgImpls or sqliteImpls: another
 // store on the same connections (pgLimit{p: c.pg, store: …}, or for a
 // database/sql store sqlLimit on stdlib.OpenDBFromPool(c.pg.pool) with
-// pgBusinessInsert), or the same store with another Config (tune: func(cfg
-// *txlimit.Config) {…}). Its rows get the ratios to the floor and to Redis of
-// their scenario, and it takes the admission checks its checks function
-// lists.
+// benchfloor.PGBusinessInsert), or the same store with another Config
+// (tune: func(cfg *txlimit.Config) {…}). Its rows get the ratios to the
+// floor and to Redis of their scenario, and it takes the admission checks
+// its checks function lists.
 type impl[E any] struct {
 	name string
 	open func(E) subject
@@ -142,7 +143,7 @@ func pgImpls(withRedis bool) []impl[*pgConns] {
 			},
 			open: func(c *pgConns) subject {
 				db := stdlib.OpenDBFromPool(c.pg.pool)
-				return sqlLimit{db: db, store: pgsqlstore.New(db), businessSQL: pgBusinessInsert}
+				return sqlLimit{db: db, store: pgsqlstore.New(db), businessSQL: benchfloor.PGBusinessInsert}
 			}},
 	}
 	// The same LimitTx in escrow mode (Config.Escrow), its store on a pool

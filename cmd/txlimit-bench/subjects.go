@@ -49,11 +49,8 @@ const (
 	pgShardFloorWait   = `SELECT shard, value, ts FROM floor_shards WHERE k = $1 AND shard = $2 FOR UPDATE`
 	pgShardFloorUpdate = `UPDATE floor_shards SET value = $3, ts = $4 WHERE k = $1 AND shard = $2`
 
-	// The business write of the business scenario: an order, inserted by
-	// the transaction the limit guards, as an application does.
-	pgBusinessDDL = `CREATE TABLE bench_orders (id bigserial PRIMARY KEY, k text NOT NULL,
-		amount integer NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`
-	pgBusinessInsert     = `INSERT INTO bench_orders (k, amount) VALUES ($1, $2)`
+	// The business write of the business scenario on SQLite (PostgreSQL's
+	// is benchfloor.PGBusinessDDL and PGBusinessInsert).
 	sqliteBusinessDDL    = `CREATE TABLE bench_orders (id INTEGER PRIMARY KEY, k TEXT NOT NULL, amount INTEGER NOT NULL)`
 	sqliteBusinessInsert = `INSERT INTO bench_orders (k, amount) VALUES (?, ?)`
 )
@@ -114,7 +111,7 @@ func openPostgres(ctx context.Context, dsn string) (env *pgEnv, drop func(), err
 		drop()
 		return nil, nil, err
 	}
-	for _, ddl := range []string{benchfloor.PGDDL, pgShardFloorDDL, pgBusinessDDL} {
+	for _, ddl := range []string{benchfloor.PGDDL, pgShardFloorDDL, benchfloor.PGBusinessDDL} {
 		if _, err := pool.pool.Exec(ctx, ddl); err != nil {
 			drop()
 			return nil, nil, fmt.Errorf("create the floor's and the business tables: %w", err)
@@ -307,7 +304,7 @@ func newPgClient(conn *pgxpool.Conn, key string, business bool, step pgStep) *pg
 func (c *pgClient) take(ctx context.Context) (r call, err error) {
 	err = pgx.BeginFunc(ctx, c.conn, func(tx pgx.Tx) error {
 		if c.business != "" {
-			if _, err := tx.Exec(ctx, pgBusinessInsert, c.business, 1); err != nil {
+			if _, err := tx.Exec(ctx, benchfloor.PGBusinessInsert, c.business, 1); err != nil {
 				return err
 			}
 		}

@@ -52,6 +52,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/pgdb"
+	"github.com/txlimit/txlimit/internal/testkit/benchfloor"
 	"github.com/txlimit/txlimit/internal/testkit/measure"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
@@ -59,9 +60,6 @@ import (
 
 const (
 	schema = "pgcommitexp"
-	orders = `CREATE TABLE orders (id bigserial PRIMARY KEY, k text NOT NULL, amount integer NOT NULL,
-		created_at timestamptz NOT NULL DEFAULT now())`
-	insert = `INSERT INTO orders (k, amount) VALUES ($1, $2)`
 	rows   = `CREATE TABLE exp_row (k text PRIMARY KEY, v float8 NOT NULL, ts timestamptz NOT NULL) WITH (fillfactor = 90)`
 	// A token bucket of capacity $2 refilling $3 a second, with none of
 	// txlimit's care (no clock stepping back, no tolerance, no shards).
@@ -158,7 +156,7 @@ func setUp(ctx context.Context, cfg *pgxpool.Config) error {
 	if err := migrations.Up(ctx, db, migrations.Postgres); err != nil {
 		return err
 	}
-	_, err = pool.Exec(ctx, orders+"; "+rows)
+	_, err = pool.Exec(ctx, benchfloor.PGBusinessDDL+"; "+rows)
 	return err
 }
 
@@ -174,7 +172,7 @@ func newSteps(ctx context.Context, pool *pgxpool.Pool, redisAddr string, clients
 	rl := redis_rate.NewLimiter(rdb)
 	rlimit := redis_rate.Limit{Rate: 1, Burst: capacity, Period: time.Hour}
 	work := func(ctx context.Context, key string) func(pgx.Tx) error {
-		return func(tx pgx.Tx) error { _, err := tx.Exec(ctx, insert, key, 1); return err }
+		return func(tx pgx.Tx) error { _, err := tx.Exec(ctx, benchfloor.PGBusinessInsert, key, 1); return err }
 	}
 	// pipe: the business transaction with queue's statements and the
 	// COMMIT in one batch, on a connection acquired for it, as BeginFunc

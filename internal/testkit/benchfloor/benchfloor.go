@@ -13,6 +13,13 @@ const (
 	PGInsert = `INSERT INTO floor_table (k, value, ts) VALUES ($1, $2, $3) ON CONFLICT (k) DO NOTHING`
 	PGSelect = `SELECT value, ts FROM floor_table WHERE k = $1 FOR UPDATE`
 	PGUpdate = `UPDATE floor_table SET value = $2, ts = $3 WHERE k = $1`
+
+	// The business write of a business transaction: an order, inserted by
+	// the transaction the limit guards, as an application does.
+	// PGBusinessInsert's parameters are the key and the amount.
+	PGBusinessDDL = `CREATE TABLE bench_orders (id bigserial PRIMARY KEY, k text NOT NULL,
+		amount integer NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`
+	PGBusinessInsert = `INSERT INTO bench_orders (k, amount) VALUES ($1, $2)`
 )
 
 // SQLite, whose transaction holds the write lock from BEGIN IMMEDIATE: the
