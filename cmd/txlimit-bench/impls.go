@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/txlimit/txlimit"
 
 	"github.com/txlimit/txlimit/internal/testkit/benchfloor"
 	"github.com/txlimit/txlimit/pgsqlstore"
@@ -22,6 +23,8 @@ const (
 	// LimitTx on pgstore with Config.Escrow, the store on a pool of its own
 	implEscrow = "escrow"
 	implNone   = "none" // the business transaction with no limit
+	// LimitTx on pgstore with Config.Shards 16, on the business hot key
+	implShards16 = "txlimit/shards16"
 )
 
 // impl is one implementation measured on one kind of database: a row of the
@@ -75,8 +78,9 @@ func (s saturation) String() string {
 	return fmt.Sprintf("saturation(%d)", int(s))
 }
 
-func always(scenario) bool       { return true }
-func inBusiness(s scenario) bool { return s.business }
+func always(scenario) bool        { return true }
+func businessHot(s scenario) bool { return s.business && s.hot && s.shards <= 1 }
+func inBusiness(s scenario) bool  { return s.business }
 
 // notBusinessHot leaves out the hot key inside a business transaction,
 // which measures escrow against the floor, locked txlimit and Redis.
@@ -150,6 +154,18 @@ func pgImpls(withRedis bool) []impl[*pgConns] {
 	// of its own with a settling job beside the clients (see pgEscrow).
 	impls = append(impls, impl[*pgConns]{name: implEscrow, runs: escrowRuns, checks: escrowChecks,
 		open: func(c *pgConns) subject { return newPgEscrow(c.pg, c.escrow, c.settleEvery) }})
+	// LimitTx on the hot key spread over 16 shards, beside escrow: the
+	// answer before the work that remains for a hot key.
+	impls = append(impls, impl[*pgConns]{name: implShards16, runs: businessHot,
+		checks: func(s scenario) []saturation {
+			if !businessHot(s) {
+				return nil
+			}
+			return bucketChecks(s)
+		},
+		open: func(c *pgConns) subject {
+			return pgLimit{p: c.pg, store: pgstore.New(c.pg.pool), tune: func(c *txlimit.Config) { c.Shards = 16 }}
+		}})
 	// The take at commit: BeginFunc, the take riding the COMMIT.
 	impls = append(impls, impl[*pgConns]{name: implCommit, runs: inBusiness, checks: businessChecks,
 		open: func(c *pgConns) subject { return newPgCommit(c.pg, false) }},

@@ -263,7 +263,7 @@ func (c config) validate() error {
 }
 
 // subjectNames are the implementations -subjects may name.
-var subjectNames = []string{implNone, implFloor, implTxlimit, implTxlimitSQL, implEscrow, implCommit, implCommitLease, implBatch, implRedis, implRedisRate}
+var subjectNames = []string{implNone, implFloor, implTxlimit, implTxlimitSQL, implEscrow, implShards16, implCommit, implCommitLease, implBatch, implRedis, implRedisRate}
 
 // parseSubjects parses -subjects: "" is every subject (nil).
 func parseSubjects(s string) ([]string, error) {
