@@ -36,7 +36,7 @@ import (
 // SendBatch never fails open.
 //
 // On pgstore, when every limit is an unsharded token bucket or fixed
-// window outside escrow, the takes are the first statements of the batch,
+// window, the takes are the first statements of the batch,
 // sent as CommitTx sends them with its COMMIT, so that the whole call is
 // one round trip. Other limits are taken first as LimitAllTx takes them,
 // and b is sent once they granted. A limit with Config.Lease is taken from

@@ -26,7 +26,7 @@ import (
 // CommitTx never fails open.
 //
 // On pgstore, when every limit is an unsharded token bucket or fixed window
-// outside escrow, the takes go to the server with the COMMIT in one
+// the takes go to the server with the COMMIT in one
 // pipeline, so the limits' rows are locked only while the commit runs.
 // pgx then needs one more round trip to close tx, which BeginFunc saves.
 // Other limits are taken as LimitAllTx takes them and tx is then

@@ -42,8 +42,7 @@ const (
 	// window shapes.
 	//
 	// The state of a sliding window is counts, not tokens: Reset a limit's
-	// keys when its Kind changes to or from SlidingWindow. Escrow does not
-	// apply.
+	// keys when its Kind changes to or from SlidingWindow.
 	SlidingWindow Kind = Kind(algo.SlidingWindow)
 )
 
@@ -118,15 +117,6 @@ type Config struct {
 	// spreads the resets of many keys over the period. Must be zero for a
 	// TokenBucket.
 	Start time.Time
-	// Escrow takes the tokens at once, outside the caller's transaction,
-	// and only escrows them until it ends: kept if it commits, given back
-	// by settlement if it does not (late, never early: Limiter.Settle). The
-	// limit's row is then locked for one statement, not until the caller
-	// commits, so a hot key no longer queues its callers. PostgreSQL
-	// (pgstore, with a pool) only; one shard; not for a SlidingWindow or a
-	// calendar window. docs/escrow.md. Defaults to false: the row is
-	// locked until the caller's transaction ends.
-	Escrow bool
 	// Calendar makes a FixedWindow's windows calendar units (Day, Week,
 	// Month, Year) in Zone, with Period 0: "100 a day", "10,000 a month,
 	// reset on the 1st at midnight in the customer's zone". Unused Rate
@@ -156,7 +146,7 @@ type Config struct {
 	// within the last LeaseFor, once; the limit admits less while tokens
 	// are parked, by at most Lease per process and key (more with
 	// LeaseAhead; docs/commit.md). TokenBucket and FixedWindow windows of Period
-	// only; not with Escrow; LimitTx, CommitTx and the other forms take
+	// only; LimitTx, CommitTx and the other forms take
 	// from the limit itself. Defaults to 0: no lease.
 	Lease float64
 	// LeaseFor is how long a lease lasts at most. Defaults to one second.
@@ -211,14 +201,8 @@ func (c Config) normalized(name string) (Config, error) {
 	if c.Shards < 1 || c.Shards > maxShards {
 		return bad("Shards", "must be between 1 and %d (0 means 1), got %d", maxShards, c.Shards)
 	}
-	if c.Escrow && c.Shards > 1 {
-		return bad("Shards", "must be 1 (or 0) for an Escrow limit, got %d: escrow already keeps the row from being held, so shards add nothing", c.Shards)
-	}
 	if c.Kind == TokenBucket && !c.Start.IsZero() {
 		return bad("Start", "applies to FixedWindow and SlidingWindow only; leave it zero for a TokenBucket")
-	}
-	if c.Escrow && (c.Kind == SlidingWindow || c.Calendar != 0) {
-		return bad("Escrow", "supports TokenBucket and FixedWindow windows of Period; leave Escrow false for a %v", c.describe())
 	}
 	if problem := c.leaseProblem(); problem != "" {
 		return bad("Lease", "%v, got %v", problem, c.Lease)

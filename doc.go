@@ -46,8 +46,7 @@
 // ends: two transactions cannot both spend the same tokens, and a limit that
 // many transactions share serializes them. Keep such transactions short, or
 // give the limit Shards (rows a call takes without waiting for one another,
-// never admitting more than one unsharded limit would) or, on PostgreSQL,
-// Escrow (the row is held for one statement only; docs/escrow.md).
+// never admitting more than one unsharded limit would; docs/hot-keys.md).
 //
 // To decide after the work instead, BeginFunc (or CommitTx on a transaction
 // the caller began) takes the limits as the transaction commits: its work

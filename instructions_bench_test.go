@@ -31,10 +31,7 @@ import (
 // Subjects: empty-tx (BEGIN; COMMIT), floor (the hand-written SELECT … FOR
 // UPDATE, then UPDATE), and LimitTx on a token bucket, a fixed window, a
 // reservation, the locked Go path (a Period above 2^53 µs keeps a limit off
-// the one-statement path), a limit over 4 shards, and an escrow limit
-// (escrow: the call's own work, on the caller's backend and on the store's,
-// whose one connection debits; escrow-settled: the same with Settle after
-// the run, so that the cost of settling each call is in the count).
+// the one-statement path) and a limit over 4 shards.
 func BenchmarkServerInstructions(b *testing.B) {
 	dir := os.Getenv("TXLIMIT_CALLGRIND")
 	if dir == "" {
@@ -56,7 +53,6 @@ func BenchmarkServerInstructions(b *testing.B) {
 		"reserve": benchConfig(1),
 		"locked":  {Kind: txlimit.TokenBucket, Rate: 1, Period: 290 * 365 * 24 * time.Hour, Capacity: benchCapacity},
 		"sharded": benchConfig(4),
-		"escrow":  {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Capacity: benchCapacity, Escrow: true},
 	}
 	// limit is one LimitTx of name in a transaction of its own.
 	limit := func(pool *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], name string) func() (bool, error) {
@@ -73,7 +69,7 @@ func BenchmarkServerInstructions(b *testing.B) {
 			return ok, err
 		}
 	}
-	subjects := []string{"empty-tx", "floor", "bucket", "window", "reserve", "locked", "sharded", "escrow", "escrow-settled"}
+	subjects := []string{"empty-tx", "floor", "bucket", "window", "reserve", "locked", "sharded"}
 	if only := os.Getenv("TXLIMIT_CALLGRIND_SUBJECTS"); only != "" {
 		// A comma-separated list, to count some subjects only (each takes
 		// about ten seconds under callgrind).
@@ -87,29 +83,13 @@ func BenchmarkServerInstructions(b *testing.B) {
 		return pid
 	}
 	// cost runs n transactions of subject s on a new connection and returns
-	// what its backends executed in all (the caller's, and for escrow the
-	// store's), once they have exited and callgrind has written their files.
+	// what its backend executed, once it has exited and callgrind has
+	// written its file.
 	cost := func(s string, n int) int64 {
 		pool := testdb.Pool(b, schema, pgx.QueryExecModeCacheStatement, 1)
-		pools := []*pgxpool.Pool{pool}
-		store := pgstore.New(pool)
-		if strings.HasPrefix(s, "escrow") {
-			// Each run starts from empty escrow tables (an earlier run
-			// without Settle leaves its calls pending), on the setup
-			// connection, which is not counted.
-			if _, err := setup.Exec(ctx, "TRUNCATE txlimit_escrow, txlimit_escrow_claim"); err != nil {
-				b.Fatal(err)
-			}
-			storePool := testdb.Pool(b, schema, pgx.QueryExecModeCacheStatement, 1)
-			pools = append(pools, storePool)
-			store = pgstore.New(storePool, pgstore.EscrowSettleEvery(0))
-		}
-		var pids []int32
-		for _, p := range pools {
-			defer p.Close()
-			pids = append(pids, backend(p))
-		}
-		l, err := txlimit.New(store, configs, nil)
+		defer pool.Close()
+		pid := backend(pool)
+		l, err := txlimit.New(pgstore.New(pool), configs, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -119,8 +99,6 @@ func BenchmarkServerInstructions(b *testing.B) {
 			op = func() (bool, error) { return true, pgx.BeginFunc(ctx, pool, func(pgx.Tx) error { return nil }) }
 		case "floor":
 			op = func() (bool, error) { return pgFloor(ctx, pool, "k") }
-		case "escrow-settled":
-			op = limit(pool, l, "escrow")
 		default:
 			op = limit(pool, l, s)
 		}
@@ -129,21 +107,10 @@ func BenchmarkServerInstructions(b *testing.B) {
 				b.Fatalf("%s: ok %v, err %v", s, ok, err)
 			}
 		}
-		if s == "escrow-settled" {
-			if res, err := l.Settle(ctx, 0); err != nil || res.Pending != 0 {
-				b.Fatalf("%s: Settle left %d pending calls, err %v", s, res.Pending, err)
-			}
-		}
-		for _, p := range pools {
-			p.Close()
-		}
-		var total int64
-		for _, pid := range pids {
-			n, err := measure.CallgrindTotal(filepath.Join(dir, fmt.Sprintf("cg.%d", pid)))
-			if err != nil {
-				b.Fatal(err)
-			}
-			total += n
+		pool.Close()
+		total, err := measure.CallgrindTotal(filepath.Join(dir, fmt.Sprintf("cg.%d", pid)))
+		if err != nil {
+			b.Fatal(err)
 		}
 		return total
 	}
@@ -157,7 +124,7 @@ func BenchmarkServerInstructions(b *testing.B) {
 	for _, s := range subjects {
 		b.ReportMetric(per[s]/1000, s+"-kinstr/tx")
 	}
-	for _, s := range []string{"bucket", "locked", "escrow-settled"} {
+	for _, s := range []string{"bucket", "locked"} {
 		if per[s] > 0 && per["floor"] > 0 {
 			b.ReportMetric(per[s]/per["floor"], s+"/floor")
 		}

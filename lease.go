@@ -186,7 +186,7 @@ func (l *Limiter[TTx]) takeLease(ctx context.Context, r request, le *lease) (Res
 // the caller's to set.
 func (l *Limiter[TTx]) takeSlice(ctx context.Context, r request, want float64) (slice, error) {
 	p := r.take()
-	p.Count, p.UpTo, p.Reserve, p.Escrow, p.ReadAll = want, true, false, false, false
+	p.Count, p.UpTo, p.Reserve, p.ReadAll = want, true, false, false
 	before := l.leaseNow()
 	t, err := in(ctx, l, nil, false, func(tx TTx) (driver.TakeResult, error) { return l.store.Take(ctx, tx, p) })
 	if err != nil {
@@ -370,8 +370,6 @@ func (c Config) leaseProblem() string {
 		return "must be a finite number of tokens >= 0 (0: no lease)"
 	case c.Lease > c.Capacity:
 		return "exceeds Capacity: a lease takes at most what the limit holds"
-	case c.Escrow:
-		return "does not combine with Escrow, which keeps the row free in another way"
 	case c.Kind == SlidingWindow || c.Calendar != 0:
 		return "applies to TokenBucket and FixedWindow windows of Period, whose tokens a lease can hold"
 	}

@@ -52,8 +52,7 @@ type Limiter[TTx any] struct {
 	observer        Observer
 	failOpenOnError bool
 	prune           pruneCursor
-	escrow          driver.Escrower // nil when the store has no escrow mode
-	leases          leases          // Config.Lease's
+	leases          leases // Config.Lease's
 }
 
 // New returns a Limiter on store with the named limits. Every config is
@@ -63,15 +62,12 @@ func New[TTx any](store driver.Store[TTx], limits map[string]Config, opts *Optio
 	if store == nil {
 		return nil, &InvalidError{Field: "store", Problem: "is nil; pass pgstore.New(pool), pgsqlstore.New(db) or sqlitestore.New(db)"}
 	}
-	l := &Limiter[TTx]{store: store, limits: make(map[string]Config, len(limits)), escrow: escrowStore(store)}
+	l := &Limiter[TTx]{store: store, limits: make(map[string]Config, len(limits))}
 	for name, c := range limits {
 		if err := validName(name); err != nil {
 			return nil, err
 		}
 		nc, err := c.normalized(name)
-		if err == nil {
-			err = checkEscrow(l.escrow, name, nc)
-		}
 		if err != nil {
 			return nil, err
 		}
@@ -116,9 +112,8 @@ func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Opti
 // the Reserve option allows a reservation), consumes them in tx. The tokens
 // are spent if and only if tx commits; a rollback gives them back. A denied
 // call writes nothing. The rows of the limit stay locked until tx ends, so
-// keep the transaction short, or use Shards or Escrow for a limit many
-// transactions share. An Escrow limit is not locked past the call: see
-// Config.Escrow.
+// keep the transaction short, or use Shards for a limit many transactions
+// share (docs/hot-keys.md).
 //
 // A denial is a Result with OK false, not an error; call Result.Err for the
 // error style. Errors are bad input (*InvalidError, nothing written) or the
@@ -136,10 +131,6 @@ func (l *Limiter[TTx]) limitIn(ctx context.Context, tx *TTx, name, key string, o
 	r, err := l.limitRequest(name, key, opts)
 	var res Result
 	if err == nil {
-		// Limit takes an escrow limit like any other: the row is held only
-		// for its short transaction anyway, and an escrow debit would need
-		// a second connection of the same pool.
-		r.ownTx = tx == nil
 		res, err = in(ctx, l, tx, false, func(tx TTx) (Result, error) {
 			t, err := l.store.Take(ctx, tx, r.take())
 			if err != nil {
@@ -215,7 +206,7 @@ func (l *Limiter[TTx]) resetIn(ctx context.Context, tx *TTx, name, key string) e
 	r, err := l.keyRequest(name, key)
 	if err == nil {
 		_, err = in(ctx, l, tx, false, func(tx TTx) (struct{}, error) {
-			return struct{}{}, l.store.Reset(ctx, tx, driver.ResetParams{Name: r.name, Key: r.key, Escrow: l.limits[r.name].Escrow})
+			return struct{}{}, l.store.Reset(ctx, tx, driver.KeyRef{Name: r.name, Key: r.key})
 		})
 	}
 	l.report(ctx, r.obs, opReset, r, Result{}, err, false)
@@ -294,9 +285,5 @@ func (l *Limiter[TTx]) creditIn(ctx context.Context, tx *TTx, name, key string, 
 // ErrNotMigrated, whose message names migrations.Up. It returns ErrNoPool
 // when the store has no pool.
 func (l *Limiter[TTx]) Ping(ctx context.Context) error {
-	var p driver.PingParams
-	for _, c := range l.limits {
-		p.Escrow = p.Escrow || c.Escrow
-	}
-	return l.store.Ping(ctx, p)
+	return l.store.Ping(ctx)
 }

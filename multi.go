@@ -114,13 +114,6 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, op string, obs *observatio
 // so do not then take the same limits in another order in the same
 // transaction (through LimitTx, say).
 //
-// Escrow limits (Config.Escrow) are taken first, each in escrow as LimitTx
-// takes it, before any row is locked; when a limit then denies, the escrow
-// calls already granted are cancelled in tx (their tokens come back at
-// settlement: late, never early), and the limits not yet taken get the
-// Result Check would give them. LimitAll, in a transaction of its own, takes
-// escrow limits in the locked model, as Limit does.
-//
 // Each (name, key) may appear once: give one request the sum of the counts
 // instead of two requests. Bad input in any request is an *InvalidError
 // before anything is read or written.
@@ -133,11 +126,6 @@ func (l *Limiter[TTx]) limitAllIn(ctx context.Context, tx *TTx, reqs []Request) 
 	rs, err := l.newRequests(reqs)
 	var res MultiResult
 	if err == nil {
-		// LimitAll takes escrow limits like the others, as Limit does:
-		// their rows are held only for its short transaction.
-		for i := range rs {
-			rs[i].ownTx = tx == nil
-		}
 		res, err = in(ctx, l, tx, false, func(tx TTx) (MultiResult, error) { return l.limitAll(ctx, tx, rs, obs) })
 	}
 	return l.finishAll(ctx, opLimitAll, obs, rs, res, err, tx == nil)

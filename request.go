@@ -28,7 +28,7 @@ func Count(n float64) Option { return func(o *callOptions) { o.count = n } }
 // there are; Result.Taken says how many. It denies, taking nothing, only
 // when not even one token is there (n itself when n is below one). It is
 // Count(n) that takes what there is, and it never reserves: with Reserve,
-// or on an escrow limit, it is an *InvalidError. In LimitAll every limit
+// it is an *InvalidError. In LimitAll every limit
 // called with UpTo takes the same amount, the least any of them could take
 // alone (each unit of the work needs a token of each), and the call still
 // takes from every limit or from none.
@@ -66,7 +66,6 @@ type request struct {
 	config    Config
 	limit     driver.Limit
 	now       *time.Time   // Options.Clock's reading, nil for the store's clock
-	ownTx     bool         // the call runs in a transaction of the Limiter's own (Limit)
 	obs       *observation // nil unless the Limiter has an Observer
 }
 
@@ -86,9 +85,6 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observat
 	}
 	if o.config != nil {
 		c, err := o.config.normalized(name)
-		if err == nil {
-			err = checkEscrow(l.escrow, name, c)
-		}
 		if err != nil {
 			return r, err
 		}
@@ -127,8 +123,6 @@ func (r request) checkCount() error {
 	switch {
 	case r.upTo && r.reserve:
 		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: "cannot be combined with Reserve: a reservation takes its whole count"}
-	case r.upTo && c.Escrow:
-		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: "does not apply to an Escrow limit, whose debit takes a whole count; use Count"}
 	case r.upTo && r.count >= 1 && c.Capacity < 1:
 		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: fmt.Sprintf(
 			"%v asks for whole tokens, but Capacity %v holds less than one; ask for at most Capacity", r.count, c.Capacity)}
@@ -148,7 +142,7 @@ func (r request) checkCount() error {
 func (r request) take() driver.TakeParams {
 	return driver.TakeParams{
 		Limit: r.limit, Count: r.count, UpTo: r.upTo, Reserve: r.reserve, ReadAll: r.remaining,
-		Now: r.now, TimeLocks: r.obs != nil, Escrow: r.config.Escrow && !r.ownTx,
+		Now: r.now, TimeLocks: r.obs != nil,
 	}
 }
 

@@ -57,16 +57,13 @@ type Store[TTx any] interface {
 	// Take takes p.Count tokens from one limit under the decision of
 	// algo.TakeShards (through Decide or DecideOne), writing the new state
 	// when it grants. A denial writes nothing a later call could tell from
-	// the state before it. With p.Escrow (a store with escrow mode only) it
-	// takes in escrow: TakeResult.States is the row after the call.
+	// the state before it.
 	Take(ctx context.Context, tx TTx, p TakeParams) (TakeResult, error)
 
 	// TakeAll takes from several limits, all or none (DecideAll), locking
 	// every row of every limit in the canonical order (name, then key,
 	// byte by byte, then shard), whatever the order of p.Takes, so that two
-	// callers can never deadlock on them. The takes with Escrow are taken
-	// first, in escrow, before any row is locked, and cancelled in tx when
-	// another limit denies; a limit not taken once one denied gets the
+	// callers can never deadlock on them. A limit not taken once one denied gets the
 	// decision Read and algo would give it, taking nothing.
 	TakeAll(ctx context.Context, tx TTx, p TakeAllParams) (TakeAllResult, error)
 
@@ -94,10 +91,8 @@ type Store[TTx any] interface {
 	// locking every row of it.
 	Credit(ctx context.Context, tx TTx, p CreditParams) error
 
-	// Reset deletes every row of (Name, Key) and, with p.Escrow, detaches
-	// the key's pending escrow calls, so that a call that rolls back later
-	// does not credit tokens taken before the reset to the fresh limit.
-	Reset(ctx context.Context, tx TTx, p ResetParams) error
+	// Reset deletes every row of k.
+	Reset(ctx context.Context, tx TTx, k KeyRef) error
 
 	// Prune runs one batch of Prune in a short transaction of its own on
 	// the store's pool: it examines up to p.Max keys after p.After, in the
@@ -108,10 +103,10 @@ type Store[TTx any] interface {
 	Prune(ctx context.Context, p PruneParams) (PruneResult, error)
 
 	// Ping checks, on the store's pool, that the database answers and that
-	// the txlimit table is there with every column the library uses, and
-	// with p.Escrow the escrow tables too. It returns an error matching
-	// ErrNotMigrated when one is not, and ErrNoPool without a pool.
-	Ping(ctx context.Context, p PingParams) error
+	// the txlimit table is there with every column the library uses. It
+	// returns an error matching ErrNotMigrated when one is not, and
+	// ErrNoPool without a pool.
+	Ping(ctx context.Context) error
 }
 
 // BatchSender is what a store whose driver pipelines adds to Store for
@@ -233,11 +228,8 @@ type TakeParams struct {
 	Now *time.Time
 	// TimeLocks asks the store to measure TakeResult.LockWait.
 	TimeLocks bool
-	// Escrow takes the tokens in escrow (txlimit.Config.Escrow, in a
-	// transaction the caller owns), on a store with escrow mode.
-	Escrow bool
 	// UpTo takes as many tokens as there are, up to Count (algo.TakeUpTo);
-	// never with Reserve or Escrow.
+	// never with Reserve.
 	UpTo bool
 }
 
@@ -302,21 +294,6 @@ type CreditParams struct {
 type KeyRef struct {
 	Name string
 	Key  string
-}
-
-// ResetParams is one Reset.
-type ResetParams struct {
-	Name string
-	Key  string
-	// Escrow is set when the limit is in escrow mode.
-	Escrow bool
-}
-
-// PingParams is one Ping.
-type PingParams struct {
-	// Escrow asks for the escrow tables too: the Limiter has a limit in
-	// escrow mode.
-	Escrow bool
 }
 
 // PruneParams is one batch of Prune.

@@ -521,8 +521,8 @@ func credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
 }
 
 // reset is driver.Store.Reset.
-func reset(ctx context.Context, tx *sql.Tx, p driver.ResetParams) error {
-	return wrap(ctx, tx, "delete the limit's rows", queries.DeleteKey(ctx, tx, gen.DeleteKeyParams{Name: []byte(p.Name), Key: []byte(p.Key)}))
+func reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
+	return wrap(ctx, tx, "delete the limit's rows", queries.DeleteKey(ctx, tx, gen.DeleteKeyParams{Name: []byte(k.Name), Key: []byte(k.Key)}))
 }
 
 // minTime and maxTime bound what DATETIME(6) holds.

@@ -215,7 +215,7 @@ func committedNot(err error) bool {
 // otherwise).
 // The store has no escrow mode (txlimit.New refuses Config.Escrow on it), so
 // p.Escrow asks for nothing more.
-func (s *Store) Ping(ctx context.Context, _ driver.PingParams) error { return ping(ctx, s.db) }
+func (s *Store) Ping(ctx context.Context) error { return ping(ctx, s.db) }
 
 // ClockRange implements driver.ClockRanger: the instants a DATETIME(6)
 // column holds, the years 1000 to 9999 (MySQL stores earlier ones, or a
@@ -249,8 +249,8 @@ func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) e
 }
 
 // Reset implements driver.Store. The store has no escrow calls to detach.
-func (s *Store) Reset(ctx context.Context, tx *sql.Tx, p driver.ResetParams) error {
-	return reset(ctx, tx, p)
+func (s *Store) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
+	return reset(ctx, tx, k)
 }
 
 // Prune implements driver.Store: one batch in a short transaction of its

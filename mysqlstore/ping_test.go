@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
@@ -50,11 +49,11 @@ func TestPingNamesTheDSNSetting(t *testing.T) {
 	}
 	t.Run("with every setting", func(t *testing.T) {
 		db := mysqltest.Open(t, cfg, 2)
-		require.NoError(t, mysqlstore.New(db).Ping(ctx, driver.PingParams{}))
+		require.NoError(t, mysqlstore.New(db).Ping(ctx))
 		// multiStatements is not used: either value works.
 		c := cfg.Clone()
 		c.MultiStatements = true
-		require.NoError(t, mysqlstore.New(mysqltest.Open(t, c, 2)).Ping(ctx, driver.PingParams{}))
+		require.NoError(t, mysqlstore.New(mysqltest.Open(t, c, 2)).Ping(ctx))
 	})
 }
 
@@ -143,18 +142,6 @@ func TestWrongDatabase(t *testing.T) {
 	_, err = l.Limit(ctx, "l", "k")
 	require.ErrorIs(t, err, mysqlstore.ErrWrongDatabase)
 	require.ErrorContains(t, err, "pgsqlstore")
-}
-
-// Escrow mode is PostgreSQL's: txlimit.New refuses a limit with Escrow on
-// this store, saying so.
-func TestEscrowRefused(t *testing.T) {
-	_, err := txlimit.New(mysqlstore.New(nil), map[string]txlimit.Config{
-		"e": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Escrow: true},
-	}, nil)
-	var inv *txlimit.InvalidError
-	require.ErrorAs(t, err, &inv)
-	require.Equal(t, "Escrow", inv.Field)
-	require.ErrorContains(t, err, "pgstore")
 }
 
 // Without a database only the …Tx forms work.

@@ -122,7 +122,7 @@ func committedNot(err error) bool {
 
 // Ping implements driver.Store: it checks that db is PostgreSQL and that
 // the txlimit table is there with every column the library uses.
-func (s *Store) Ping(ctx context.Context, _ driver.PingParams) error {
+func (s *Store) Ping(ctx context.Context) error {
 	if s.db == nil {
 		return driver.ErrNoPool
 	}
@@ -165,8 +165,8 @@ func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) e
 }
 
 // Reset implements driver.Store.
-func (s *Store) Reset(ctx context.Context, tx *sql.Tx, p driver.ResetParams) error {
-	return s.mapErr(ctx, tx, s.proto.Reset(ctx, sqlTx{tx}, p))
+func (s *Store) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
+	return s.mapErr(ctx, tx, s.proto.Reset(ctx, sqlTx{tx}, k))
 }
 
 // Prune implements driver.Store.

@@ -14,8 +14,8 @@ import (
 var _ driver.BatchSender[pgx.Tx, *pgx.Batch] = (*Store)(nil)
 
 // SendBatch implements driver.BatchSender for a *pgx.Batch. When every take
-// is one statement (an unsharded token bucket or fixed window, not in
-// escrow) the takes are queued ahead of b's statements in one batch, sent
+// is one statement (an unsharded token bucket or fixed window)
+// the takes are queued ahead of b's statements in one batch, sent
 // with tx.SendBatch and closed, so that b's callbacks run
 // (pgproto.TakeBatch); the others are taken as TakeAll takes them, and b
 // is then sent as it is. b itself is not changed. A denial, or an error of
@@ -37,7 +37,7 @@ func (s *Store) SendBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch, p driver
 	var err, batchErr error
 	if pgproto.Lean(p) {
 		res, batchErr, err = s.proto.TakeBatch(ctx, tx, p, b)
-	} else if res, err = s.takeAll(ctx, tx, p); err == nil && res.OK {
+	} else if res, err = s.proto.TakeAll(ctx, tx, p); err == nil && res.OK {
 		batchErr = tx.SendBatch(ctx, b).Close()
 	}
 	switch {

@@ -13,7 +13,7 @@ import (
 )
 
 // Commit implements driver.Store. When every take is one statement (an
-// unsharded token bucket or fixed window, not in escrow) they are sent with
+// unsharded token bucket or fixed window) they are sent with
 // the COMMIT in one pipeline (pgproto.TakeCommit), so that the rows are
 // locked only while the commit runs; the others are taken as TakeAll takes
 // them, and the transaction is then committed. pgx still counts tx open
@@ -68,7 +68,7 @@ func (s *Store) commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (
 		res, err := s.proto.TakeCommit(ctx, tx, p)
 		return res, mapErr(err)
 	}
-	res, err := s.takeAll(ctx, tx, p)
+	res, err := s.proto.TakeAll(ctx, tx, p)
 	if err != nil || !res.OK {
 		_ = tx.Rollback(ctx)
 		return res, mapErr(err)

@@ -16,11 +16,6 @@
 // later. The code is shared with pgsqlstore (internal/pgproto), and the
 // store keeps no session state.
 //
-// A limit with Config.Escrow (docs/escrow.md) takes a claim row in the
-// caller's transaction and debits in a short transaction of the store's own
-// on pool, so the limit's row is locked for one statement only; it needs the
-// pool, with connections to spare beyond those the callers hold.
-//
 // Behind PgBouncer in transaction mode, pgx's default exec mode fails on a
 // share of the calls with SQLSTATE 42P05 or 26000 (the store's error says
 // so): set pgx.ConnConfig.DefaultQueryExecMode to QueryExecModeExec or
@@ -34,7 +29,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,7 +36,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlimit/txlimit/driver"
-	"github.com/txlimit/txlimit/internal/pgdb"
 	"github.com/txlimit/txlimit/internal/pgproto"
 )
 
@@ -50,15 +43,6 @@ import (
 type Store struct {
 	pool  *pgxpool.Pool
 	proto pgproto.Protocol
-	// escrowTx is set once the pool's transactions turn out not to be READ
-	// COMMITTED (EscrowRead tells): the lean escrow debits are then sent
-	// inside a transaction that sets it, rather than alone.
-	escrowTx atomic.Bool
-	// settleEvery is how often, at most, escrow calls start a settlement
-	// in the background (EscrowSettleEvery); 0 never.
-	settleEvery time.Duration
-	settling    atomic.Bool  // a background settlement is running
-	lastSettle  atomic.Int64 // when the last one started, in Unix ns
 }
 
 var _ driver.Store[pgx.Tx] = (*Store)(nil)
@@ -66,7 +50,7 @@ var _ driver.Store[pgx.Tx] = (*Store)(nil)
 // New returns a store on pool. pool may be nil when only the …Tx forms of
 // the limiter are used; the other forms then return txlimit.ErrNoPool.
 func New(pool *pgxpool.Pool, opts ...Option) *Store {
-	s := &Store{pool: pool, settleEvery: DefaultEscrowSettleEvery}
+	s := &Store{pool: pool}
 	for _, o := range opts {
 		o(s)
 	}
@@ -75,27 +59,6 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 
 // Option configures a Store.
 type Option func(*Store)
-
-// DefaultEscrowSettleEvery is how often, at most, a store settles escrow
-// calls in the background by default (EscrowSettleEvery).
-const DefaultEscrowSettleEvery = time.Second
-
-// EscrowSettleEvery sets how often, at most, the store settles escrow calls
-// (txlimit.Config.Escrow) in the background: an escrow call made at least d
-// after the last background settlement started, while none is running,
-// starts one in a goroutine of its own, which settles what Limiter.Settle
-// with default options would (every key, up to driver.DefaultSettleMax
-// calls) on the store's pool and ends; its errors are dropped (a later one,
-// or Limiter.Settle, settles what it left). So while escrow calls are made,
-// a rolled-back call's tokens come back within about d, and the escrow
-// tables hold about d's worth of calls, without a job of the application's.
-// The calls of the last d before the traffic stops wait for the next call
-// or for Limiter.Settle: run it every few seconds too if keys go quiet. The
-// default is DefaultEscrowSettleEvery; 0 (or less) turns background
-// settlement off.
-func EscrowSettleEvery(d time.Duration) Option {
-	return func(s *Store) { s.settleEvery = max(d, 0) }
-}
 
 // SingleKeyStatements makes every statement that locks or writes rows touch
 // the rows of one (name, key), for a txlimit table distributed by key (Citus:
@@ -125,15 +88,11 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) erro
 }
 
 // Ping implements driver.Store.
-func (s *Store) Ping(ctx context.Context, p driver.PingParams) error {
+func (s *Store) Ping(ctx context.Context) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
 	}
-	err := pgproto.Ping(ctx, s.pool)
-	if err == nil && p.Escrow {
-		err = queries.ProbeEscrow(ctx, s.pool)
-	}
-	return mapErr(err)
+	return mapErr(pgproto.Ping(ctx, s.pool))
 }
 
 // mapErr adds to err what the user must do about it, keeping err itself
@@ -158,92 +117,19 @@ func mapErr(err error) error {
 // internal/pgproto, which pgsqlstore shares. A sharded limit is first served
 // from the first shard no other transaction holds; when that shard lacks the
 // tokens, a denial the committed state already decides is answered without
-// a lock; otherwise every shard is locked, in shard order. An escrow take
-// is escrowTake's.
-func (s *Store) Take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (res driver.TakeResult, err error) {
-	if p.Escrow {
-		res, _, err = s.escrowTake(ctx, tx, p)
-	} else {
-		res, err = s.proto.Take(ctx, tx, p)
-	}
+// a lock; otherwise every shard is locked, in shard order.
+func (s *Store) Take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+	res, err := s.proto.Take(ctx, tx, p)
 	return res, mapErr(err)
 }
 
 // TakeAll implements driver.Store: the insert that takes the locks in the
 // canonical order and the read of the locked rows go to the server in one
 // round trip, and the writes (or, for a denial, the removal of the rows the
-// insert created) in one more. Escrow takes come first, each escrowTake's,
-// before any row is locked in tx (their debits, on other connections, never
-// wait for tx); when a limit denies, the escrow calls already granted are
-// unclaimed (their tokens come back at settlement: late, never early), and
-// the limits not taken get what Check would say.
+// insert created) in one more.
 func (s *Store) TakeAll(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	res, err := s.takeAll(ctx, tx, p)
+	res, err := s.proto.TakeAll(ctx, tx, p)
 	return res, mapErr(err)
-}
-
-func (s *Store) takeAll(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	var escrow, locked []int
-	for i, t := range p.Takes {
-		if t.Escrow {
-			escrow = append(escrow, i)
-		} else {
-			locked = append(locked, i)
-		}
-	}
-	if len(escrow) == 0 {
-		return s.proto.TakeAll(ctx, tx, p)
-	}
-	out := driver.TakeAllResult{OK: true, Results: make([]driver.TakeResult, len(p.Takes))}
-	done := make([]bool, len(p.Takes))
-	var claims []int64
-	for _, i := range escrow {
-		t, claim, err := s.escrowTake(ctx, tx, p.Takes[i])
-		if err != nil {
-			return driver.TakeAllResult{}, err
-		}
-		out.Results[i], done[i], out.At = t, true, t.At
-		out.LockWait += t.LockWait
-		if !t.Decision.OK {
-			out.OK = false
-			break
-		}
-		claims = append(claims, claim)
-	}
-	if out.OK && len(locked) > 0 {
-		sub := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(locked)), Now: p.Now, TimeLocks: p.TimeLocks}
-		for j, i := range locked {
-			sub.Takes[j] = p.Takes[i]
-		}
-		all, err := s.proto.TakeAll(ctx, tx, sub)
-		if err != nil {
-			return driver.TakeAllResult{}, err
-		}
-		out.OK, out.At = all.OK, all.At
-		out.LockWait += all.LockWait
-		for j, i := range locked {
-			out.Results[i], done[i] = all.Results[j], true
-		}
-	}
-	if out.OK {
-		return out, nil
-	}
-	for _, claim := range claims {
-		if err := s.unclaim(ctx, tx, claim); err != nil {
-			return driver.TakeAllResult{}, err
-		}
-	}
-	for i, t := range p.Takes {
-		if done[i] {
-			continue
-		}
-		read, err := s.proto.Read(ctx, tx, driver.ReadParams{Name: t.Name, Key: t.Key, Now: p.Now})
-		if err != nil {
-			return driver.TakeAllResult{}, err
-		}
-		out.Results[i] = driver.Check(t, read)
-	}
-	return out, nil
 }
 
 // Read implements driver.Store.
@@ -259,12 +145,8 @@ func (s *Store) Credit(ctx context.Context, tx pgx.Tx, p driver.CreditParams) er
 }
 
 // Reset implements driver.Store.
-func (s *Store) Reset(ctx context.Context, tx pgx.Tx, p driver.ResetParams) error {
-	err := s.proto.Reset(ctx, tx, p)
-	if err == nil && p.Escrow {
-		err = queries.EscrowDeleteKey(ctx, tx, pgdb.EscrowDeleteKeyParams{Name: p.Name, Key: p.Key})
-	}
-	return mapErr(err)
+func (s *Store) Reset(ctx context.Context, tx pgx.Tx, k driver.KeyRef) error {
+	return mapErr(s.proto.Reset(ctx, tx, k))
 }
 
 // Prune implements driver.Store. The rows are locked with FOR UPDATE SKIP
@@ -277,9 +159,6 @@ func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.Pru
 	})
 	return res, mapErr(err)
 }
-
-// queries runs the generated statements of escrow mode.
-var queries = pgdb.New()
 
 // ClockRange implements driver.ClockRanger: the instants PostgreSQL's
 // timestamptz holds.

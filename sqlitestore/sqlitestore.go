@@ -150,7 +150,7 @@ func known(error) bool { return true }
 
 // Ping implements driver.Store: it checks that db is SQLite and that the
 // txlimit table is there with every column the library uses.
-func (s *Store) Ping(ctx context.Context, _ driver.PingParams) error {
+func (s *Store) Ping(ctx context.Context) error {
 	if s.db == nil {
 		return driver.ErrNoPool
 	}
@@ -311,8 +311,8 @@ func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) e
 }
 
 // Reset implements driver.Store.
-func (s *Store) Reset(ctx context.Context, tx *sql.Tx, p driver.ResetParams) error {
-	return wrap("delete key", s.queries.DeleteKey(ctx, s.on(tx), gen.DeleteKeyParams{Name: p.Name, Key: p.Key}))
+func (s *Store) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
+	return wrap("delete key", s.queries.DeleteKey(ctx, s.on(tx), gen.DeleteKeyParams{Name: k.Name, Key: k.Key}))
 }
 
 // Prune implements driver.Store. SQLite cannot pass over rows that another

@@ -268,9 +268,9 @@ func TestDelete(t *testing.T) {
 		}
 	})
 	inTx(t, s, func(tx *sql.Tx) {
-		require.NoError(t, s.Reset(ctx, tx, driver.ResetParams{Name: "n", Key: "k"}))
+		require.NoError(t, s.Reset(ctx, tx, driver.KeyRef{Name: "n", Key: "k"}))
 		require.Empty(t, read(t, s, tx, "n", "k", nil).Rows, "deleted in the transaction")
-		require.NoError(t, s.Reset(ctx, tx, driver.ResetParams{Name: "absent", Key: "k"}))
+		require.NoError(t, s.Reset(ctx, tx, driver.KeyRef{Name: "absent", Key: "k"}))
 	})
 	for _, nk := range keys {
 		want := 2
@@ -515,7 +515,7 @@ func TestInTx(t *testing.T) {
 
 	err = sqlitestore.New(nil).InTx(ctx, false, func(*sql.Tx) error { t.Fatal("fn called without a database"); return nil })
 	require.ErrorIs(t, err, txlimit.ErrNoPool)
-	require.ErrorIs(t, sqlitestore.New(nil).Ping(ctx, driver.PingParams{}), txlimit.ErrNoPool)
+	require.ErrorIs(t, sqlitestore.New(nil).Ping(ctx), txlimit.ErrNoPool)
 }
 
 // TestNotMigrated: on a database where migrations.Up did not run (or the
@@ -530,7 +530,7 @@ func TestNotMigrated(t *testing.T) {
 	}
 	check := func(t *testing.T, db *sql.DB) {
 		s := sqlitestore.New(db)
-		requireNotMigrated(t, s.Ping(ctx, driver.PingParams{}))
+		requireNotMigrated(t, s.Ping(ctx))
 		requireNotMigrated(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
 			_, err := s.Take(ctx, tx, driver.TakeParams{Limit: bucket("n", "k", 1, 1), Count: 1})
 			return err
@@ -550,7 +550,7 @@ func TestNotMigrated(t *testing.T) {
 		check(t, db)
 	})
 	t.Run("migrated", func(t *testing.T) {
-		require.NoError(t, sqlitestore.New(openDB(t, recommended)).Ping(ctx, driver.PingParams{}))
+		require.NoError(t, sqlitestore.New(openDB(t, recommended)).Ping(ctx))
 	})
 }
 

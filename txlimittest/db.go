@@ -178,15 +178,12 @@ func newPool(ctx context.Context, cfg *pgxpool.Config, searchPath string) (*pgxp
 
 // Postgres returns a limiter with limits and opts (opts may be nil) on a
 // schema of its own for one test (PostgresSchema), and the pool on that
-// schema, through which the test runs the code under test. The store is
-// pgstore.New(schemaPool, pgstore.EscrowSettleEvery(0)): escrow limits
-// (Config.Escrow) are then settled by the calls of their own key and by
-// Settle, never by a goroutine in the background, so that a test sees the
-// same state on every run. A failure to set it up ends the test.
+// schema, through which the test runs the code under test. A failure to set
+// it up ends the test.
 func Postgres(t testing.TB, pool *pgxpool.Pool, limits map[string]txlimit.Config, opts *txlimit.Options) (*txlimit.Limiter[pgx.Tx], *pgxpool.Pool) {
 	t.Helper()
 	p := PostgresSchema(t, pool)
-	l, err := txlimit.New(pgstore.New(p, pgstore.EscrowSettleEvery(0)), limits, opts)
+	l, err := txlimit.New(pgstore.New(p), limits, opts)
 	if err != nil {
 		t.Fatalf("txlimittest.Postgres: txlimit.New: %v", err)
 	}

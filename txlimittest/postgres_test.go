@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/pgsqlstore"
 	"github.com/txlimit/txlimit/txlimittest"
@@ -63,7 +62,7 @@ func TestPostgresSchema(t *testing.T) {
 		if !strings.HasPrefix(schema, "txlimittest_") || path != schema+", "+outer {
 			t.Fatalf("current_schema() = %q, search_path %q; want txlimittest_…, then %q", schema, path, outer)
 		}
-		for _, table := range []string{"txlimit", "txlimit_escrow", "txlimit_goose_version"} {
+		for _, table := range []string{"txlimit", "txlimit_goose_version"} {
 			var found bool
 			if err := p.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schema+"."+table).Scan(&found); err != nil || !found {
 				t.Errorf("table %s.%s: found %v, %v", schema, table, found, err)
@@ -149,59 +148,6 @@ func TestPostgres(t *testing.T) {
 	if r := txlimittest.Prune(t, l, nil); r.Deleted != 1 || r.Keys != 1 || !r.Complete {
 		t.Errorf("Prune a minute later = %+v, want alice's row deleted", r)
 	}
-	// pgstore has escrow mode, and nothing to settle here.
-	if r := txlimittest.Settle(t, l); r != (driver.SettleResult{}) {
-		t.Errorf("Settle = %+v, want nothing settled", r)
-	}
-}
-
-func TestPostgresEscrow(t *testing.T) {
-	ctx := context.Background()
-	clock := txlimittest.NewClock(t0)
-	l, p := txlimittest.Postgres(t, serverPool(t, 4), map[string]txlimit.Config{
-		"send": {Kind: txlimit.TokenBucket, Rate: 3, Period: time.Minute, Escrow: true},
-	}, &txlimit.Options{Clock: clock.Now})
-	beginPgx := func() (pgx.Tx, error) { return p.Begin(ctx) }
-
-	// The tokens of a rolled-back escrow call come back at settlement,
-	// which RequireRollbackRestores runs.
-	mustPass(t, func(tb testing.TB) {
-		txlimittest.RequireRollbackRestores(tb, l, beginPgx, "send", "alice", func(tx pgx.Tx) {
-			txlimittest.RequireAdmittedTx(tb, l, tx, "send", "alice", txlimit.Count(2))
-		})
-	})
-	txlimittest.RequireRemaining(t, l, "send", "alice", 3)
-
-	// Step by step: taken at once, late back, settled by Settle.
-	tx, err := p.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	txlimittest.RequireAdmittedTx(t, l, tx, "send", "bob", txlimit.Count(2))
-	if r := txlimittest.Settle(t, l); r.Pending != 1 || r.Refunded != 0 {
-		t.Errorf("Settle while the transaction is open = %+v, want 1 pending", r)
-	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	txlimittest.RequireRemaining(t, l, "send", "bob", 1) // not back yet
-	if r := txlimittest.Settle(t, l); r.Refunded != 1 || r.Tokens != 2 || r.Pending != 0 {
-		t.Errorf("Settle after the rollback = %+v, want 1 call refunded, 2 tokens", r)
-	}
-	txlimittest.RequireRemaining(t, l, "send", "bob", 3)
-
-	tx, err = p.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	txlimittest.RequireAdmittedTx(t, l, tx, "send", "bob")
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if r := txlimittest.Settle(t, l); r.Spent != 1 || r.Pending != 0 {
-		t.Errorf("Settle after the commit = %+v, want 1 call spent", r)
-	}
-	txlimittest.RequireRemaining(t, l, "send", "bob", 2)
 }
 
 func TestPostgresDatabaseSQL(t *testing.T) {
@@ -218,10 +164,6 @@ func TestPostgresDatabaseSQL(t *testing.T) {
 	txlimittest.RequireRollbackRestores(t, l, db.Begin, "send", "bob", func(tx *sql.Tx) {
 		txlimittest.RequireAdmittedTx(t, l, tx, "send", "bob")
 	})
-	// pgsqlstore has no escrow mode: nothing to settle.
-	if r := txlimittest.Settle(t, l); r != (driver.SettleResult{}) {
-		t.Errorf("Settle = %+v, want the zero SettleResult", r)
-	}
 	if err := l.Ping(ctx); err != nil {
 		t.Fatalf("Ping: %v", err)
 	}

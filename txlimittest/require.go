@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/driver"
 )
 
 // callTimeout is the deadline of each database call an assertion makes.
@@ -179,14 +178,7 @@ func requireRemaining(t testing.TB, c string, want float64, s txlimit.Snapshot, 
 // (Options.Clock) that fn does not move. With the real clock, a limit that
 // is not full refills between the two readings, and the assertion fails,
 // saying so.
-//
-// An escrow limit (Config.Escrow) returns a rolled-back call's tokens at
-// settlement, not at the rollback: when the limit is in escrow mode, or was
-// not given to txlimit.New, and does not read as before after the
-// rollback, RequireRollbackRestores settles (Settle) and reads it again. A
-// store that settles in the background (pgstore's default
-// EscrowSettleEvery; not Postgres's) may hold the call for a moment then:
-// build the store with pgstore.EscrowSettleEvery(0) for such tests.
+
 func RequireRollbackRestores[TTx any](t testing.TB, l *txlimit.Limiter[TTx], begin func() (TTx, error), name, key string, fn func(tx TTx), opts ...txlimit.Option) {
 	t.Helper()
 	c := fmt.Sprintf("txlimittest: RequireRollbackRestores(%q, %q)", name, key)
@@ -231,10 +223,6 @@ func RequireRollbackRestores[TTx any](t testing.TB, l *txlimit.Limiter[TTx], beg
 		t.Fatalf("%s: rollback: %v", c, err)
 	}
 	after := value("after the rollback")
-	if !equal(after.Value, before.Value) && mayEscrow(l, name) {
-		Settle(t, l)
-		after = value("after the rollback and Settle")
-	}
 	if equal(after.Value, before.Value) {
 		return
 	}
@@ -261,45 +249,6 @@ func rollbackFunc(tx any) (func() error, error) {
 		return tx.Rollback, nil
 	}
 	return nil, fmt.Errorf("begin returned a %T, which has neither Rollback(context.Context) error (pgx.Tx) nor Rollback() error (*sql.Tx)", tx)
-}
-
-// mayEscrow reports whether the limit name may be in escrow mode: it is, or
-// its config comes from Inline, which txlimittest cannot read.
-func mayEscrow[TTx any](l *txlimit.Limiter[TTx], name string) bool {
-	c, ok := l.Config(name)
-	return !ok || c.Escrow
-}
-
-// Settle settles every escrow call (Config.Escrow) whose transaction has
-// ended: it calls l.Settle until a call settles nothing more, and returns
-// the sums of what they did, with the Pending of the last (calls whose
-// transaction is still open). It ends the test on an error. On a store
-// without escrow mode (sqlitestore, pgsqlstore), where no limit can be in
-// escrow mode, there is nothing to settle: it returns the zero
-// SettleResult.
-func Settle[TTx any](t testing.TB, l *txlimit.Limiter[TTx]) driver.SettleResult {
-	t.Helper()
-	var sum driver.SettleResult
-	for {
-		ctx, cancel := callContext()
-		r, err := l.Settle(ctx, 0)
-		cancel()
-		if errors.Is(err, txlimit.ErrInvalid) { // with max 0: a store without escrow mode
-			return driver.SettleResult{}
-		}
-		if err != nil {
-			t.Fatalf("txlimittest: Settle: %v", explain(err))
-		}
-		sum.Spent += r.Spent
-		sum.Refunded += r.Refunded
-		sum.Tokens += r.Tokens
-		sum.Dropped += r.Dropped
-		sum.Orphans += r.Orphans
-		sum.Pending = r.Pending
-		if r.Pending == 0 || r.Spent+r.Refunded+r.Dropped+r.Orphans == 0 {
-			return sum
-		}
-	}
 }
 
 // Prune runs l.Prune with opts (nil for the defaults) until it reaches the

@@ -17,8 +17,8 @@
 //     RequireRollbackRestores for the promise that a rolled-back
 //     transaction spends nothing. Each returns what it read for further
 //     checks.
-//   - Settle and Prune run to completion, failing the test on an error, so
-//     that a test of escrow limits or of pruning is deterministic.
+//   - Prune runs to completion, failing the test on an error, so that a
+//     test of pruning is deterministic.
 //
 // A test of a send that a limit guards, on SQLite:
 //

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/sqlitestore"
 	"github.com/txlimit/txlimit/txlimittest"
 )
@@ -481,16 +480,6 @@ func TestRequireRollbackRestores(t *testing.T) {
 			_ = tx.Commit() // the code under test must not end the transaction it is given
 		})
 	}, "ValueTx in the transaction", "already been committed")
-}
-
-func TestSettle(t *testing.T) {
-	// sqlitestore has no escrow mode: nothing to settle, no failure.
-	l, _, _ := sqliteLimiter(t, perMinute)
-	mustPass(t, func(tb testing.TB) {
-		if r := txlimittest.Settle(tb, l); r != (driver.SettleResult{}) {
-			t.Errorf("Settle = %+v, want the zero SettleResult", r)
-		}
-	})
 }
 
 func TestPrune(t *testing.T) {

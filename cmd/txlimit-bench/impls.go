@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/txlimit/txlimit"
@@ -20,8 +19,6 @@ const (
 	// LimitTx on PostgreSQL through database/sql (pgsqlstore)
 	implTxlimitSQL = "txlimit/pgsqlstore"
 	implRedis      = "redis" // seed 003's Lua script, beside the transaction
-	// LimitTx on pgstore with Config.Escrow, the store on a pool of its own
-	implEscrow = "escrow"
 	implNone   = "none" // the business transaction with no limit
 	// LimitTx on pgstore with Config.Shards 16, on the business hot key
 	implShards16 = "txlimit/shards16"
@@ -83,19 +80,8 @@ func businessHot(s scenario) bool { return s.business && s.hot && s.shards <= 1 
 func inBusiness(s scenario) bool  { return s.business }
 
 // notBusinessHot leaves out the hot key inside a business transaction,
-// which measures escrow against the floor, locked txlimit and Redis.
+// which measures the answers for a hot key against the floor and Redis.
 func notBusinessHot(s scenario) bool { return !s.business || !s.hot }
-
-// escrowRuns: escrow runs inside the business transaction, on distinct keys
-// and on the hot key (it has one shard).
-func escrowRuns(s scenario) bool { return s.business && s.shards <= 1 }
-
-func escrowChecks(s scenario) []saturation {
-	if !escrowRuns(s) {
-		return nil
-	}
-	return bucketChecks(s)
-}
 
 // businessChecks are the token bucket's checks, in the business scenarios.
 func businessChecks(s scenario) []saturation {
@@ -118,14 +104,10 @@ func unpooledFloorChecks(s scenario) []saturation {
 }
 
 // pgConns are the connections of one client count on PostgreSQL: a pool of
-// that size, Redis when -redis is set, and the escrow store's own pool.
+// that size and Redis when -redis is set.
 type pgConns struct {
 	pg    *pgPool
 	redis *redisEnv // nil without -redis
-	// escrow is the pool the escrow subject's store debits and settles on,
-	// apart from the clients' (nil when escrow is not measured).
-	escrow      *pgPool
-	settleEvery time.Duration
 }
 
 // pgImpls are the implementations measured on PostgreSQL.
@@ -150,12 +132,8 @@ func pgImpls(withRedis bool) []impl[*pgConns] {
 				return sqlLimit{db: db, store: pgsqlstore.New(db), businessSQL: benchfloor.PGBusinessInsert}
 			}},
 	}
-	// The same LimitTx in escrow mode (Config.Escrow), its store on a pool
-	// of its own with a settling job beside the clients (see pgEscrow).
-	impls = append(impls, impl[*pgConns]{name: implEscrow, runs: escrowRuns, checks: escrowChecks,
-		open: func(c *pgConns) subject { return newPgEscrow(c.pg, c.escrow, c.settleEvery) }})
-	// LimitTx on the hot key spread over 16 shards, beside escrow: the
-	// answer before the work that remains for a hot key.
+	// LimitTx on the hot key spread over 16 shards: the answer before the
+	// work for a hot key.
 	impls = append(impls, impl[*pgConns]{name: implShards16, runs: businessHot,
 		checks: func(s scenario) []saturation {
 			if !businessHot(s) {

@@ -35,20 +35,10 @@
 //     (txlimit.SendBatch: BEGIN; the take and the INSERT in one batch;
 //     COMMIT) and none (no limit at all: the ceiling);
 //   - business-hot: the same business transaction with every client on one
-//     key, measured for the floor (on that one row), txlimit, escrow,
+//     key, measured for the floor (on that one row), txlimit,
+//     txlimit/shards16 (LimitTx on the key spread over 16 shards),
 //     txlimit/commit, txlimit/commit+lease, txlimit/batch, Redis and
-//     redis_rate;
-//   - escrow, in both business scenarios: txlimit's LimitTx with
-//     Config.Escrow (docs/escrow.md). Its store debits on a pool of its
-//     own (escrowPoolSize connections, beside the clients' pool), so that a
-//     debit never waits for a connection a client holds, and a settling job
-//     runs Limiter.Settle every -settle-every (default 100ms) in a goroutine
-//     during each of its runs, as a user would. The output reports the
-//     job's cost (rows settled a second, ms per Settle call), the escrow
-//     tables' rows left at the end of each run (so growth would show), the
-//     waits for the store pool, and escrow on the hot key over escrow on
-//     distinct keys, over the floor on the hot row and over Redis on the hot
-//     key (issue 15's targets).
+//     redis_rate: the answers for a hot key (docs/hot-keys.md).
 //
 // The first three measure the floor and txlimit. Each operation is one
 // transaction that takes one token: for txlimit pgx.BeginFunc around
@@ -97,7 +87,7 @@
 //
 // The saturating checks run for every scenario, txlimit and floor (except
 // the sharded floor, which does not pool its rows and so cannot admit
-// exactly the limit), escrow in both business scenarios, and Redis on
+// exactly the limit), and Redis on
 // distinct keys, the hot key and in both business scenarios, at the largest
 // client count. Each check is printed;
 // when one fails the command exits with status 1 (after writing its files,
@@ -105,11 +95,11 @@
 //
 // -quick is a smoke run of well under a minute on an idle machine: short
 // cells, one repeat. -subjects measures only the implementations it names
-// (none, floor, txlimit, txlimit/pgsqlstore, escrow, txlimit/commit,
-// txlimit/commit+lease, txlimit/batch, redis, redis_rate), for a quick
-// iteration on a few:
+// (none, floor, txlimit, txlimit/pgsqlstore, txlimit/shards16,
+// txlimit/commit, txlimit/commit+lease, txlimit/batch, redis, redis_rate),
+// for a quick iteration on a few:
 //
-//	go run . -dsn … -clients 8,32 -subjects floor,escrow,redis -shards '' -sqlite=false
+//	go run . -dsn … -clients 8,32 -subjects floor,txlimit/commit,redis -shards '' -sqlite=false
 //
 // -profile times every PostgreSQL statement and Redis command (as the client
 // sees it: the round trip and any lock wait included) and prints, per cell,
@@ -172,8 +162,6 @@ type config struct {
 	// Subjects are the implementations to measure (-subjects); nil
 	// measures every one.
 	Subjects []string
-	// SettleEvery is the period of escrow's settling job (-settle-every).
-	SettleEvery time.Duration
 	// CheckDuration is how long each real-clock admission check runs.
 	CheckDuration time.Duration
 	// Command is the command line, recorded in the results.
@@ -202,10 +190,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.Out, "out", "", "write results.csv, results.json, results.svg and results.md to this directory")
 	fs.BoolVar(&cfg.Quick, "quick", false, "smoke run: 250ms cells, one repeat (well under 30s in all)")
 	fs.StringVar(&subjects, "subjects", "", "implementations to measure, comma-separated (default: all): "+strings.Join(subjectNames, ", "))
-	fs.DurationVar(&cfg.SettleEvery, "settle-every", 100*time.Millisecond, "period of escrow's settling job (Limiter.Settle), run in a goroutine during every escrow run")
 	fs.BoolVar(&cfg.Profile, "profile", false, "time every PostgreSQL statement and print where each cell's calls spend their time")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: txlimit-bench -dsn postgres://... [-redis 127.0.0.1:6379] [-sqlite] [-mysql root:@tcp(127.0.0.1:3306)/] [-duration 2s] [-repeat 3] [-subjects floor,escrow,redis] [-out docs/bench] [-quick]")
+		fmt.Fprintln(stderr, "usage: txlimit-bench -dsn postgres://... [-redis 127.0.0.1:6379] [-sqlite] [-mysql root:@tcp(127.0.0.1:3306)/] [-duration 2s] [-repeat 3] [-subjects floor,txlimit/commit,redis] [-out docs/bench] [-quick]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -254,8 +241,6 @@ func (c config) validate() error {
 		return errors.New("-mysql-clients needs at least one client count, e.g. -mysql-clients 1,8,32 (or leave -mysql out)")
 	case c.SQLite && len(c.SQLiteClients) == 0:
 		return errors.New("-sqlite-clients needs at least one client count, e.g. -sqlite-clients 1,8 (or pass -sqlite=false)")
-	case c.SettleEvery <= 0:
-		return fmt.Errorf("-settle-every must be > 0, got %v", c.SettleEvery)
 	case c.Redis == "" && c.Subjects != nil && (slices.Contains(c.Subjects, implRedis) || slices.Contains(c.Subjects, implRedisRate)):
 		return errors.New("-subjects lists redis or redis_rate, but -redis= leaves Redis out: pass -redis 127.0.0.1:6379, or leave them out of -subjects")
 	}
@@ -263,7 +248,7 @@ func (c config) validate() error {
 }
 
 // subjectNames are the implementations -subjects may name.
-var subjectNames = []string{implNone, implFloor, implTxlimit, implTxlimitSQL, implEscrow, implShards16, implCommit, implCommitLease, implBatch, implRedis, implRedisRate}
+var subjectNames = []string{implNone, implFloor, implTxlimit, implTxlimitSQL, implShards16, implCommit, implCommitLease, implBatch, implRedis, implRedisRate}
 
 // parseSubjects parses -subjects: "" is every subject (nil).
 func parseSubjects(s string) ([]string, error) {

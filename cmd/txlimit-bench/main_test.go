@@ -81,12 +81,12 @@ func TestQuickRun(t *testing.T) {
 	// Every cell: on PostgreSQL, at 3 client counts, the floor, txlimit
 	// and txlimit/pgsqlstore in 5 scenarios (distinct, hot, 3 shard
 	// counts), the business scenario with none, floor, both txlimit
-	// stores, escrow, txlimit/commit with and without a lease,
-	// txlimit/batch, redis and redis_rate, and business-hot with floor,
-	// txlimit, escrow, both txlimit/commit, txlimit/batch, redis and
+	// stores, txlimit/commit with and without a lease, txlimit/batch,
+	// redis and redis_rate, and business-hot with floor, txlimit,
+	// txlimit/shards16, both txlimit/commit, txlimit/batch, redis and
 	// redis_rate; on SQLite, at 2, the floor and txlimit in distinct and
 	// hot.
-	const pgRows, sqliteRows = (5*3 + 10 + 8) * 3, 2 * 2 * 2
+	const pgRows, sqliteRows = (5*3 + 9 + 8) * 3, 2 * 2 * 2
 	require.Len(t, rep.Rows, pgRows+sqliteRows)
 	impls := map[string]int{}
 	for _, r := range rep.Rows {
@@ -108,15 +108,6 @@ func TestQuickRun(t *testing.T) {
 		}
 		if r.Scenario == "business-hot" && r.Impl != implFloor {
 			require.Positive(t, r.VsHotFloor, "%s is compared with the floor on the hot row", what)
-		}
-		if r.Impl == implEscrow {
-			// The settling job ran beside every escrow run, and every
-			// pending entry left at the end of a run belongs to a call
-			// that committed, so its claim is there too.
-			require.Positive(t, r.SettleMsPerCall, "%s: Settle ran during the run", what)
-			require.Equal(t, r.EscrowEntries, r.EscrowClaims, what)
-		} else {
-			require.Zero(t, r.SettleMsPerCall, what)
 		}
 		if r.Impl == implNone {
 			require.Zero(t, r.StepP50Ms, "%s has no limit step", what)
@@ -169,31 +160,26 @@ func TestQuickRun(t *testing.T) {
 		case r.Impl == implFloor:
 			// The sharded floor sends one more when it waits for a shard.
 			require.GreaterOrEqual(t, r.RoundTrips, 4.0, what)
-		case r.Impl == implEscrow:
-			// The claim in the caller's transaction and the debit on the
-			// store's pool; a settlement of the key's ended calls now and
-			// then (the settling job's statements are not counted).
-			require.GreaterOrEqual(t, r.RoundTrips, 5.0, what)
-			require.Less(t, r.RoundTrips, 6.0, what)
 		default:
 			require.GreaterOrEqual(t, r.RoundTrips, 3.0+business, what)
 		}
 	}
 	require.Equal(t, map[string]int{
 		"postgres none": 3, "postgres floor": 7 * 3, "postgres txlimit": 7 * 3, "postgres txlimit/pgsqlstore": 6 * 3,
-		"postgres escrow": 2 * 3, "postgres redis": 2 * 3, "postgres txlimit/commit": 2 * 3, "postgres txlimit/commit+lease": 2 * 3, "postgres txlimit/batch": 2 * 3, "postgres redis_rate": 2 * 3,
+		"postgres txlimit/shards16": 3, "postgres redis": 2 * 3, "postgres txlimit/commit": 2 * 3, "postgres txlimit/commit+lease": 2 * 3, "postgres txlimit/batch": 2 * 3, "postgres redis_rate": 2 * 3,
 		"sqlite floor": 4, "sqlite txlimit": 4,
 	}, impls)
 
 	// One all-admitted check per timed run but none's; the saturating
 	// checks at the largest client count: exact and bounded for the floor
 	// (4 scenarios: the sharded floor, which does not pool, left out),
-	// txlimit (7), txlimit/pgsqlstore (6: not business-hot), escrow,
-	// txlimit/commit and txlimit/batch (business and business-hot),
+	// txlimit (7), txlimit/pgsqlstore (6: not business-hot),
+	// txlimit/shards16 (business-hot), txlimit/commit and txlimit/batch
+	// (business and business-hot),
 	// window for Redis in distinct, hot, business and business-hot,
 	// bounded for redis_rate in business and business-hot.
 	const timed = pgRows + sqliteRows - 3
-	const saturating = 2*(4+7+6+2+2+2+2) + 4 + 2 + 2*2*2
+	const saturating = 2*(4+7+6+1+2+2+2) + 4 + 2 + 2*2*2
 	require.Len(t, rep.Checks, timed+saturating)
 	kinds := map[string]int{}
 	for _, c := range rep.Checks {
@@ -202,21 +188,18 @@ func TestQuickRun(t *testing.T) {
 		kinds[kind]++
 	}
 	require.Equal(t, 4, kinds["window"], "Redis takes the window check in distinct, hot, business and business-hot")
-	require.Equal(t, 4+7+6+2+2+2+2+2*2, kinds["exact"], "the floor (4 scenarios), txlimit (7), txlimit/pgsqlstore (6), escrow (2), both txlimit/commit and txlimit/batch (2 each), SQLite's two (2 each)")
-	require.Equal(t, 4+7+6+2+2+2+2+2+2*2, kinds["bounded"], "as exact, and redis_rate (2)")
-	for _, s := range []string{"business", "business-hot"} {
-		for _, kind := range []string{"exact", "bounded"} {
-			require.True(t, slices.ContainsFunc(rep.Checks, func(c check) bool { return c.Name == kind+"/postgres/"+s+"/escrow/c32" }),
-				"escrow takes the %s check in %s", kind, s)
-		}
+	require.Equal(t, 4+7+6+1+2+2+2+2*2, kinds["exact"], "the floor (4 scenarios), txlimit (7), txlimit/pgsqlstore (6), txlimit/shards16 (1), both txlimit/commit and txlimit/batch (2 each), SQLite's two (2 each)")
+	require.Equal(t, 4+7+6+1+2+2+2+2+2*2, kinds["bounded"], "as exact, and redis_rate (2)")
+	for _, kind := range []string{"exact", "bounded"} {
+		require.True(t, slices.ContainsFunc(rep.Checks, func(c check) bool { return c.Name == kind+"/postgres/business-hot/txlimit/shards16/c32" }),
+			"txlimit/shards16 takes the %s check in business-hot", kind)
 	}
 	require.Contains(t, stdout.String(), fmt.Sprintf("admission checks: %d passed, 0 failed", len(rep.Checks)))
 	// Distinct keys at 3 client counts, the 16-shard key at 32, the limit
-	// step against Redis at 3; escrow on the hot key against its distinct
-	// keys and Redis at 8 and 32, and against the floor at 32; the take at
-	// commit against redis_rate at 3 and no limit at 1, and on the hot key
-	// with a lease against redis_rate and its distinct keys at 8 and 32.
-	require.Len(t, rep.Targets, 7+2+3+4+4)
+	// step against Redis at 3; the take at commit against redis_rate at 3
+	// and no limit at 1, and on the hot key with a lease against
+	// redis_rate and its distinct keys at 8 and 32.
+	require.Len(t, rep.Targets, 7+4+4)
 	for _, target := range rep.Targets {
 		if strings.Contains(target.Name, "16 shards") {
 			require.Positive(t, target.FloorGot, "the shards target shows what the floor reaches")
@@ -247,8 +230,7 @@ func TestQuickRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(md), "## The limit step inside a business transaction")
 	require.Contains(t, string(md), "| postgres | business | redis | 32 |")
-	require.Contains(t, string(md), "## Escrow mode on one hot key")
-	require.Contains(t, string(md), "| postgres | business-hot | escrow | 32 |")
+	require.Contains(t, string(md), "| postgres | business-hot | txlimit/shards16 | 32 |")
 	require.Contains(t, string(md), fmt.Sprintf("%d passed, 0 failed", len(rep.Checks)))
 
 	svg, err := os.ReadFile(filepath.Join(out, "results.svg"))
@@ -426,24 +408,21 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, cfg.Redis, "-redis= leaves Redis out")
 	require.Nil(t, cfg.Subjects, "every subject by default")
-	require.True(t, cfg.wants(implEscrow))
+	require.True(t, cfg.wants(implShards16))
 
-	cfg, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", " floor,escrow ,redis,floor"}, io.Discard)
+	cfg, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", " floor,txlimit/shards16 ,redis,floor"}, io.Discard)
 	require.NoError(t, err)
-	require.Equal(t, []string{implFloor, implEscrow, implRedis}, cfg.Subjects)
+	require.Equal(t, []string{implFloor, implShards16, implRedis}, cfg.Subjects)
 	require.False(t, cfg.wants(implTxlimit))
 
-	_, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", "floor,escrw"}, io.Discard)
-	require.ErrorContains(t, err, `-subjects: unknown subject "escrw"; name some of none, floor, txlimit, txlimit/pgsqlstore, escrow, txlimit/commit, txlimit/commit+lease, txlimit/batch, redis, redis_rate`)
+	_, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", "floor,shards16"}, io.Discard)
+	require.ErrorContains(t, err, `-subjects: unknown subject "shards16"; name some of none, floor, txlimit, txlimit/pgsqlstore, txlimit/shards16, txlimit/commit, txlimit/commit+lease, txlimit/batch, redis, redis_rate`)
 
 	_, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", ","}, io.Discard)
 	require.ErrorContains(t, err, "names no subject")
 
 	_, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", "redis", "-redis="}, io.Discard)
 	require.ErrorContains(t, err, "-redis= leaves Redis out")
-
-	_, err = parseFlags([]string{"-dsn", "postgres://x", "-settle-every", "0s"}, io.Discard)
-	require.ErrorContains(t, err, "-settle-every must be > 0")
 }
 
 // TestCheckWindowRejectsWrongAnswers feeds the fixed-window check the
@@ -535,15 +514,15 @@ func TestRedisLimit(t *testing.T) {
 	require.Zero(t, redisKeys(t, addr, pattern), "cleanup deletes every key of the run")
 }
 
-// TestSubjectsRun runs only the floor and escrow (-subjects), without Redis
-// or SQLite: only their rows and checks are there, and escrow is still
-// compared with the floor on the hot row and with its own distinct keys.
+// TestSubjectsRun runs only the floor and txlimit/shards16 (-subjects),
+// without Redis or SQLite: only their rows and checks are there, and the
+// sharded hot key is still compared with the floor on the hot row.
 func TestSubjectsRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a short run against PostgreSQL; skipped under -short")
 	}
 	cfg, err := parseFlags([]string{"-dsn", testdb.URL(t), "-redis=", "-sqlite=false", "-quick",
-		"-clients", "8", "-shards", "", "-subjects", "escrow,floor"}, io.Discard)
+		"-clients", "8", "-shards", "", "-subjects", "txlimit/shards16,floor"}, io.Discard)
 	require.NoError(t, err)
 	var stdout bytes.Buffer
 	rep, err := run(context.Background(), cfg, &stdout)
@@ -555,18 +534,18 @@ func TestSubjectsRun(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{
 		"distinct floor": 1, "hot floor": 1, "business floor": 1, "business-hot floor": 1,
-		"business escrow": 1, "business-hot escrow": 1,
+		"business-hot txlimit/shards16": 1,
 	}, impls)
 	// A timed check per row; exact and bounded for the floor in 4
-	// scenarios and for escrow in 2.
-	require.Len(t, rep.Checks, 6+2*(4+2))
-	ratios := escrowRatios(rep.Rows)
-	require.Len(t, ratios, 1)
-	require.Positive(t, ratios[0].VsDistinct)
-	require.Positive(t, ratios[0].VsFloor)
-	require.Zero(t, ratios[0].VsRedis, "Redis is not measured")
-	require.Contains(t, stdout.String(), "subjects: escrow, floor")
-	require.Contains(t, stdout.String(), "escrow's settling job")
+	// scenarios and for txlimit/shards16 in 1.
+	require.Len(t, rep.Checks, 5+2*(4+1))
+	for _, r := range rep.Rows {
+		if r.Impl == implShards16 {
+			require.Positive(t, r.VsHotFloor, "compared with the floor on the hot row")
+			require.Zero(t, r.VsRedis, "Redis is not measured")
+		}
+	}
+	require.Contains(t, stdout.String(), "subjects: txlimit/shards16, floor")
 }
 
 // TestMySQLSubjects runs the MySQL subjects in a smoke run: the floor,

@@ -6,8 +6,7 @@ import (
 )
 
 // markdown is the report as results.md: the run, the throughput table, the
-// limit step inside a business transaction, escrow on one hot key and its
-// settling job, the targets and the checks.
+// limit step inside a business transaction, the targets and the checks.
 func (r *Report) markdown() string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
@@ -66,31 +65,6 @@ func (r *Report) markdown() string {
 		for _, row := range steps {
 			p("| %s | %s | %d | %.3f | %.3f | %s | %s | %s | %s |\n", row.DB, row.Impl, row.Clients, row.StepP50Ms, row.StepP99Ms,
 				cellRatio(row.StepVsFloor), cellRatio(row.StepVsRedis), cellRatio(row.StepP99VsFloor), cellRatio(row.StepP99VsRedis))
-		}
-	}
-
-	if ratios := escrowRatios(r.Rows); len(ratios) > 0 {
-		p("\n## Escrow mode on one hot key\n\n")
-		p("*escrow* is `LimitTx` with `Config.Escrow` on pgstore, its store on a pool of its own, `Limiter.Settle` every %s "+
-			"beside the clients. All in `BEGIN; INSERT …; step; COMMIT` (scenario business-hot: every client on one key; business: "+
-			"each client its own key), ratios within this run. The floor is the hand-written `SELECT … FOR UPDATE; UPDATE` on "+
-			"that one row in the same transaction; *locked* is txlimit's default model.\n\n", r.SettleEvery)
-		p("| clients | escrow hot ops/s | escrow distinct | hot / distinct (≥ 0.9×) | floor on the hot row | hot / floor (≥ 2.5× at 32) | Redis hot | hot / Redis (≥ 0.6×) | locked hot | locked hot / distinct |\n")
-		p("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-		for _, e := range ratios {
-			p("| %d | %.0f | %.0f | %s | %.0f | %s | %.0f | %s | %.0f | %s |\n", e.Clients, e.Hot, e.Distinct, cellRatio(e.VsDistinct),
-				e.Floor, cellRatio(e.VsFloor), e.Redis, cellRatio(e.VsRedis), e.Locked, cellRatio(e.LockedVsDistinct))
-		}
-	}
-	if rows := escrowRows(r); len(rows) > 0 {
-		p("\nThe settling job during each escrow run (medians of the runs) and the escrow tables' rows at the end of a run, " +
-			"before any further Settle (the most of any run; every cell shares the tables, so growth would show). Settle " +
-			"settles every call (a call settles only its key's possible refunds, when it would be denied).\n\n")
-		p("| scenario | clients | rows settled / s | ms per Settle | pending entries after | claims after | store pool acquire µs |\n")
-		p("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-		for _, row := range rows {
-			p("| %s | %d | %.0f | %.2f | %d | %d | %.0f |\n", row.Scenario, row.Clients, row.SettleRowsPerSec, row.SettleMsPerCall,
-				row.EscrowEntries, row.EscrowClaims, row.StorePoolWaitUs)
 		}
 	}
 

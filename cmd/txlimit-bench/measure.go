@@ -139,9 +139,6 @@ type workload struct {
 	// started is called once the clients are ready, before the timed
 	// calls, and finished right after them.
 	started, finished func()
-	// afterCalls, set by drive, stops the subject's settling job once
-	// every call has ended.
-	afterCalls func() error
 }
 
 // runStats is what one run measured.
@@ -154,9 +151,6 @@ type runStats struct {
 	lat           []time.Duration  // of each timed call
 	stepLat       []time.Duration  // of the limit step of each timed call
 	values        map[string]float64
-	// settle is what a subject's settling job did during the run (escrow's;
-	// nil for the others).
-	settle *settleStats
 }
 
 func (r runStats) opsPerSec() float64 {
@@ -178,28 +172,6 @@ func drive(ctx context.Context, s subject, spec limitSpec, w workload) (runStats
 	}
 	defer closeAll()
 	first := time.Now()
-	inner := s
-	if o, ok := s.(opened); ok {
-		inner = o.subject
-	}
-	if sj, ok := inner.(settling); ok {
-		stop, err := sj.startSettling(ctx, spec)
-		if err != nil {
-			return st, err
-		}
-		stopped := false
-		stopSettling := func() error {
-			if stopped {
-				return nil
-			}
-			stopped = true
-			ss, err := stop()
-			st.settle = &ss
-			return err
-		}
-		defer func() { _ = stopSettling() }()
-		w.afterCalls = stopSettling
-	}
 	for _, key := range w.keys {
 		c, err := s.newClient(ctx, spec, key, w.business)
 		if err != nil {
@@ -272,11 +244,6 @@ func drive(ctx context.Context, s subject, spec limitSpec, w workload) (runStats
 		w.finished()
 	}
 	var errs []error
-	if w.afterCalls != nil {
-		if err := w.afterCalls(); err != nil {
-			errs = append(errs, err)
-		}
-	}
 	st.allDenied = true
 	for i, r := range results {
 		if r.err != nil && (!errors.Is(r.err, context.Canceled) || ctx.Err() != nil) {

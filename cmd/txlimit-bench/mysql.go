@@ -12,7 +12,6 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/mysqlstore"
 )
@@ -121,7 +120,7 @@ func openMySQL(ctx context.Context, dsn string) (env *mysqlEnv, cleanup func(), 
 			return nil, nil, fmt.Errorf("create the floor's and the business tables: %w", err)
 		}
 	}
-	if err := mysqlstore.New(env.db).Ping(ctx, driver.PingParams{}); err != nil {
+	if err := mysqlstore.New(env.db).Ping(ctx); err != nil {
 		cleanup()
 		return nil, nil, err
 	}

@@ -59,7 +59,7 @@ type Row struct {
 	// the floor's on the same key unsharded (one row): what shards gain;
 	// and on the hot key inside a business transaction (business-hot),
 	// the throughput over the floor's on that one row in the same
-	// transaction: what escrow gains.
+	// transaction: what the answers for a hot key gain.
 	VsHotFloor float64 `json:"vs_hot_floor,omitempty"`
 	// VsDistinct is, on a hot key, the throughput over the same
 	// implementation's on distinct keys at the same client count.
@@ -75,16 +75,6 @@ type Row struct {
 	// of statement (µs, as the client sees it: round trip and lock waits
 	// included), PostgreSQL only.
 	Profile map[string]float64 `json:"profile_us_per_op,omitempty"`
-	// Escrow mode only: what its settling job (Limiter.Settle every
-	// -settle-every, beside the clients) did per second of the run, and
-	// its time per call (medians of the runs); the most rows the escrow
-	// tables held at the end of a run, before any further Settle; and the
-	// mean time to acquire a connection of the store's own pool.
-	SettleRowsPerSec float64 `json:"settle_rows_per_sec,omitempty"`
-	SettleMsPerCall  float64 `json:"settle_ms_per_call,omitempty"`
-	EscrowEntries    int64   `json:"escrow_entries_after,omitempty"`
-	EscrowClaims     int64   `json:"escrow_claims_after,omitempty"`
-	StorePoolWaitUs  float64 `json:"store_pool_acquire_us,omitempty"`
 }
 
 // Target is one of the issue's goals, evaluated.
@@ -115,8 +105,6 @@ type Report struct {
 	Redis     string    `json:"redis,omitempty"`
 	Duration  string    `json:"duration_per_run"`
 	Repeats   int       `json:"repeats"`
-	// SettleEvery is the period of escrow's settling job.
-	SettleEvery string   `json:"settle_every,omitempty"`
 	LoadStart   string   `json:"loadavg_start,omitempty"`
 	LoadEnd     string   `json:"loadavg_end,omitempty"`
 	Rows        []Row    `json:"rows"`
@@ -183,7 +171,7 @@ func writeTable(w io.Writer, rep *Report) {
 	fmt.Fprintln(w, "vs hot floor: txlimit on a sharded hot key / the floor on the same key unsharded (one row), same clients;")
 	fmt.Fprintln(w, "  in business-hot (one hot key inside the business transaction): this / the floor on that one row in the same transaction.")
 	fmt.Fprintln(w, "vs distinct: on the hot key / on distinct keys, same implementation, transaction and clients.")
-	fmt.Fprintln(w, "escrow: txlimit's LimitTx with Config.Escrow, its store on a pool of its own, Limiter.Settle running beside the clients.")
+	fmt.Fprintln(w, "txlimit/shards16: LimitTx on the hot key spread over 16 shards (Config.Shards).")
 	fmt.Fprintln(w, "spread: half the range of the runs over the median. rt/op: queries + batches sent per call, BEGIN and COMMIT included.")
 	fmt.Fprintln(w, "fallback: share of calls whose fast path gave its shard back and locked every shard.")
 	if rep.LoadStart != "" {
@@ -191,7 +179,6 @@ func writeTable(w io.Writer, rep *Report) {
 	}
 
 	writeSteps(w, rep)
-	writeEscrow(w, rep)
 	writeProfile(w, rep)
 
 	failed := 0
@@ -253,90 +240,6 @@ func writeSteps(w io.Writer, rep *Report) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "vs floor, vs redis: this step's latency / theirs, same clients (lower is faster).")
-}
-
-// escrowRatio is, at one client count, escrow on the hot key inside the
-// business transaction over the three things issue 15 compares it with.
-type escrowRatio struct {
-	Clients                  int
-	Hot, Distinct, Floor     float64 // ops/s: escrow hot, escrow distinct, the floor on the hot row
-	Redis                    float64 // ops/s of Redis beside the same transaction on the hot key
-	VsDistinct, VsFloor      float64
-	VsRedis                  float64
-	Locked, LockedVsDistinct float64 // locked txlimit on the hot key, and over its own distinct keys
-	hotRow                   Row
-}
-
-// escrowRatios lists them for every client count that measured escrow on
-// the hot key, fewest clients first.
-func escrowRatios(rows []Row) []escrowRatio {
-	find := func(scenario, impl string, clients int) (Row, bool) {
-		for _, r := range rows {
-			if r.DB == "postgres" && r.Scenario == scenario && r.Impl == impl && r.Clients == clients {
-				return r, true
-			}
-		}
-		return Row{}, false
-	}
-	var out []escrowRatio
-	for _, r := range rows {
-		if r.DB != "postgres" || r.Impl != implEscrow || r.Scenario != "business-hot" {
-			continue
-		}
-		e := escrowRatio{Clients: r.Clients, Hot: r.OpsPerSec, VsDistinct: r.VsDistinct, VsFloor: r.VsHotFloor, VsRedis: r.VsRedis, hotRow: r}
-		if d, ok := find("business", implEscrow, r.Clients); ok {
-			e.Distinct = d.OpsPerSec
-		}
-		if f, ok := find("business-hot", implFloor, r.Clients); ok {
-			e.Floor = f.OpsPerSec
-		}
-		if x, ok := find("business-hot", implRedis, r.Clients); ok {
-			e.Redis = x.OpsPerSec
-		}
-		if l, ok := find("business-hot", implTxlimit, r.Clients); ok {
-			e.Locked, e.LockedVsDistinct = l.OpsPerSec, l.VsDistinct
-		}
-		out = append(out, e)
-	}
-	slices.SortFunc(out, func(a, b escrowRatio) int { return a.Clients - b.Clients })
-	return out
-}
-
-// escrowRows are the escrow rows, whose settling job is reported.
-func escrowRows(rep *Report) []Row {
-	var out []Row
-	for _, r := range rep.Rows {
-		if r.Impl == implEscrow {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// writeEscrow prints escrow on one hot key against its targets' baselines,
-// and what its settling job cost.
-func writeEscrow(w io.Writer, rep *Report) {
-	if ratios := escrowRatios(rep.Rows); len(ratios) > 0 {
-		fmt.Fprintln(w, "\nescrow on one hot key inside the business transaction (BEGIN; INSERT; LimitTx; COMMIT), ratios within this run")
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "clients\tescrow hot ops/s\tescrow distinct\thot/distinct (>= 0.9)\tfloor on the hot row\thot/floor (>= 2.5 at 32)\tredis hot\thot/redis (>= 0.6)\tlocked hot\tlocked hot/distinct\t")
-		for _, e := range ratios {
-			fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%s\t%.0f\t%s\t%.0f\t%s\t%.0f\t%s\t\n", e.Clients, e.Hot, e.Distinct, ratio(e.VsDistinct),
-				e.Floor, ratio(e.VsFloor), e.Redis, ratio(e.VsRedis), e.Locked, ratio(e.LockedVsDistinct))
-		}
-		tw.Flush()
-	}
-	if rows := escrowRows(rep); len(rows) > 0 {
-		fmt.Fprintf(w, "\nescrow's settling job (Limiter.Settle every %s beside the clients; medians of the runs) and the escrow tables after each run\n", rep.SettleEvery)
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "scenario\tclients\trows settled/s\tms per Settle\tentries after (max)\tclaims after (max)\tstore pool acquire µs\t")
-		for _, r := range rows {
-			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%d\t%d\t%.0f\t\n", r.Scenario, r.Clients, r.SettleRowsPerSec, r.SettleMsPerCall,
-				r.EscrowEntries, r.EscrowClaims, r.StorePoolWaitUs)
-		}
-		tw.Flush()
-		fmt.Fprintln(w, "rows settled: entries spent, refunded or dropped and orphaned claims deleted by Settle, which settles every call (a call settles only its key's possible refunds, when it would be denied).")
-	}
 }
 
 // writeProfile prints the -profile breakdown: where each cell's time goes,
@@ -402,7 +305,7 @@ func (r *Report) csv(w io.Writer) error {
 	_ = cw.Write([]string{"db", "scenario", "impl", "shards", "clients", "ops_per_sec", "p50_ms", "p99_ms",
 		"vs_floor", "vs_hot_floor", "vs_distinct", "round_trips_per_op", "fallback_share",
 		"vs_redis", "step_p50_ms", "step_p99_ms", "step_p50_vs_floor", "step_p50_vs_redis", "step_p99_vs_floor", "step_p99_vs_redis",
-		"runs_ops_per_sec", "settle_rows_per_sec", "settle_ms_per_call", "escrow_entries_after", "escrow_claims_after"})
+		"runs_ops_per_sec"})
 	for _, row := range r.Rows {
 		runs := make([]string, len(row.Runs))
 		for i, v := range row.Runs {
@@ -416,8 +319,7 @@ func (r *Report) csv(w io.Writer) error {
 			strconv.FormatFloat(row.OpsPerSec, 'f', 0, 64), f(row.P50Ms, 3), f(row.P99Ms, 3),
 			f(row.VsFloor, 3), f(row.VsHotFloor, 3), f(row.VsDistinct, 3), f(row.RoundTrips, 2), fallback,
 			f(row.VsRedis, 3), f(row.StepP50Ms, 3), f(row.StepP99Ms, 3), f(row.StepVsFloor, 3), f(row.StepVsRedis, 3),
-			f(row.StepP99VsFloor, 3), f(row.StepP99VsRedis, 3), strings.Join(runs, ";"),
-			f(row.SettleRowsPerSec, 0), f(row.SettleMsPerCall, 3), count(row.EscrowEntries), count(row.EscrowClaims)})
+			f(row.StepP99VsFloor, 3), f(row.StepP99VsRedis, 3), strings.Join(runs, ";")})
 	}
 	cw.Flush()
 	return cw.Error()

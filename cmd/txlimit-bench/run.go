@@ -30,8 +30,8 @@ type scenario struct {
 // pgScenarios are the scenarios measured on PostgreSQL: distinct keys, one
 // hot key, the hot key over each shard count, and inside a business
 // transaction distinct keys, where Redis and the unlimited ceiling are
-// measured beside the floor and txlimit, and one hot key, where escrow mode
-// is measured against the floor on that one row, locked txlimit and Redis;
+// measured beside the floor and txlimit, and one hot key, where the answers
+// for a hot key are measured against the floor on that one row and Redis;
 // in both the limit step is timed on its own.
 func pgScenarios(shards []int) []scenario {
 	out := []scenario{{name: "distinct", shards: 1}, {name: "hot", hot: true, shards: 1}}
@@ -77,12 +77,6 @@ type sample struct {
 	stepP50, stepP99    float64 // of the limit step alone, in ms; 0 for "none"
 	roundTrips          float64 // per call, BEGIN and COMMIT included; 0 when not traced
 	fallback            float64 // share of calls that fell back to locking every shard
-	// Escrow's settling job (0 for the others): entries and claims settled
-	// per second, ms per Settle call, the escrow tables' rows after the
-	// run, and the mean wait for a connection of the store's pool.
-	settleRowsPerSec, settleMsPerCall float64
-	escrowEntries, escrowClaims       int64
-	poolWaitUs                        float64
 }
 
 // Limits. The timed runs admit everything; the checks run out on purpose.
@@ -146,7 +140,6 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 		CPUs:        runtime.NumCPU(),
 		Duration:    cfg.Duration.String(),
 		Repeats:     cfg.Repeats,
-		SettleEvery: cfg.SettleEvery.String(),
 		LoadStart:   loadAvg(),
 	}
 
@@ -225,52 +218,31 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 func (b *bench) postgres(ctx context.Context, env *pgEnv, rds *redisEnv) error {
 	scenarios := pgScenarios(b.cfg.Shards)
 	impls := selected(pgImpls(rds != nil), b.cfg)
-	escrow := slices.ContainsFunc(impls, func(im impl[*pgConns]) bool { return im.name == implEscrow })
-	// conns opens the connections of a client count: the clients' pool,
-	// and the escrow store's own when escrow is measured.
-	conns := func(clients int, timing bool) (*pgConns, func(), error) {
-		p, err := env.pool(ctx, clients, timing)
-		if err != nil {
-			return nil, nil, err
-		}
-		c := &pgConns{pg: p, redis: rds, settleEvery: b.cfg.SettleEvery}
-		if escrow {
-			if c.escrow, err = env.poolOn(ctx, escrowPoolSize(clients), p.trace); err != nil {
-				p.close()
-				return nil, nil, err
-			}
-		}
-		return c, func() {
-			if c.escrow != nil {
-				c.escrow.close()
-			}
-			p.close()
-		}, nil
-	}
 	for _, clients := range b.cfg.Clients {
-		c, closeConns, err := conns(clients, b.cfg.Profile)
+		p, err := env.pool(ctx, clients, b.cfg.Profile)
 		if err != nil {
 			return err
 		}
+		c := &pgConns{pg: p, redis: rds}
 		if rds != nil {
 			rds.trace.Store(c.pg.trace)
 		}
 		err = b.measure(ctx, cellsOf("postgres", scenarios, impls, clients), openAll(impls, c), c.pg.trace)
-		closeConns()
+		p.close()
 		if err != nil {
 			return err
 		}
 	}
 	clients := slices.Max(b.cfg.Clients)
-	c, closeConns, err := conns(clients, false)
+	p, err := env.pool(ctx, clients, false)
 	if err != nil {
 		return err
 	}
-	defer closeConns()
+	defer p.close()
 	if rds != nil {
 		rds.trace.Store(nil)
 	}
-	return b.checkLimits("postgres", scenarios, clients, openAll(impls, c))
+	return b.checkLimits("postgres", scenarios, clients, openAll(impls, &pgConns{pg: p, redis: rds}))
 }
 
 func (b *bench) sqlite(ctx context.Context, env *sqliteEnv) error {
@@ -345,13 +317,6 @@ func (b *bench) measure(ctx context.Context, cells []cell, subjects []opened, tr
 				s.roundTrips = float64(queries+batches+redisCalls) / float64(st.ops)
 				s.fallback = float64(undos) / float64(st.ops)
 			}
-			if ss := st.settle; ss != nil {
-				s.settleRowsPerSec, s.settleMsPerCall = ss.rowsPerSec(), ss.msPerCall()
-				s.escrowEntries, s.escrowClaims = ss.entries, ss.claims
-				if ss.acquires > 0 {
-					s.poolWaitUs = float64(ss.acquireTime.Microseconds()) / float64(ss.acquires)
-				}
-			}
 			if _, seen := b.samples[c]; !seen {
 				b.order = append(b.order, c)
 			}
@@ -370,11 +335,6 @@ func (b *bench) measure(ctx context.Context, cells []cell, subjects []opened, tr
 			}
 			fmt.Fprintf(b.w, "  %-8s %-13s %-7s %3d clients  run %d/%d: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  step p50 %6.2f ms\n",
 				c.db, c.scenario.name, c.impl, c.clients, r+1, b.cfg.Repeats, s.opsPerSec, s.p50, s.p99, s.stepP50)
-			if ss := st.settle; ss != nil {
-				fmt.Fprintf(b.w, "           settling: %d Settle calls, %.0f rows/s, %.2f ms a call; store pool: %d of %d acquisitions waited, %.0f µs each on average; "+
-					"escrow tables after the run: %d entries, %d claims\n",
-					ss.calls, ss.rowsPerSec(), ss.msPerCall(), ss.waited, ss.acquires, s.poolWaitUs, ss.entries, ss.claims)
-			}
 		}
 	}
 	return nil
@@ -449,12 +409,6 @@ func (b *bench) rows() []Row {
 		}
 		for _, s := range ss {
 			r.Runs = append(r.Runs, s.opsPerSec)
-			r.EscrowEntries, r.EscrowClaims = max(r.EscrowEntries, s.escrowEntries), max(r.EscrowClaims, s.escrowClaims)
-		}
-		if c.impl == implEscrow {
-			r.SettleRowsPerSec = median(ss, func(s sample) float64 { return s.settleRowsPerSec })
-			r.SettleMsPerCall = median(ss, func(s sample) float64 { return s.settleMsPerCall })
-			r.StorePoolWaitUs = median(ss, func(s sample) float64 { return s.poolWaitUs })
 		}
 		if ops := b.spentOps[c]; ops > 0 {
 			r.Profile = map[string]float64{}
@@ -542,14 +496,10 @@ func median(ss []sample, f func(sample) float64) float64 {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// targets evaluates issue 13's goals, and issue 15's for escrow mode,
-// against the rows that exist.
+// targets evaluates issue 13's goals against the rows that exist.
 func targets(rows []Row) []Target {
 	var out []Target
 	for _, r := range rows {
-		if r.DB == "postgres" && r.Impl == implEscrow && r.Scenario == "business-hot" && r.Clients >= 8 {
-			out = append(out, escrowTargets(r)...)
-		}
 		if r.DB == "mysql" && r.Impl == implTxlimit && r.Scenario == "distinct" {
 			out = append(out, Target{
 				Name: fmt.Sprintf("mysql distinct keys, %d clients: txlimit >= 1.0x the floor", r.Clients),
@@ -588,28 +538,6 @@ func targets(rows []Row) []Target {
 		}
 	}
 	return out
-}
-
-// escrowTargets are issue 15's goals for one hot key in escrow mode inside
-// the business transaction (BEGIN; INSERT …; LimitTx; COMMIT), at 8 clients
-// and more: as fast as escrow on distinct keys, 2.5 times the floor on that
-// one row (at 32 clients and more), and 0.6 times Redis beside the same
-// transaction on the same key.
-func escrowTargets(r Row) []Target {
-	out := []Target{{
-		Name: fmt.Sprintf("postgres business transaction on one hot key, %d clients: escrow >= 0.9x escrow on distinct keys", r.Clients),
-		Want: 0.9, Got: r.VsDistinct, Met: r.VsDistinct >= 0.9,
-	}}
-	if r.Clients >= 32 {
-		out = append(out, Target{
-			Name: fmt.Sprintf("postgres business transaction on one hot key, %d clients: escrow >= 2.5x the floor on that one row", r.Clients),
-			Want: 2.5, Got: r.VsHotFloor, Met: r.VsHotFloor >= 2.5,
-		})
-	}
-	return append(out, Target{
-		Name: fmt.Sprintf("postgres business transaction on one hot key, %d clients: escrow >= 0.6x Redis beside it", r.Clients),
-		Want: 0.6, Got: r.VsRedis, Met: r.VsRedis >= 0.6,
-	})
 }
 
 // commitTargets are issue 25's goals for the take at commit: in the

@@ -127,13 +127,10 @@ type pgPool struct {
 	trace *tracer
 }
 
+// pool is a pool of conns connections whose statements its tracer counts
+// (and, with timing, times).
 func (e *pgEnv) pool(ctx context.Context, conns int, timing bool) (*pgPool, error) {
-	return e.poolOn(ctx, conns, &tracer{timing: timing, spent: map[string]time.Duration{}})
-}
-
-// poolOn is a pool of conns connections whose statements t counts: a pool
-// of its own, or one more pool counted with another (the escrow store's).
-func (e *pgEnv) poolOn(ctx context.Context, conns int, t *tracer) (*pgPool, error) {
+	t := &tracer{timing: timing, spent: map[string]time.Duration{}}
 	cfg, err := pgxpool.ParseConfig(e.dsn)
 	if err != nil {
 		return nil, fmt.Errorf("parse -dsn: %w", err)
@@ -155,10 +152,7 @@ func (p *pgPool) close() { p.pool.Close() }
 // pgstore rolled a sharded limit's fast path back to its savepoint, that is
 // how many calls went on to lock every shard. With timing set it also adds
 // up the time spent in each kind of statement, as the client sees it (the
-// round trip and any lock wait included): the -profile breakdown. The
-// statements of escrow's settling job (a context marked untraced) are not
-// counted, since they are not part of any call, and are timed apart, under
-// labels that start with settleLabel.
+// round trip and any lock wait included): the -profile breakdown.
 type tracer struct {
 	queries, batches, undos atomic.Int64
 	// redis counts the commands sent to Redis (see redisHook).
@@ -168,9 +162,6 @@ type tracer struct {
 	mu     sync.Mutex
 	spent  map[string]time.Duration
 }
-
-// settleLabel starts the -profile labels of escrow's settling job.
-const settleLabel = "Settle job: "
 
 type traceStart struct{}
 
@@ -237,9 +228,6 @@ func statementLabel(sql string) string {
 }
 
 func (t *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if isUntraced(ctx) {
-		return t.start(ctx, settleLabel+statementLabel(d.SQL))
-	}
 	t.queries.Add(1)
 	if !t.timing {
 		return ctx
@@ -250,9 +238,7 @@ func (t *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQu
 func (t *tracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) { t.end(ctx) }
 
 func (t *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	if !isUntraced(ctx) {
-		t.batches.Add(1)
-	}
+	t.batches.Add(1)
 	if !t.timing {
 		return ctx
 	}
@@ -260,15 +246,11 @@ func (t *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBa
 	for i, q := range d.Batch.QueuedQueries {
 		labels[i] = statementLabel(q.SQL)
 	}
-	label := "[" + strings.Join(labels, " + ") + "]"
-	if isUntraced(ctx) {
-		label = settleLabel + label
-	}
-	return t.start(ctx, label)
+	return t.start(ctx, "["+strings.Join(labels, " + ")+"]")
 }
 
 func (t *tracer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
-	if !isUntraced(ctx) && strings.HasPrefix(d.SQL, "ROLLBACK TO SAVEPOINT") {
+	if strings.HasPrefix(d.SQL, "ROLLBACK TO SAVEPOINT") {
 		t.undos.Add(1)
 	}
 }

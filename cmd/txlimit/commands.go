@@ -80,7 +80,7 @@ func unmigrated[TTx any](ctx context.Context, db *database[TTx], err error) erro
 		return err
 	}
 	if !errors.Is(err, txlimit.ErrNotMigrated) {
-		ping := db.store.Ping(ctx, driver.PingParams{})
+		ping := db.store.Ping(ctx)
 		if !errors.Is(ping, txlimit.ErrNotMigrated) {
 			return err
 		}

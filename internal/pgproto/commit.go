@@ -68,10 +68,10 @@ func (r errRow) Scan(...any) error { return r.err }
 
 // Lean reports whether every take of p can ride the COMMIT (TakeCommit) or
 // the caller's batch (TakeBatch): each is one statement, an unsharded limit
-// whose call the SQL decides (driver.InSQL), and none is taken in escrow.
+// whose call the SQL decides (driver.InSQL).
 func Lean(p driver.TakeAllParams) bool {
 	for _, t := range p.Takes {
-		if t.Shards != 1 || t.Escrow || !driver.InSQL(t) {
+		if t.Shards != 1 || !driver.InSQL(t) {
 			return false
 		}
 	}

@@ -134,13 +134,13 @@ func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams, must bool) 
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	}
-	return TakenRow(value, ts, clock, err)
+	return takenRow(value, ts, clock, err)
 }
 
-// TakenRow is the result of a one-row take (TakeRow, and pgstore's escrow
-// debit) from what its statement returned: ok is false when it returned no
+// takenRow is the result of a one-row take (TakeRow) from what its
+// statement returned: ok is false when it returned no
 // row (pgx.ErrNoRows), which it does when it granted nothing.
-func TakenRow(value float64, ts, clock time.Time, err error) (algo.State, time.Time, bool, error) {
+func takenRow(value float64, ts, clock time.Time, err error) (algo.State, time.Time, bool, error) {
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return algo.State{}, time.Time{}, false, nil
@@ -342,8 +342,7 @@ func (pr Protocol) Credit(ctx context.Context, db DB, p driver.CreditParams) err
 	return pr.store(ctx, db, p.Limit, rows, driver.CreditStates(p, rows, at))
 }
 
-// Reset is driver.Store.Reset, but for escrow: it deletes the rows of
-// (Name, Key).
-func (Protocol) Reset(ctx context.Context, db DB, p driver.ResetParams) error {
-	return queries.DeleteKey(ctx, db, pgdb.DeleteKeyParams{Name: p.Name, Key: p.Key})
+// Reset is driver.Store.Reset: it deletes the rows of k.
+func (Protocol) Reset(ctx context.Context, db DB, k driver.KeyRef) error {
+	return queries.DeleteKey(ctx, db, pgdb.DeleteKeyParams{Name: k.Name, Key: k.Key})
 }

@@ -311,7 +311,6 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 			"Lease":    func(c *txlimit.Config) { c.Lease = 11 },
 			"Lease ":   func(c *txlimit.Config) { c.Lease = -1 },
 			"Lease  ":  func(c *txlimit.Config) { c.Lease, c.Kind = 2, txlimit.SlidingWindow },
-			"Lease   ": func(c *txlimit.Config) { c.Lease, c.Escrow = 2, true },
 			"LeaseFor": func(c *txlimit.Config) { c.Lease, c.LeaseFor = 2, -time.Second },
 			// LeaseAhead: not a finite count >= 0, without a Lease, above
 			// the Lease.

@@ -395,7 +395,6 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 			{"unknown zone", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Calendar: txlimit.Month, Zone: "Mars/Olympus_Mons"})}},
 			{"local zone", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Calendar: txlimit.Month, Zone: "Local"})}},
 			{"week start on a month", name, "k", "WeekStart", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Calendar: txlimit.Month, WeekStart: time.Monday})}},
-			{"escrow sliding window", name, "k", "Escrow", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.SlidingWindow, Rate: 1, Period: time.Second, Escrow: true})}},
 			{"no kind", name, "k", "Kind", []txlimit.Option{txlimit.Inline(txlimit.Config{Rate: 1, Period: time.Second})}},
 			{"start on a token bucket", name, "k", "Start", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Start: T0})}},
 		}

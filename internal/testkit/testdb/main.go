@@ -13,9 +13,9 @@ import (
 // time waiting on PostgreSQL (round trips, row locks, commits), not on the
 // CPU, so more of them at once finish sooner. A fixed number, not one per
 // core, also bounds the connections they open together on any machine:
-// each parallel test uses at most 22 (TestEscrowCallerDies: 16 callers and
-// the store's 6), and a conformance suite's store or exec mode 9, so the
-// run stays under PostgreSQL's default max_connections of 100.
+// each parallel test uses at most about 20, and a conformance suite's store
+// or exec mode 9, so the run stays under PostgreSQL's default
+// max_connections of 100.
 const ParallelTests = 6
 
 // Main is the TestMain of a test package whose tests wait on PostgreSQL:
