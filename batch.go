@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"reflect"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // SendBatch takes the limits of reqs in tx, all or none as LimitAllTx

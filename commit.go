@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // CommitTx takes the limits of reqs, all or none as LimitAllTx takes them,

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // defaultLeaseFor is how long a lease lasts when Config.LeaseFor is 0.

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // Options configures a Limiter. The zero value is ready to use.
@@ -46,7 +46,7 @@ type Options struct {
 //
 // A Limiter is safe for concurrent use.
 type Limiter[TTx any] struct {
-	store           driver.Store[TTx]
+	store           driver.Ops[TTx]
 	limits          map[string]Config
 	clock           func() time.Time
 	observer        Observer
@@ -59,10 +59,10 @@ type Limiter[TTx any] struct {
 // validated; the first invalid one is returned as an *InvalidError. opts may
 // be nil.
 func New[TTx any](store driver.Store[TTx], limits map[string]Config, opts *Options) (*Limiter[TTx], error) {
-	if store == nil {
-		return nil, &InvalidError{Field: "store", Problem: "is nil; pass pgstore.New(pool), pgsqlstore.New(db) or sqlitestore.New(db)"}
+	if isNil(store) {
+		return nil, &InvalidError{Field: "store", Problem: "is nil; pass pgstore.New(pool), pgsqlstore.New(db), mysqlstore.New(db) or sqlitestore.New(db)"}
 	}
-	l := &Limiter[TTx]{store: store, limits: make(map[string]Config, len(limits))}
+	l := &Limiter[TTx]{store: driver.OpsOf(store), limits: make(map[string]Config, len(limits))}
 	for name, c := range limits {
 		if err := validName(name); err != nil {
 			return nil, err

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // Request is one limit of a LimitAll call: the name and key of the limit and

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // defaultPruneBatchSize is the number of keys one Prune batch examines when

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // Result is the outcome of Limit or Check, or of one limit of LimitAll.

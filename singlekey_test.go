@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/pgsqlstore"

@@ -16,8 +16,8 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/driver"
 	"github.com/txlimit/txlimit/httplimit"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgstore"
@@ -72,7 +72,7 @@ func TestSQLite(t *testing.T) {
 	b := backend[*sql.Tx]{
 		store: store,
 		inTx: func(ctx context.Context, fn func(*sql.Tx) error) error {
-			return store.InTx(ctx, false, fn)
+			return driver.OpsOf[*sql.Tx](store).InTx(ctx, false, fn)
 		},
 	}
 	run(t, b)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/pgsqlstore"

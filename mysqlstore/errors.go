@@ -11,7 +11,7 @@ import (
 	"reflect"
 	"strings"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // The MySQL and MariaDB error numbers the store names.

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	gen "github.com/txlimit/txlimit/mysqlstore/internal/db"
 )
 

@@ -122,12 +122,20 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/sqltx"
 )
 
-// Store is txlimit's store for MySQL and MariaDB on database/sql.
-type Store struct {
+// Store is txlimit's store for MySQL and MariaDB on database/sql: give it to txlimit.New, which
+// reaches it through the Limiter only.
+type Store struct{ handle }
+
+// handle makes Store the driver.Store that txlimit.New takes: sealed, so
+// that no other package implements one.
+type handle = driver.Handle[*sql.Tx]
+
+// backend is the store's operations.
+type backend struct {
 	db *sql.DB
 	// flavor is what the server is, learnt from the first call's
 	// transaction: unknown, MySQL or MariaDB.
@@ -143,7 +151,7 @@ const (
 // mariaDB reports whether the server is MariaDB, asking it in tx the first
 // time: MariaDB's INSERT … RETURNING saves the one-statement take its
 // second round trip.
-func (s *Store) mariaDB(ctx context.Context, tx *sql.Tx) (bool, error) {
+func (s *backend) mariaDB(ctx context.Context, tx *sql.Tx) (bool, error) {
 	switch s.flavor.Load() {
 	case flavorMySQL:
 		return false, nil
@@ -163,38 +171,38 @@ func (s *Store) mariaDB(ctx context.Context, tx *sql.Tx) (bool, error) {
 }
 
 var (
-	_ driver.Store[*sql.Tx] = (*Store)(nil)
-	_ driver.ClockRanger    = (*Store)(nil)
+	_ driver.Ops[*sql.Tx] = (*backend)(nil)
+	_ driver.ClockRanger  = (*backend)(nil)
 )
 
 // New returns a store on db, a MySQL or MariaDB database opened with
 // go-sql-driver/mysql (or any driver that behaves as the package
 // documentation describes). db may be nil when only the …Tx forms of the
 // limiter are used; the other forms then return txlimit.ErrNoPool.
-func New(db *sql.DB) *Store { return &Store{db: db} }
+func New(db *sql.DB) *Store { return &Store{driver.NewHandle[*sql.Tx](&backend{db: db})} }
 
 // InTx implements driver.Store. A transaction that only reads (Check,
 // Value) is begun read-only. It is rolled back when fn returns an error or
 // panics (the panic then continues) and committed otherwise.
-func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
+func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
 	return sqltx.InTx(ctx, s.db, readOnly, fn, beginErr, s.commitErr(ctx))
 }
 
 // Commit implements driver.Store: TakeAll in tx, then COMMIT when it
 // granted and ROLLBACK otherwise, a round trip each (database/sql sends one
 // statement at a time).
-func (s *Store) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return sqltx.Commit(ctx, tx, p, s.TakeAll, s.commitErr(ctx), committedNot)
 }
 
 // InTxCommit implements driver.Store.
-func (s *Store) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return sqltx.InTxCommit(ctx, s.db, fn, p, s.TakeAll, beginErr, s.commitErr(ctx), committedNot)
 }
 
 func beginErr(err error) error { return &beginError{err} } // Retryable: nothing ran
 
-func (s *Store) commitErr(ctx context.Context) func(error) error {
+func (s *backend) commitErr(ctx context.Context) func(error) error {
 	return func(err error) error { return wrap(ctx, nil, "commit", err) }
 }
 
@@ -215,16 +223,16 @@ func committedNot(err error) bool {
 // otherwise).
 // The store has no escrow mode (txlimit.New refuses Config.Escrow on it), so
 // p.Escrow asks for nothing more.
-func (s *Store) Ping(ctx context.Context) error { return ping(ctx, s.db) }
+func (s *backend) Ping(ctx context.Context) error { return ping(ctx, s.db) }
 
 // ClockRange implements driver.ClockRanger: the instants a DATETIME(6)
 // column holds, the years 1000 to 9999 (MySQL stores earlier ones, or a
 // zero date under a lax sql_mode, without saying so). txlimit refuses a
 // reading of txlimit.Options.Clock outside them before any statement.
-func (s *Store) ClockRange() (first, last time.Time) { return minTime, maxTime }
+func (s *backend) ClockRange() (first, last time.Time) { return minTime, maxTime }
 
 // Take implements driver.Store.
-func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
 	returning, err := s.mariaDB(ctx, tx)
 	if err != nil {
 		return driver.TakeResult{}, err
@@ -233,29 +241,29 @@ func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driv
 }
 
 // TakeAll implements driver.Store.
-func (s *Store) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return takeAll(ctx, tx, p)
 }
 
 // Read implements driver.Store with plain reads, which lock nothing: the
 // transaction's snapshot, and its own writes.
-func (s *Store) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
+func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
 	return readShards(ctx, tx, p.Name, p.Key, p.Now)
 }
 
 // Credit implements driver.Store.
-func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
+func (s *backend) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
 	return credit(ctx, tx, p)
 }
 
 // Reset implements driver.Store. The store has no escrow calls to detach.
-func (s *Store) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
+func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
 	return reset(ctx, tx, k)
 }
 
 // Prune implements driver.Store: one batch in a short transaction of its
 // own.
-func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
+func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
 		res, err = prune(ctx, tx, p)
 		return err

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // ping is driver.Store.Ping: the server is MySQL 8.0.19+ or MariaDB

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
@@ -49,11 +50,12 @@ func TestPingNamesTheDSNSetting(t *testing.T) {
 	}
 	t.Run("with every setting", func(t *testing.T) {
 		db := mysqltest.Open(t, cfg, 2)
-		require.NoError(t, mysqlstore.New(db).Ping(ctx))
+		ping := func(db *sql.DB) error { return driver.OpsOf[*sql.Tx](mysqlstore.New(db)).Ping(ctx) }
+		require.NoError(t, ping(db))
 		// multiStatements is not used: either value works.
 		c := cfg.Clone()
 		c.MultiStatements = true
-		require.NoError(t, mysqlstore.New(mysqltest.Open(t, c, 2)).Ping(ctx))
+		require.NoError(t, ping(mysqltest.Open(t, c, 2)))
 	})
 }
 

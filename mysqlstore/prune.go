@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	gen "github.com/txlimit/txlimit/mysqlstore/internal/db"
 )
 

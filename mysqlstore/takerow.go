@@ -5,7 +5,7 @@ import (
 	"database/sql"
 
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/mysqlstore/internal/takerow"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/testkit/algocase"
 	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/mysqlstore"
@@ -27,7 +27,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := mysqltest.Database(t, 2)
-	store := mysqlstore.New(db)
+	store := driver.OpsOf[*sql.Tx](mysqlstore.New(db))
 	cases := algocase.Generate(27, 1000)
 	algocase.RequireCoverage(t, cases)
 	run := func(fn func(tx *sql.Tx)) {
@@ -137,7 +137,7 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := mysqltest.Database(t, 2)
-	s := mysqlstore.New(db)
+	s := driver.OpsOf[*sql.Tx](mysqlstore.New(db))
 	now := time.UnixMicro(1_700_000_000_000_000).UTC()
 	l := driver.Limit{Name: "reshard", Key: "k", Shards: 1,
 		Config: algo.Config{Kind: algo.TokenBucket, Rate: 8, Period: 3_600_000_000, Capacity: 8}}

@@ -43,32 +43,40 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/pgproto"
 	"github.com/txlimit/txlimit/internal/sqltx"
 )
 
-// Store is txlimit's store for PostgreSQL on database/sql.
-type Store struct {
+// Store is txlimit's store for PostgreSQL on database/sql: give it to txlimit.New, which
+// reaches it through the Limiter only.
+type Store struct{ handle }
+
+// handle makes Store the driver.Store that txlimit.New takes: sealed, so
+// that no other package implements one.
+type handle = driver.Handle[*sql.Tx]
+
+// backend is the store's operations.
+type backend struct {
 	db    *sql.DB
 	proto pgproto.Protocol
 }
 
-var _ driver.Store[*sql.Tx] = (*Store)(nil)
+var _ driver.Ops[*sql.Tx] = (*backend)(nil)
 
 // New returns a store on db, a PostgreSQL database opened with any
 // database/sql driver. db may be nil when only the …Tx forms of the limiter
 // are used; the other forms then return txlimit.ErrNoPool.
 func New(db *sql.DB, opts ...Option) *Store {
-	s := &Store{db: db}
+	s := &backend{db: db}
 	for _, o := range opts {
 		o(s)
 	}
-	return s
+	return &Store{driver.NewHandle[*sql.Tx](s)}
 }
 
 // Option configures a Store.
-type Option func(*Store)
+type Option func(*backend)
 
 // SingleKeyStatements makes every statement that locks or writes rows touch
 // the rows of one (name, key), for a txlimit table distributed by key (Citus:
@@ -82,13 +90,13 @@ type Option func(*Store)
 // distributed by key. Prune's scan for the next keys reads across keys
 // without locking anything, in either mode.
 func SingleKeyStatements() Option {
-	return func(s *Store) { s.proto.SingleKey = true }
+	return func(s *backend) { s.proto.SingleKey = true }
 }
 
 // InTx implements driver.Store. A transaction that only reads (Check,
 // Value) is begun read-only. It is rolled back when fn returns an error or
 // panics (the panic then continues) and committed otherwise.
-func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
+func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
 	return sqltx.InTx(ctx, s.db, readOnly, fn, beginErr, s.commitErr(ctx))
 }
 
@@ -96,18 +104,18 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) err
 // round trip of its own. database/sql sends one statement at a time, so the
 // takes cannot ride the COMMIT as they do on pgstore; the call is still all
 // or nothing with the transaction's work.
-func (s *Store) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return sqltx.Commit(ctx, tx, p, s.TakeAll, s.commitErr(ctx), committedNot)
 }
 
 // InTxCommit implements driver.Store.
-func (s *Store) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return sqltx.InTxCommit(ctx, s.db, fn, p, s.TakeAll, beginErr, s.commitErr(ctx), committedNot)
 }
 
 func beginErr(err error) error { return &beginError{err} } // Retryable: nothing ran
 
-func (s *Store) commitErr(ctx context.Context) func(error) error {
+func (s *backend) commitErr(ctx context.Context) func(error) error {
 	return func(err error) error { return s.mapErr(ctx, nil, err) }
 }
 
@@ -122,7 +130,7 @@ func committedNot(err error) bool {
 
 // Ping implements driver.Store: it checks that db is PostgreSQL and that
 // the txlimit table is there with every column the library uses.
-func (s *Store) Ping(ctx context.Context) error {
+func (s *backend) Ping(ctx context.Context) error {
 	if s.db == nil {
 		return driver.ErrNoPool
 	}
@@ -142,35 +150,35 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // Take implements driver.Store (pgproto.Take: the protocol pgstore runs).
-func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
 	res, err := s.proto.Take(ctx, sqlTx{tx}, p)
 	return res, s.mapErr(ctx, tx, err)
 }
 
 // TakeAll implements driver.Store.
-func (s *Store) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	res, err := s.proto.TakeAll(ctx, sqlTx{tx}, p)
 	return res, s.mapErr(ctx, tx, err)
 }
 
 // Read implements driver.Store.
-func (s *Store) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
+func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
 	res, err := s.proto.Read(ctx, sqlTx{tx}, p)
 	return res, s.mapErr(ctx, tx, err)
 }
 
 // Credit implements driver.Store.
-func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
+func (s *backend) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
 	return s.mapErr(ctx, tx, s.proto.Credit(ctx, sqlTx{tx}, p))
 }
 
 // Reset implements driver.Store.
-func (s *Store) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
+func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
 	return s.mapErr(ctx, tx, s.proto.Reset(ctx, sqlTx{tx}, k))
 }
 
 // Prune implements driver.Store.
-func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
+func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
 		res, err = s.proto.Prune(ctx, sqlTx{tx}, p)
 		return s.mapErr(ctx, tx, err)
@@ -182,7 +190,7 @@ func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.Pru
 // reachable with errors.As. q, when not nil, is where a failed statement
 // ran: an error that is not PostgreSQL's is checked there for a database
 // that is not PostgreSQL.
-func (s *Store) mapErr(ctx context.Context, q querier, err error) error {
+func (s *backend) mapErr(ctx context.Context, q querier, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -208,4 +216,4 @@ func (s *Store) mapErr(ctx context.Context, q querier, err error) error {
 
 // ClockRange implements driver.ClockRanger: the instants PostgreSQL's
 // timestamptz holds.
-func (s *Store) ClockRange() (first, last time.Time) { return pgproto.ClockRange() }
+func (s *backend) ClockRange() (first, last time.Time) { return pgproto.ClockRange() }

@@ -7,11 +7,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/pgproto"
 )
 
-var _ driver.BatchSender[pgx.Tx, *pgx.Batch] = (*Store)(nil)
+var _ driver.BatchSender[pgx.Tx, *pgx.Batch] = (*backend)(nil)
 
 // SendBatch implements driver.BatchSender for a *pgx.Batch. When every take
 // is one statement (an unsharded token bucket or fixed window)
@@ -24,7 +24,7 @@ var _ driver.BatchSender[pgx.Tx, *pgx.Batch] = (*Store)(nil)
 // bookkeeping and gives a pool's connection back); an error of b's
 // statements is returned as it is, tx left to the caller. A context done
 // before anything is sent returns its error, tx left as it was.
-func (s *Store) SendBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) SendBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	if nested(tx) {
 		return driver.TakeAllResult{}, errors.New("txlimit/pgstore: SendBatch needs the transaction itself, not one begun " +
 			"inside it with Begin (a savepoint): a denial rolls back the whole transaction, which the savepoint's owner " +

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/pgproto"
 )
 
@@ -20,7 +20,7 @@ import (
 // after a COMMIT it did not send itself: tx is rolled back at the end, which
 // the server answers with a warning, to end pgx's bookkeeping and give a
 // pool's connection back. That costs the round trip InTxCommit saves.
-func (s *Store) Commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) Commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	if nested(tx) {
 		return driver.TakeAllResult{}, errors.New("txlimit/pgstore: CommitTx needs the transaction itself, not one begun " +
 			"inside it with Begin (a savepoint, which its COMMIT would not end but commit the outer transaction with): " +
@@ -35,7 +35,7 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (
 // connection the store acquires for it, so that a COMMIT sent with the takes
 // ends it for good: the connection goes back to the pool as it is, with no
 // round trip of pgx's own.
-func (s *Store) InTxCommit(ctx context.Context, fn func(tx pgx.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) InTxCommit(ctx context.Context, fn func(tx pgx.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	if s.pool == nil {
 		return driver.TakeAllResult{}, driver.ErrNoPool
 	}
@@ -63,7 +63,7 @@ func (s *Store) InTxCommit(ctx context.Context, fn func(tx pgx.Tx) error, p driv
 }
 
 // commit takes p in tx and ends tx's transaction on the server.
-func (s *Store) commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	if pgproto.Lean(p) {
 		res, err := s.proto.TakeCommit(ctx, tx, p)
 		return res, mapErr(err)

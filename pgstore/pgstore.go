@@ -35,30 +35,38 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/pgproto"
 )
 
-// Store is txlimit's store for pgx.
-type Store struct {
+// Store is txlimit's store for pgx: give it to txlimit.New, which
+// reaches it through the Limiter only.
+type Store struct{ handle }
+
+// handle makes Store the driver.Store that txlimit.New takes: sealed, so
+// that no other package implements one.
+type handle = driver.Handle[pgx.Tx]
+
+// backend is the store's operations.
+type backend struct {
 	pool  *pgxpool.Pool
 	proto pgproto.Protocol
 }
 
-var _ driver.Store[pgx.Tx] = (*Store)(nil)
+var _ driver.Ops[pgx.Tx] = (*backend)(nil)
 
 // New returns a store on pool. pool may be nil when only the …Tx forms of
 // the limiter are used; the other forms then return txlimit.ErrNoPool.
 func New(pool *pgxpool.Pool, opts ...Option) *Store {
-	s := &Store{pool: pool}
+	s := &backend{pool: pool}
 	for _, o := range opts {
 		o(s)
 	}
-	return s
+	return &Store{driver.NewHandle[pgx.Tx](s)}
 }
 
 // Option configures a Store.
-type Option func(*Store)
+type Option func(*backend)
 
 // SingleKeyStatements makes every statement that locks or writes rows touch
 // the rows of one (name, key), for a txlimit table distributed by key (Citus:
@@ -72,11 +80,11 @@ type Option func(*Store)
 // by key. Prune's scan for the next keys reads across keys without locking
 // anything, in either mode.
 func SingleKeyStatements() Option {
-	return func(s *Store) { s.proto.SingleKey = true }
+	return func(s *backend) { s.proto.SingleKey = true }
 }
 
 // InTx implements driver.Store.
-func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) error) error {
+func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) error) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
 	}
@@ -88,7 +96,7 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) erro
 }
 
 // Ping implements driver.Store.
-func (s *Store) Ping(ctx context.Context) error {
+func (s *backend) Ping(ctx context.Context) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
 	}
@@ -118,7 +126,7 @@ func mapErr(err error) error {
 // from the first shard no other transaction holds; when that shard lacks the
 // tokens, a denial the committed state already decides is answered without
 // a lock; otherwise every shard is locked, in shard order.
-func (s *Store) Take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+func (s *backend) Take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (driver.TakeResult, error) {
 	res, err := s.proto.Take(ctx, tx, p)
 	return res, mapErr(err)
 }
@@ -127,32 +135,32 @@ func (s *Store) Take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (drive
 // canonical order and the read of the locked rows go to the server in one
 // round trip, and the writes (or, for a denial, the removal of the rows the
 // insert created) in one more.
-func (s *Store) TakeAll(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) TakeAll(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	res, err := s.proto.TakeAll(ctx, tx, p)
 	return res, mapErr(err)
 }
 
 // Read implements driver.Store.
-func (s *Store) Read(ctx context.Context, tx pgx.Tx, p driver.ReadParams) (driver.ReadResult, error) {
+func (s *backend) Read(ctx context.Context, tx pgx.Tx, p driver.ReadParams) (driver.ReadResult, error) {
 	res, err := s.proto.Read(ctx, tx, p)
 	return res, mapErr(err)
 }
 
 // Credit implements driver.Store. A key with no row is full: there is
 // nothing to give back to it.
-func (s *Store) Credit(ctx context.Context, tx pgx.Tx, p driver.CreditParams) error {
+func (s *backend) Credit(ctx context.Context, tx pgx.Tx, p driver.CreditParams) error {
 	return mapErr(s.proto.Credit(ctx, tx, p))
 }
 
 // Reset implements driver.Store.
-func (s *Store) Reset(ctx context.Context, tx pgx.Tx, k driver.KeyRef) error {
+func (s *backend) Reset(ctx context.Context, tx pgx.Tx, k driver.KeyRef) error {
 	return mapErr(s.proto.Reset(ctx, tx, k))
 }
 
 // Prune implements driver.Store. The rows are locked with FOR UPDATE SKIP
 // LOCKED, so a batch never waits for a row that live traffic holds: a key
 // with a row held elsewhere is left for a later run.
-func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
+func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx pgx.Tx) (err error) {
 		res, err = s.proto.Prune(ctx, tx, p)
 		return err
@@ -162,4 +170,4 @@ func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.Pru
 
 // ClockRange implements driver.ClockRanger: the instants PostgreSQL's
 // timestamptz holds.
-func (s *Store) ClockRange() (first, last time.Time) { return pgproto.ClockRange() }
+func (s *backend) ClockRange() (first, last time.Time) { return pgproto.ClockRange() }

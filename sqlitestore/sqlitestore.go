@@ -42,19 +42,27 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/sqltx"
 	gen "github.com/txlimit/txlimit/sqlitestore/internal/db"
 )
 
-// Store is txlimit's store for database/sql on SQLite.
-type Store struct {
+// Store is txlimit's store for database/sql on SQLite: give it to txlimit.New, which
+// reaches it through the Limiter only.
+type Store struct{ handle }
+
+// handle makes Store the driver.Store that txlimit.New takes: sealed, so
+// that no other package implements one.
+type handle = driver.Handle[*sql.Tx]
+
+// backend is the store's operations.
+type backend struct {
 	db      *sql.DB
 	queries *gen.Queries
 	stmts   *stmtCache // nil when db is
 }
 
-var _ driver.Store[*sql.Tx] = (*Store)(nil)
+var _ driver.Ops[*sql.Tx] = (*backend)(nil)
 
 // New returns a store on db, opened with any SQLite driver and configured as
 // the package documentation says. db may be nil when only the …Tx forms of
@@ -72,11 +80,11 @@ var _ driver.Store[*sql.Tx] = (*Store)(nil)
 // transaction on a database in another journal mode run the SQL text as it
 // is.
 func New(db *sql.DB) *Store {
-	s := &Store{db: db, queries: gen.New()}
+	s := &backend{db: db, queries: gen.New()}
 	if db != nil {
 		s.stmts = &stmtCache{db: db}
 	}
-	return s
+	return &Store{driver.NewHandle[*sql.Tx](s)}
 }
 
 // ErrWrongDatabase matches (errors.Is) the error of a call on a *sql.DB or
@@ -125,7 +133,7 @@ func clock(now *time.Time) time.Time {
 // modernc.org/sqlite begins without taking the write lock. It is rolled back
 // when fn returns an error or panics (the panic then continues) and
 // committed otherwise.
-func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
+func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
 	return sqltx.InTx(ctx, s.db, readOnly, fn,
 		func(err error) error { return wrap("begin", err) },
 		s.commitErr)
@@ -133,16 +141,16 @@ func (s *Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) err
 
 // Commit implements driver.Store: TakeAll, then COMMIT or ROLLBACK. SQLite
 // has no round trip to save, and a COMMIT that fails did not commit.
-func (s *Store) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return sqltx.Commit(ctx, tx, p, s.TakeAll, s.commitErr, known)
 }
 
 // InTxCommit implements driver.Store.
-func (s *Store) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return sqltx.InTxCommit(ctx, s.db, fn, p, s.TakeAll, func(err error) error { return wrap("begin", err) }, s.commitErr, known)
 }
 
-func (s *Store) commitErr(err error) error { return wrap("commit", err) }
+func (s *backend) commitErr(err error) error { return wrap("commit", err) }
 
 // known reports that a COMMIT that failed did not commit: SQLite runs in
 // the process, with no connection to lose.
@@ -150,7 +158,7 @@ func known(error) bool { return true }
 
 // Ping implements driver.Store: it checks that db is SQLite and that the
 // txlimit table is there with every column the library uses.
-func (s *Store) Ping(ctx context.Context) error {
+func (s *backend) Ping(ctx context.Context) error {
 	if s.db == nil {
 		return driver.ErrNoPool
 	}
@@ -169,7 +177,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // no-op when tx holds it already), then reads every row of (name, key) and
 // the clock. The write lock locks every row of the database, so the rows
 // cannot change before tx ends.
-func (s *Store) lockKey(ctx context.Context, tx *sql.Tx, name, key string, now *time.Time) ([]driver.Row, time.Time, error) {
+func (s *backend) lockKey(ctx context.Context, tx *sql.Tx, name, key string, now *time.Time) ([]driver.Row, time.Time, error) {
 	if err := s.queries.TouchKey(ctx, s.on(tx), gen.TouchKeyParams{Name: name, Key: key}); err != nil {
 		return nil, time.Time{}, wrap("take the write lock", err)
 	}
@@ -188,7 +196,7 @@ func (s *Store) lockKey(ctx context.Context, tx *sql.Tx, name, key string, now *
 // store writes states to rows 0..Shards-1 of l's key, whose rows were had:
 // it creates the rows that are missing and deletes those beyond Shards (a
 // limit redeployed with other Shards).
-func (s *Store) store(ctx context.Context, tx *sql.Tx, l driver.Limit, had []driver.Row, states []algo.State) error {
+func (s *backend) store(ctx context.Context, tx *sql.Tx, l driver.Limit, had []driver.Row, states []algo.State) error {
 	exists := make([]bool, len(states))
 	for _, r := range had {
 		if int(r.Shard) < len(exists) {
@@ -223,7 +231,7 @@ func (s *Store) store(ctx context.Context, tx *sql.Tx, l driver.Limit, had []dri
 // nothing, and on a sharded limit, every shard of the limit is read under
 // the write lock, decided on in Go and written. There is no row lock to
 // skip, so a sharded limit is never served from one shard.
-func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
+func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
 	var start time.Time
 	if p.TimeLocks {
 		start = time.Now()
@@ -257,7 +265,7 @@ func (s *Store) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driv
 // TakeAll implements driver.Store. The write lock locks every row at once,
 // so the order does not matter here; the keys are still read in the
 // canonical order.
-func (s *Store) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+func (s *backend) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	var start time.Time
 	if p.TimeLocks {
 		start = time.Now()
@@ -288,7 +296,7 @@ func (s *Store) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams)
 
 // Read implements driver.Store with a plain SELECT, which takes no write
 // lock: it sees tx's snapshot (and tx's own writes).
-func (s *Store) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
+func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
 	rows, err := s.queries.ReadShards(ctx, s.on(tx), gen.ReadShardsParams{Name: p.Name, Key: p.Key})
 	if err != nil {
 		return driver.ReadResult{}, wrap("read shards", err)
@@ -302,7 +310,7 @@ func (s *Store) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driv
 
 // Credit implements driver.Store. A key with no row is full: there is
 // nothing to give back to it.
-func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
+func (s *backend) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
 	rows, at, err := s.lockKey(ctx, tx, p.Name, p.Key, p.Now)
 	if err != nil || len(rows) == 0 {
 		return err
@@ -311,7 +319,7 @@ func (s *Store) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) e
 }
 
 // Reset implements driver.Store.
-func (s *Store) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
+func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
 	return wrap("delete key", s.queries.DeleteKey(ctx, s.on(tx), gen.DeleteKeyParams{Name: k.Name, Key: k.Key}))
 }
 
@@ -320,7 +328,7 @@ func (s *Store) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
 // busy_timeout like every writer, and then holds every row. The rows of the
 // batch's keys are read in one range scan of the primary key (SQLite's
 // BINARY collation: byte by byte), from the first key to the last.
-func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
+func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
 		res, err = s.prune(ctx, tx, p)
 		return err
@@ -328,7 +336,7 @@ func (s *Store) Prune(ctx context.Context, p driver.PruneParams) (res driver.Pru
 	return res, err
 }
 
-func (s *Store) prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneResult, error) {
+func (s *backend) prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneResult, error) {
 	keys, err := s.queries.ScanKeys(ctx, s.on(tx), gen.ScanKeysParams{AfterName: p.After.Name, AfterKey: p.After.Key, MaxKeys: int64(p.Max)})
 	if err != nil || len(keys) == 0 {
 		return driver.PruneResult{}, wrap("scan keys", err)
@@ -378,6 +386,6 @@ func (s *Store) prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (dr
 }
 
 // ClockRange implements driver.ClockRanger: ts is microseconds in an int64.
-func (s *Store) ClockRange() (first, last time.Time) {
+func (s *backend) ClockRange() (first, last time.Time) {
 	return driver.Microseconds[0], driver.Microseconds[1]
 }

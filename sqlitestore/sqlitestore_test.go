@@ -15,7 +15,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/sqlitestore"
@@ -77,7 +77,7 @@ func requireBusyAdvice(t *testing.T, err error) {
 }
 
 // inTx runs fn in a transaction of store and fails the test on error.
-func inTx(t *testing.T, s *sqlitestore.Store, fn func(tx *sql.Tx)) {
+func inTx(t *testing.T, s driver.Ops[*sql.Tx], fn func(tx *sql.Tx)) {
 	t.Helper()
 	require.NoError(t, s.InTx(context.Background(), false, func(tx *sql.Tx) error { fn(tx); return nil }))
 }
@@ -97,7 +97,7 @@ func rw(shard int32, value float64, ts time.Time) driver.Row {
 }
 
 // take runs Take and fails the test on error.
-func take(t *testing.T, s *sqlitestore.Store, tx *sql.Tx, p driver.TakeParams) driver.TakeResult {
+func take(t *testing.T, s driver.Ops[*sql.Tx], tx *sql.Tx, p driver.TakeParams) driver.TakeResult {
 	t.Helper()
 	res, err := s.Take(context.Background(), tx, p)
 	require.NoError(t, err)
@@ -105,7 +105,7 @@ func take(t *testing.T, s *sqlitestore.Store, tx *sql.Tx, p driver.TakeParams) d
 }
 
 // read runs Read in tx and fails the test on error.
-func read(t *testing.T, s *sqlitestore.Store, tx *sql.Tx, name, key string, now *time.Time) driver.ReadResult {
+func read(t *testing.T, s driver.Ops[*sql.Tx], tx *sql.Tx, name, key string, now *time.Time) driver.ReadResult {
 	t.Helper()
 	res, err := s.Read(context.Background(), tx, driver.ReadParams{Name: name, Key: key, Now: now})
 	require.NoError(t, err)
@@ -114,7 +114,7 @@ func read(t *testing.T, s *sqlitestore.Store, tx *sql.Tx, name, key string, now 
 
 // readRows reads the rows of (name, key) in a read-only transaction of its
 // own.
-func readRows(t *testing.T, s *sqlitestore.Store, name, key string) []driver.Row {
+func readRows(t *testing.T, s driver.Ops[*sql.Tx], name, key string) []driver.Row {
 	t.Helper()
 	var rows []driver.Row
 	require.NoError(t, s.InTx(context.Background(), true, func(tx *sql.Tx) error {
@@ -127,7 +127,7 @@ func readRows(t *testing.T, s *sqlitestore.Store, name, key string) []driver.Row
 func TestRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	db := openDB(t, recommended)
-	s := sqlitestore.New(db)
+	s := ops(sqlitestore.New(db))
 	// A clock with nanoseconds: the store works, and stores, at
 	// microsecond precision.
 	now := time.UnixMicro(1_700_000_000_123_456).Add(789 * time.Nanosecond)
@@ -210,7 +210,7 @@ func TestTakeKeepsExistingRows(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := context.Background()
 			db := openDB(t, recommended)
-			s := sqlitestore.New(db)
+			s := ops(sqlitestore.New(db))
 			now := time.UnixMicro(2_000_000)
 			for shard, v := range c.present {
 				_, err := db.ExecContext(ctx, `INSERT INTO txlimit (name, key, shard, value, ts) VALUES ('n', 'k', ?, ?, ?)`,
@@ -259,7 +259,7 @@ func TestTakeKeepsExistingRows(t *testing.T) {
 
 func TestDelete(t *testing.T) {
 	ctx := context.Background()
-	s := sqlitestore.New(openDB(t, recommended))
+	s := ops(sqlitestore.New(openDB(t, recommended)))
 	now := time.UnixMicro(1)
 	keys := [][2]string{{"n", "k"}, {"n", "other"}, {"m", "k"}, {"n", ""}, {"n", "K"}, {"n", "k "}}
 	inTx(t, s, func(tx *sql.Tx) {
@@ -282,7 +282,7 @@ func TestDelete(t *testing.T) {
 }
 
 func TestClock(t *testing.T) {
-	s := sqlitestore.New(openDB(t, recommended))
+	s := ops(sqlitestore.New(openDB(t, recommended)))
 	injected := time.Date(2030, 1, 2, 3, 4, 5, 6_007_008, time.UTC)
 	truncated := time.UnixMicro(injected.UnixMicro())
 	inTx(t, s, func(tx *sql.Tx) {
@@ -319,7 +319,7 @@ func TestShards(t *testing.T) {
 	}
 
 	t.Run("every-shard", func(t *testing.T) {
-		s := sqlitestore.New(openDB(t, recommended))
+		s := ops(sqlitestore.New(openDB(t, recommended)))
 		l := bucket("n", "k", 9, 3) // 3 a shard
 		inTx(t, s, func(tx *sql.Tx) {
 			res := take(t, s, tx, driver.TakeParams{Limit: l, Count: 1, Now: &now})
@@ -347,7 +347,7 @@ func TestShards(t *testing.T) {
 	})
 
 	t.Run("1-to-3", func(t *testing.T) {
-		s := sqlitestore.New(openDB(t, recommended))
+		s := ops(sqlitestore.New(openDB(t, recommended)))
 		inTx(t, s, func(tx *sql.Tx) {
 			require.True(t, take(t, s, tx, driver.TakeParams{Limit: bucket("n", "k", 9, 1), Count: 3, Now: &now}).Decision.OK)
 		})
@@ -368,7 +368,7 @@ func TestShards(t *testing.T) {
 
 	t.Run("4-to-2", func(t *testing.T) {
 		db := openDB(t, recommended)
-		s := sqlitestore.New(db)
+		s := ops(sqlitestore.New(db))
 		inTx(t, s, func(tx *sql.Tx) {
 			require.True(t, take(t, s, tx, driver.TakeParams{Limit: bucket("n", "k", 8, 4), Count: 2, Now: &now}).Decision.OK)
 		})
@@ -385,7 +385,7 @@ func TestShards(t *testing.T) {
 
 	t.Run("denial", func(t *testing.T) {
 		db := openDB(t, recommended)
-		s := sqlitestore.New(db)
+		s := ops(sqlitestore.New(db))
 		l := bucket("n", "k", 9, 3)
 		inTx(t, s, func(tx *sql.Tx) {
 			require.True(t, take(t, s, tx, driver.TakeParams{Limit: l, Count: 7, Now: &now}).Decision.OK)
@@ -409,7 +409,7 @@ func TestShards(t *testing.T) {
 	// A denial on a resharded key writes the reshard, which holds the same
 	// total: the decision of the next call is the same.
 	t.Run("denial-resharded", func(t *testing.T) {
-		s := sqlitestore.New(openDB(t, recommended))
+		s := ops(sqlitestore.New(openDB(t, recommended)))
 		inTx(t, s, func(tx *sql.Tx) {
 			require.True(t, take(t, s, tx, driver.TakeParams{Limit: bucket("n", "k", 9, 1), Count: 7, Now: &now}).Decision.OK)
 		})
@@ -437,7 +437,7 @@ func TestShards(t *testing.T) {
 func TestTakeAllCreditPrune(t *testing.T) {
 	ctx := context.Background()
 	db := openDB(t, recommended)
-	s := sqlitestore.New(db)
+	s := ops(sqlitestore.New(db))
 	now := time.UnixMicro(5_000_000)
 	a, b := bucket("n", "a", 2, 1), bucket("n", "b", 3, 3)
 	takeAll := func() driver.TakeAllResult {
@@ -489,7 +489,7 @@ func TestTakeAllCreditPrune(t *testing.T) {
 
 func TestInTx(t *testing.T) {
 	ctx := context.Background()
-	s := sqlitestore.New(openDB(t, recommended))
+	s := ops(sqlitestore.New(openDB(t, recommended)))
 	count := func() (n int) {
 		require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
 			return tx.QueryRow(`SELECT count(*) FROM txlimit`).Scan(&n)
@@ -513,9 +513,9 @@ func TestInTx(t *testing.T) {
 	})
 	require.Equal(t, 1, count(), "a panic rolls back")
 
-	err = sqlitestore.New(nil).InTx(ctx, false, func(*sql.Tx) error { t.Fatal("fn called without a database"); return nil })
+	err = ops(sqlitestore.New(nil)).InTx(ctx, false, func(*sql.Tx) error { t.Fatal("fn called without a database"); return nil })
 	require.ErrorIs(t, err, txlimit.ErrNoPool)
-	require.ErrorIs(t, sqlitestore.New(nil).Ping(ctx), txlimit.ErrNoPool)
+	require.ErrorIs(t, ops(sqlitestore.New(nil)).Ping(ctx), txlimit.ErrNoPool)
 }
 
 // TestNotMigrated: on a database where migrations.Up did not run (or the
@@ -529,7 +529,7 @@ func TestNotMigrated(t *testing.T) {
 		require.ErrorContains(t, err, "migrations.Up")
 	}
 	check := func(t *testing.T, db *sql.DB) {
-		s := sqlitestore.New(db)
+		s := ops(sqlitestore.New(db))
 		requireNotMigrated(t, s.Ping(ctx))
 		requireNotMigrated(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
 			_, err := s.Take(ctx, tx, driver.TakeParams{Limit: bucket("n", "k", 1, 1), Count: 1})
@@ -550,7 +550,7 @@ func TestNotMigrated(t *testing.T) {
 		check(t, db)
 	})
 	t.Run("migrated", func(t *testing.T) {
-		require.NoError(t, sqlitestore.New(openDB(t, recommended)).Ping(ctx))
+		require.NoError(t, ops(sqlitestore.New(openDB(t, recommended))).Ping(ctx))
 	})
 }
 
@@ -566,7 +566,7 @@ func TestTakeTakesTheWriteLock(t *testing.T) {
 			// Deferred transactions and no busy_timeout: contention fails
 			// at once with SQLITE_BUSY instead of waiting.
 			db := openDB(t, "_pragma=journal_mode("+mode+")")
-			s := sqlitestore.New(db)
+			s := ops(sqlitestore.New(db))
 			a, err := db.Conn(ctx)
 			require.NoError(t, err)
 			defer a.Close()
@@ -624,7 +624,7 @@ func TestTakeWaitsAndReadsTheNewValue(t *testing.T) {
 		t.Run(params, func(t *testing.T) {
 			ctx := context.Background()
 			db := openDB(t, params)
-			s := sqlitestore.New(db)
+			s := ops(sqlitestore.New(db))
 			now := time.UnixMicro(1_000_000)
 			p := driver.TakeParams{Limit: bucket("n", "k", 10, 1), Count: 1, Now: &now}
 
@@ -679,7 +679,7 @@ func TestTakeWaitsAndReadsTheNewValue(t *testing.T) {
 func TestDeferredReadThenTakeIsAnError(t *testing.T) {
 	ctx := context.Background()
 	db := openDB(t, "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
-	s := sqlitestore.New(db)
+	s := ops(sqlitestore.New(db))
 	now := time.UnixMicro(1_000_000)
 	p := driver.TakeParams{Limit: bucket("n", "k", 1, 1), Count: 1, Now: &now}
 
@@ -888,3 +888,6 @@ func TestRollbackLeavesRowsAsBefore(t *testing.T) {
 		require.Equal(t, before, dump(t, db))
 	}
 }
+
+// ops is the operations of s, which these tests call directly.
+func ops(s *sqlitestore.Store) driver.Ops[*sql.Tx] { return driver.OpsOf[*sql.Tx](s) }

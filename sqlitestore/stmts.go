@@ -114,7 +114,7 @@ type txConn struct {
 }
 
 // on returns the connection the generated queries run on in tx.
-func (s *Store) on(tx *sql.Tx) txConn {
+func (s *backend) on(tx *sql.Tx) txConn {
 	return txConn{tx: tx, cache: s.stmts}
 }
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 )
@@ -40,7 +40,7 @@ var frozen = time.UnixMicro(1_700_000_000_000_000)
 // writes, from an unsharded token bucket of capacity 1000 on (name, key).
 // Take runs one statement, TakeRow, on a key with its row or without. It
 // returns the value left.
-func takeOne(ctx context.Context, s *Store, tx *sql.Tx, name, key string) (float64, error) {
+func takeOne(ctx context.Context, s *backend, tx *sql.Tx, name, key string) (float64, error) {
 	res, err := s.Take(ctx, tx, driver.TakeParams{
 		Limit: driver.Limit{Name: name, Key: key, Shards: 1, Config: algo.Config{
 			Kind: algo.TokenBucket, Rate: 1, Period: time.Hour.Microseconds(), Capacity: 1000,
@@ -57,7 +57,7 @@ func takeOne(ctx context.Context, s *Store, tx *sql.Tx, name, key string) (float
 }
 
 // readRows reads (name, key) with Read in a read-only transaction of s.
-func readRows(t *testing.T, s *Store, name, key string) []driver.Row {
+func readRows(t *testing.T, s *backend, name, key string) []driver.Row {
 	t.Helper()
 	var rows []driver.Row
 	require.NoError(t, s.InTx(context.Background(), true, func(tx *sql.Tx) error {
@@ -70,7 +70,7 @@ func readRows(t *testing.T, s *Store, name, key string) []driver.Row {
 
 // prepared returns the names (sqlc's "-- name: X") of the statements the
 // store has prepared.
-func prepared(s *Store) map[string]bool {
+func prepared(s *backend) map[string]bool {
 	out := map[string]bool{}
 	s.stmts.ready.Range(func(q, _ any) bool {
 		name, _, _ := strings.Cut(strings.TrimPrefix(q.(string), "-- name: "), " ")
@@ -86,7 +86,7 @@ var everyStatement = []string{"TakeRow", "ReadShards"}
 
 // prepareAll runs Takes (creating a key, then writing it) and a Read until
 // the store has prepared their statements in the background.
-func prepareAll(t *testing.T, s *Store) {
+func prepareAll(t *testing.T, s *backend) {
 	t.Helper()
 	ctx := context.Background()
 	i := 0
@@ -116,7 +116,7 @@ func prepareAll(t *testing.T, s *Store) {
 // another DB still works, on its own DB, with the SQL text.
 func TestTxOfAnotherDB(t *testing.T) {
 	ctx := context.Background()
-	s := New(openTestDB(t))
+	s := newBackend(openTestDB(t))
 	prepareAll(t, s)
 
 	other := openTestDB(t)
@@ -175,7 +175,7 @@ func TestOneConnectionPool(t *testing.T) {
 	// the calls run prepared, on the one connection, and still count
 	// exactly.
 	ready := func() bool {
-		p := prepared(store)
+		p := prepared(driver.OpsOf[*sql.Tx](store).(*backend))
 		// TakeRow grants; a denial reads the row with TouchKey and
 		// LockShards.
 		return p["TakeRow"] && p["TouchKey"] && p["LockShards"]
@@ -194,7 +194,7 @@ func TestOneConnectionPool(t *testing.T) {
 // what the text would.
 func TestPreparedStatements(t *testing.T) {
 	ctx := context.Background()
-	s := New(openTestDB(t))
+	s := newBackend(openTestDB(t))
 	prepareAll(t, s)
 	before := readRows(t, s, "warm", "up")
 	require.Len(t, before, 1)
@@ -230,7 +230,7 @@ func keys(m map[string]bool) []string {
 // nothing.
 func TestRollbackJournalPreparesNothing(t *testing.T) {
 	ctx := context.Background()
-	s := New(openTestDBMode(t, "delete"))
+	s := newBackend(openTestDBMode(t, "delete"))
 	for range 20 {
 		require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
 			_, err := takeOne(ctx, s, tx, "n", "k")
@@ -243,3 +243,7 @@ func TestRollbackJournalPreparesNothing(t *testing.T) {
 	s.stmts.ready.Range(func(q, _ any) bool { t.Errorf("prepared %q", q); return true })
 	require.Equal(t, []driver.Row{{Shard: 0, Value: 980, TS: frozen}}, readRows(t, s, "n", "k"))
 }
+
+// newBackend is the operations of New(db), which the tests of this package
+// call directly.
+func newBackend(db *sql.DB) *backend { return driver.OpsOf[*sql.Tx](New(db)).(*backend) }

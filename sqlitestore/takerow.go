@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // takeRowSQL is one admitted call on one row in one statement: it refills the
@@ -80,7 +80,7 @@ RETURNING value, ts`
 // the clock at. done is false when the statement granted nothing: the
 // caller then takes the Go path, which decides with algo (a denial costs
 // that one more read; the write lock is held already).
-func (s *Store) takeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams, at time.Time) (res driver.TakeResult, done bool, err error) {
+func (s *backend) takeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams, at time.Time) (res driver.TakeResult, done bool, err error) {
 	c := p.Config
 	full := p.Full()
 	var next algo.State

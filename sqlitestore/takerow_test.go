@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/testkit/algocase"
 )
 
@@ -28,7 +28,7 @@ import (
 // explicit float64(Rate*float64(windows)) in algo forbids the fusion.
 func TestTakeRowMatchesAlgo(t *testing.T) {
 	ctx := context.Background()
-	s := New(openTestDB(t))
+	s := newBackend(openTestDB(t))
 	cases := algocase.Generate(13, 3000)
 	algocase.RequireCoverage(t, cases)
 	run := func(fn func(tx *sql.Tx)) {
@@ -102,7 +102,7 @@ func stored(ctx context.Context, t *testing.T, tx *sql.Tx, c algocase.Case) []al
 // takeRowSQL leaves it to the Go path.
 func TestTakeRowLeavesReshardToGo(t *testing.T) {
 	ctx := context.Background()
-	s := New(openTestDB(t))
+	s := newBackend(openTestDB(t))
 	now := time.UnixMicro(1_700_000_000_000_000)
 	l := driver.Limit{Name: "reshard", Key: "k", Shards: 1,
 		Config: algo.Config{Kind: algo.TokenBucket, Rate: 8, Period: 3_600_000_000, Capacity: 8}}

@@ -19,7 +19,7 @@ const (
 	// LimitTx on PostgreSQL through database/sql (pgsqlstore)
 	implTxlimitSQL = "txlimit/pgsqlstore"
 	implRedis      = "redis" // seed 003's Lua script, beside the transaction
-	implNone   = "none" // the business transaction with no limit
+	implNone       = "none"  // the business transaction with no limit
 	// LimitTx on pgstore with Config.Shards 16, on the business hot key
 	implShards16 = "txlimit/shards16"
 )

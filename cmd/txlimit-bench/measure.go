@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // limitSpec is the limit of one run: one token bucket, which txlimit and the

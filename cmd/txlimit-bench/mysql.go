@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/mysqlstore"
 )
@@ -120,7 +121,7 @@ func openMySQL(ctx context.Context, dsn string) (env *mysqlEnv, cleanup func(), 
 			return nil, nil, fmt.Errorf("create the floor's and the business tables: %w", err)
 		}
 	}
-	if err := mysqlstore.New(env.db).Ping(ctx); err != nil {
+	if err := driver.OpsOf[*sql.Tx](mysqlstore.New(env.db)).Ping(ctx); err != nil {
 		cleanup()
 		return nil, nil, err
 	}

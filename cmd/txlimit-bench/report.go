@@ -105,11 +105,11 @@ type Report struct {
 	Redis     string    `json:"redis,omitempty"`
 	Duration  string    `json:"duration_per_run"`
 	Repeats   int       `json:"repeats"`
-	LoadStart   string   `json:"loadavg_start,omitempty"`
-	LoadEnd     string   `json:"loadavg_end,omitempty"`
-	Rows        []Row    `json:"rows"`
-	Targets     []Target `json:"targets"`
-	Checks      []check  `json:"checks"`
+	LoadStart string    `json:"loadavg_start,omitempty"`
+	LoadEnd   string    `json:"loadavg_end,omitempty"`
+	Rows      []Row     `json:"rows"`
+	Targets   []Target  `json:"targets"`
+	Checks    []check   `json:"checks"`
 
 	schema    string // the PostgreSQL schema the run used (and dropped)
 	redisKeys string // matches the Redis keys the run wrote (and deleted)

@@ -133,14 +133,14 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 	b := &bench{cfg: cfg, w: w, samples: map[cell][]sample{},
 		spent: map[cell]map[string]time.Duration{}, spentOps: map[cell]int64{}}
 	rep := &Report{
-		Generated:   time.Now().UTC().Truncate(time.Second),
-		Command:     cfg.Command,
-		Go:          runtime.Version(),
-		Platform:    runtime.GOOS + "/" + runtime.GOARCH,
-		CPUs:        runtime.NumCPU(),
-		Duration:    cfg.Duration.String(),
-		Repeats:     cfg.Repeats,
-		LoadStart:   loadAvg(),
+		Generated: time.Now().UTC().Truncate(time.Second),
+		Command:   cfg.Command,
+		Go:        runtime.Version(),
+		Platform:  runtime.GOOS + "/" + runtime.GOARCH,
+		CPUs:      runtime.NumCPU(),
+		Duration:  cfg.Duration.String(),
+		Repeats:   cfg.Repeats,
+		LoadStart: loadAvg(),
 	}
 
 	if cfg.Subjects != nil {

@@ -22,7 +22,7 @@ import (
 	_ "modernc.org/sqlite" // the pure-Go SQLite driver, registered as "sqlite"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/testkit/benchfloor"
 	"github.com/txlimit/txlimit/migrations"
 )

@@ -20,7 +20,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/migrations"
 )
 
@@ -80,7 +80,7 @@ func unmigrated[TTx any](ctx context.Context, db *database[TTx], err error) erro
 		return err
 	}
 	if !errors.Is(err, txlimit.ErrNotMigrated) {
-		ping := db.store.Ping(ctx)
+		ping := driver.OpsOf(db.store).Ping(ctx)
 		if !errors.Is(ping, txlimit.ErrNotMigrated) {
 			return err
 		}

@@ -8,7 +8,7 @@ import (
 	"net"
 	"strings"
 
-	txdriver "github.com/txlimit/txlimit/driver"
+	txdriver "github.com/txlimit/txlimit/internal/driver"
 )
 
 // The SQLSTATEs the stores name, as PostgreSQL's errcodes table (Appendix A)

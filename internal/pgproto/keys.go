@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit/algo"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/pgdb"
 )
 

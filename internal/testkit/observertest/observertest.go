@@ -19,7 +19,7 @@ import (
 	_ "modernc.org/sqlite" // the SQLite driver the tests open
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"

@@ -17,7 +17,7 @@ package storetest
 import (
 	"testing"
 
-	"github.com/txlimit/txlimit/driver"
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // Harness adapts one store to the suite.

@@ -1,15 +1,15 @@
 // Package driver is the seam between txlimit's Limiter and a database: the
-// Store interface that pgstore, pgsqlstore, sqlitestore and mysqlstore
+// Ops interface that pgstore, pgsqlstore, sqlitestore and mysqlstore
 // implement, the parameters of its operations, and the pure helpers every
 // store shares to turn the rows it locked into a decision (they are algo,
 // applied to rows).
 //
-// The API of this package is not stable and may change in any release. DO
-// NOT IMPLEMENT Store outside this module: build a store with pgstore.New,
-// pgsqlstore.New, sqlitestore.New or mysqlstore.New and hand it to
-// txlimit.New, which infers the transaction type from it.
+// The seam is sealed. The package is internal, and the Store that
+// txlimit.New takes has one unexported method, which a type gets only by
+// embedding a Handle: no other module can implement a store, and a store
+// package exports no method of Ops.
 //
-// Each method of Store is one complete operation in the caller's
+// Each method of Ops is one complete operation in the caller's
 // transaction: it locks what it needs the way its database does best
 // (SELECT … FOR UPDATE, SKIP LOCKED, savepoints, SQLite's write lock), reads,
 // decides with the helpers below and writes, and it leaves no lock or
@@ -29,7 +29,7 @@ import (
 	"github.com/txlimit/txlimit/algo"
 )
 
-// ErrNoPool is returned by Store.InTx when the store was built without a
+// ErrNoPool is returned by Ops.InTx when the store was built without a
 // pool or database. txlimit re-exports it as txlimit.ErrNoPool.
 var ErrNoPool = errors.New("txlimit: the store has no pool or database; use the ...Tx forms or pass one to the store's New")
 
@@ -39,15 +39,34 @@ var ErrNoPool = errors.New("txlimit: the store has no pool or database; use the 
 // txlimit.ErrNotMigrated.
 var ErrNotMigrated = errors.New("txlimit: the txlimit table is missing or out of date; run migrations.Up on this database (and schema) before using the limiter")
 
-// ErrCommitUnknown matches (errors.Is) the error of Store.Commit and
+// ErrCommitUnknown matches (errors.Is) the error of Ops.Commit and
 // InTxCommit when the connection failed after the COMMIT was sent and
 // before its answer came: the transaction may or may not have committed.
 // txlimit re-exports it as txlimit.ErrCommitUnknown.
 var ErrCommitUnknown = errors.New("txlimit: the connection failed while COMMIT was under way; the transaction may or may not have committed")
 
-// Store moves the rows of txlimit's table for one database. TTx is the
-// transaction type of its driver (pgx.Tx, *sql.Tx).
+// Store is a store as txlimit.New takes it: the exported type of a store
+// package (pgstore.Store, ...), which embeds a Handle on its Ops. Its method
+// is unexported, so that only this module's stores implement it, while
+// txlimit.New still infers TTx from it.
 type Store[TTx any] interface {
+	ops() Ops[TTx]
+}
+
+// Handle is what a store's exported type embeds to be a Store.
+type Handle[TTx any] struct{ o Ops[TTx] }
+
+// NewHandle is the Handle of o.
+func NewHandle[TTx any](o Ops[TTx]) Handle[TTx] { return Handle[TTx]{o} }
+
+func (h Handle[TTx]) ops() Ops[TTx] { return h.o }
+
+// OpsOf is the operations of s.
+func OpsOf[TTx any](s Store[TTx]) Ops[TTx] { return s.ops() }
+
+// Ops moves the rows of txlimit's table for one database. TTx is the
+// transaction type of its driver (pgx.Tx, *sql.Tx).
+type Ops[TTx any] interface {
 	// InTx runs fn in a new short transaction on the store's pool or
 	// database and commits it when fn returns nil, rolling back otherwise.
 	// readOnly is set for operations that only read (Check, Value). It
@@ -109,7 +128,7 @@ type Store[TTx any] interface {
 	Ping(ctx context.Context) error
 }
 
-// BatchSender is what a store whose driver pipelines adds to Store for
+// BatchSender is what a store whose driver pipelines adds to Ops for
 // txlimit.SendBatch: the takes sent in the caller's own batch of
 // statements (TBatch: *pgx.Batch for pgstore), ahead of them. txlimit
 // checks for it with the batch's type, and refuses the call before
@@ -129,7 +148,7 @@ type BatchSender[TTx, TBatch any] interface {
 }
 
 // ClockRanger is what a store whose database cannot hold every instant adds
-// to Store: the first and the last instant it holds. txlimit refuses a
+// to Ops: the first and the last instant it holds. txlimit refuses a
 // reading of txlimit.Options.Clock outside them before any statement.
 type ClockRanger interface {
 	ClockRange() (first, last time.Time)
