@@ -25,10 +25,10 @@ import (
 // the outer transaction); after any other error tx has been rolled back.
 // CommitTx never fails open.
 //
-// On pgstore, when every limit is an unsharded token bucket or fixed window
-// the takes go to the server with the COMMIT in one
-// pipeline, so the limits' rows are locked only while the commit runs.
-// pgx then needs one more round trip to close tx, which BeginFunc saves.
+// On pgstore, when every limit is an unsharded token bucket or fixed
+// window, the takes go to the server with the COMMIT in one pipeline, so the
+// limits' rows are locked only while the commit runs. pgx then needs one
+// more round trip to close tx, which Commit saves.
 // Other limits are taken as LimitAllTx takes them and tx is then
 // committed; so are all limits on pgsqlstore and sqlitestore (database/sql
 // sends one statement at a time). Reserve and UpTo, which decide what the
@@ -39,43 +39,39 @@ func (l *Limiter[TTx]) CommitTx(ctx context.Context, tx TTx, reqs ...Request) (M
 	return l.commitIn(ctx, &tx, nil, reqs)
 }
 
-// BeginFunc begins a transaction on the store's pool, runs fn in it and
-// ends it as CommitTx does: as pgx.BeginFunc commits, with the takes of reqs
-// riding the COMMIT. On pgstore the whole transaction then costs no round
-// trip of the limiter's own. An error of fn rolls the transaction back,
-// takes nothing and is returned as it is; fn must not commit or roll back
-// tx itself. The requests are validated before the transaction begins,
-// and a limit with Config.Lease is taken from its lease then.
-// It returns ErrNoPool when the store has no pool.
-func (l *Limiter[TTx]) BeginFunc(ctx context.Context, fn func(tx TTx) error, reqs ...Request) (MultiResult, error) {
+// Commit is CommitTx in a transaction of its own: it begins a transaction
+// on the store's pool, runs fn in it and ends it as CommitTx does, as
+// pgx.BeginFunc commits, with the takes of reqs riding the COMMIT. On
+// pgstore the whole transaction then costs no round trip of the limiter's
+// own. An error of fn rolls the transaction back, takes nothing and is
+// returned as it is; fn must not commit or roll back tx itself. The
+// requests are validated before the transaction begins, and a limit with
+// Config.Lease is taken from its lease then: Commit is the form that
+// honours leases, the answer for a hot key at commit (docs/hot-keys.md).
+// A store without a pool is an *InvalidError.
+func (l *Limiter[TTx]) Commit(ctx context.Context, fn func(tx TTx) error, reqs ...Request) (MultiResult, error) {
 	return l.commitIn(ctx, nil, fn, reqs)
 }
 
 func (l *Limiter[TTx]) commitIn(ctx context.Context, tx *TTx, fn func(TTx) error, reqs []Request) (MultiResult, error) {
-	return l.takeWith(ctx, opCommit, atCommit, reqs, nil, tx == nil, func(p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	return l.takeWith(ctx, opCommit, atCommit, reqs, tx == nil, func(p driver.TakeAllParams) (driver.TakeAllResult, error) {
 		if tx != nil {
 			return l.store.Commit(ctx, *tx, p)
 		}
-		return l.store.InTxCommit(ctx, fn, p)
+		res, err := l.store.InTxCommit(ctx, fn, p)
+		return res, storeErr(err)
 	})
 }
 
 // takeWith is a call whose work is fixed before the limits are taken, at
-// commit or in the caller's batch (when): it validates reqs and then
-// check (nil for none), and has the store take them with send, which
-// runs the work too. With leases (BeginFunc) the leased limits are taken
-// from their leases first. A denial is the error.
-func (l *Limiter[TTx]) takeWith(ctx context.Context, op, when string, reqs []Request, check func() error, leases bool,
+// commit or in the caller's batch (when): it validates reqs and has the
+// store take them with send, which runs the work too. With leases (Commit)
+// the leased limits are taken from their leases first. A denial is the
+// error.
+func (l *Limiter[TTx]) takeWith(ctx context.Context, op, when string, reqs []Request, leases bool,
 	send func(driver.TakeAllParams) (driver.TakeAllResult, error)) (MultiResult, error) {
 	obs := l.observe()
-	var rs []request
-	var err error
-	if check != nil {
-		err = check()
-	}
-	if err == nil {
-		rs, err = l.newRequests(reqs)
-	}
+	rs, err := l.newRequests(reqs)
 	for _, r := range rs {
 		if err == nil {
 			err = r.checkFixedWork(when)
@@ -93,7 +89,7 @@ func (l *Limiter[TTx]) takeWith(ctx context.Context, op, when string, reqs []Req
 }
 
 // commit hands out the tokens of the leased limits of rs from their leases
-// (Config.Lease; BeginFunc only, with leases), then has the store take the
+// (Config.Lease; Commit only, with leases), then has the store take the
 // others and do the work with send; the leased tokens go back when the
 // work did not commit.
 func (l *Limiter[TTx]) commit(ctx context.Context, leases bool, rs []request, obs *observation, send func(driver.TakeAllParams) (driver.TakeAllResult, error)) (MultiResult, error) {
@@ -111,7 +107,7 @@ func (l *Limiter[TTx]) commit(ctx context.Context, leases bool, rs []request, ob
 		return nil
 	}
 	for i, r := range rs {
-		// Only BeginFunc takes from leases: it takes them before its
+		// Only Commit takes from leases: it takes them before its
 		// transaction begins. Under CommitTx and SendBatch the caller's
 		// transaction is open, and a lease's own would wait for it
 		// (SQLite's one writer) or for a connection the caller may be

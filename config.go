@@ -15,8 +15,7 @@ const (
 	// TokenBucket adds Rate tokens per Period continuously, up to Capacity.
 	TokenBucket Kind = Kind(algo.TokenBucket)
 	// FixedWindow adds Rate tokens at the start of each window of Period,
-	// or of each calendar Day, Week, Month or Year (Config.Calendar), up to
-	// Capacity.
+	// up to Capacity.
 	FixedWindow Kind = Kind(algo.FixedWindow)
 	// SlidingWindow admits at most Rate in a window of Period that slides
 	// with the clock, by the sliding window counter: a call is admitted
@@ -44,58 +43,87 @@ const (
 	// The state of a sliding window is counts, not tokens: Reset a limit's
 	// keys when its Kind changes to or from SlidingWindow.
 	SlidingWindow Kind = Kind(algo.SlidingWindow)
+
+	// Daily, Weekly, Monthly and Yearly are fixed windows of the calendar
+	// in Config.Zone, which they require: "100 a day", "10,000 a month,
+	// reset on the 1st at midnight in the customer's zone". Rate tokens
+	// come at the start of each window, up to Capacity; unused ones roll
+	// over up to Capacity, as in every FixedWindow, and a raised Rate
+	// arrives with the next window (Credit the difference to apply it at
+	// once). A window starts at local midnight of its first day (a Weekly
+	// window's Config.WeekStart, the 1st of a month, January 1st): a day
+	// lasts 23 to 25 hours across daylight saving changes, and a month 28
+	// to 31 days; where the clocks skip midnight the window starts when
+	// they jump, where midnight comes twice, at the first. The boundaries
+	// are computed from the database's clock with Go's time zone rules
+	// (import time/tzdata on a machine without them). Period must be 0.
+	Daily   Kind = 4
+	Weekly  Kind = 5
+	Monthly Kind = 6
+	Yearly  Kind = 7
 )
 
-func (k Kind) String() string {
+// calendar is the calendar unit of a calendar kind, and 0 for the others.
+func (k Kind) calendar() algo.CalendarUnit {
+	switch k {
+	case Daily:
+		return algo.Day
+	case Weekly:
+		return algo.Week
+	case Monthly:
+		return algo.Month
+	case Yearly:
+		return algo.Year
+	}
+	return 0
+}
+
+// name is k as errors name it.
+func (k Kind) name() string {
 	switch k {
 	case TokenBucket:
-		return "token bucket"
+		return "TokenBucket"
 	case FixedWindow:
-		return "fixed window"
+		return "FixedWindow"
 	case SlidingWindow:
-		return "sliding window"
+		return "SlidingWindow"
+	case Daily:
+		return "Daily"
+	case Weekly:
+		return "Weekly"
+	case Monthly:
+		return "Monthly"
+	case Yearly:
+		return "Yearly"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
 
-// CalendarUnit is the length of the windows of a calendar window
-// (Config.Calendar): a FixedWindow whose windows are calendar days, weeks,
-// months or years in a time zone.
-type CalendarUnit uint8
-
-// The calendar units. A window starts at local midnight of its first day
-// (a Week's Config.WeekStart, the 1st of a Month, January 1st) in
-// Config.Zone: a day lasts 23 to 25 hours across daylight saving changes,
-// and a month 28 to 31 days. Where the clocks skip midnight the window
-// starts when they jump; where midnight comes twice, at the first.
-const (
-	Day   CalendarUnit = CalendarUnit(algo.Day)
-	Week  CalendarUnit = CalendarUnit(algo.Week)
-	Month CalendarUnit = CalendarUnit(algo.Month)
-	Year  CalendarUnit = CalendarUnit(algo.Year)
-)
-
-// MaxWait is the longest wait a Result reports: half the range of
+// maxWait is the longest wait a Result reports: half the range of
 // time.Duration, about 146 years (2^62 ns, in whole microseconds), so that
 // adding a jitter or a period to it cannot overflow. A denial whose wait is
-// longer (a Rate of 1e-300, a Period of a century with a large count) says
-// RetryAfter = MaxWait; a reservation whose wait would reach it is refused
-// with an *InvalidError for its Count, and nothing is taken.
-const MaxWait = time.Duration(algo.MaxWait) * time.Microsecond
+// longer says RetryAfter = maxWait; a reservation whose wait would reach it
+// is refused with an *InvalidError for its Count, and nothing is taken.
+const maxWait = time.Duration(algo.MaxWait) * time.Microsecond
 
 // maxShards is the largest Shards a Config may have.
 const maxShards = 1024
 
-// Config defines one limit.
+// Config defines one limit. The fields after MaxReserved belong to
+// features that are off by default: hot keys before the work (Shards,
+// ReportRemaining), the alignment of windows (Start, Zone, WeekStart) and
+// hot keys at commit (Lease, LeaseFor, LeaseAhead). A field set where it
+// does not apply is an *InvalidError that says which field goes with it.
 type Config struct {
-	// Kind is TokenBucket, FixedWindow or SlidingWindow. Required.
+	// Kind is the refill rule: TokenBucket, FixedWindow, SlidingWindow,
+	// or a calendar window (Daily, Weekly, Monthly, Yearly). Required.
 	Kind Kind
 	// Rate is the number of tokens added per Period (per calendar window
-	// for Calendar). Required, > 0.
+	// for a calendar Kind). Required, > 0.
 	Rate float64
 	// Period is the time over which Rate tokens are added. Required, at
 	// least one microsecond (state is kept at microsecond precision), but
-	// for a calendar window, where it must be 0.
+	// for a calendar Kind, where it must be 0.
 	Period time.Duration
 	// Capacity is the most tokens the limit holds: the largest burst.
 	// Defaults to Rate.
@@ -103,53 +131,60 @@ type Config struct {
 	// MaxReserved caps how deep a reservation (the Reserve option) may put
 	// the limit into debt. Defaults to 0, which means no cap.
 	MaxReserved float64
+
 	// Shards spreads the limit over this many rows so that concurrent
-	// transactions do not queue on one row lock. Each shard holds
-	// Rate/Shards, Capacity/Shards and MaxReserved/Shards. Defaults to 1;
-	// at most 1024. A row is held until its transaction commits, so
-	// give a hot limit about as many shards as transactions hold it at
-	// once, and keep Capacity/Shards several times the count of one call
-	// (docs/sharding.md).
+	// transactions do not queue on one row lock: the answer for a hot key
+	// before the work (docs/hot-keys.md). Each shard holds Rate/Shards,
+	// Capacity/Shards and MaxReserved/Shards, and the limit never admits
+	// more than one unsharded limit would. Defaults to 1; at most 1024. A
+	// row is held until its transaction commits, so give a hot limit about
+	// as many shards as transactions hold it at once, and keep
+	// Capacity/Shards several times the count of one call.
 	Shards int
-	// Start aligns the windows of a FixedWindow limit: windows begin at
-	// Start plus whole multiples of Period. When zero, each (name, key) gets
-	// a stable offset in [0, Period) derived from a hash of the two, which
-	// spreads the resets of many keys over the period. Must be zero for a
-	// TokenBucket.
+	// ReportRemaining makes every call on a sharded limit report
+	// Result.Remaining and NextToken, which a call that PostgreSQL serves
+	// from one free shard otherwise leaves unknown (Result.Partial): such a
+	// call then reads every shard, in the statement that takes its shard
+	// (no extra round trip, but more work on the hottest path). Set it for
+	// a limit whose Remaining is shown, such as one behind httplimit's
+	// RateLimit header. Sharded limits only (Shards > 1): an unsharded
+	// limit always reports Remaining. Defaults to false.
+	ReportRemaining bool
+
+	// Start aligns the windows of a FixedWindow or SlidingWindow: windows
+	// begin at Start plus whole multiples of Period. When zero, each
+	// (name, key) gets a stable offset in [0, Period) derived from a hash
+	// of the two, which spreads the resets of many keys over the period.
 	Start time.Time
-	// Calendar makes a FixedWindow's windows calendar units (Day, Week,
-	// Month, Year) in Zone, with Period 0: "100 a day", "10,000 a month,
-	// reset on the 1st at midnight in the customer's zone". Unused Rate
-	// rolls over up to Capacity, as in every FixedWindow; a raised Rate
-	// arrives with the next window (Credit the difference to apply it at
-	// once). The boundaries are computed from the database's clock with
-	// Go's time zone rules (import time/tzdata on a machine without
-	// them). Defaults to 0: windows of Period.
-	Calendar CalendarUnit
-	// Zone is the IANA time zone of the calendar windows, such as
-	// "Europe/Berlin". Defaults to "" (UTC). "Local" is refused: machines
-	// would disagree on the windows.
+	// Zone is the IANA time zone of a calendar Kind's windows, such as
+	// "Europe/Berlin", or "UTC". Required for Daily, Weekly, Monthly and
+	// Yearly, so that a quota resets at the midnight its users expect;
+	// "Local" is refused: machines would disagree on the windows.
 	Zone string
-	// WeekStart is the first day of a Week window. Defaults to Sunday
+	// WeekStart is the first day of a Weekly window. Defaults to Sunday
 	// (time.Weekday's zero value); time.Monday for ISO 8601 weeks.
 	WeekStart time.Weekday
-	// Lease lets BeginFunc hand this limit's tokens out from memory: the Limiter takes up to Lease tokens of a
-	// key at once, in a short transaction of its own, and gives them to
-	// its callers one call at a time, so that a hot key's row is written
-	// once per lease rather than once per call. A call whose transaction
-	// does not commit gives its tokens back to the lease. A lease ends
-	// LeaseFor after it was taken, or with the window its tokens came from
-	// (FixedWindow); what it has not handed out goes back to the limit
-	// (Credit) at the next call for its key or at ReturnLeases, if that
-	// comes within LeaseFor (a FixedWindow's: within the window), and is
-	// dropped otherwise. Every admission spends a token the limit gave
-	// within the last LeaseFor, once; the limit admits less while tokens
-	// are parked, by at most Lease per process and key (more with
-	// LeaseAhead; docs/commit.md). TokenBucket and FixedWindow windows of Period
-	// only; LimitTx, CommitTx and the other forms take
-	// from the limit itself. Defaults to 0: no lease.
+
+	// Lease lets Limiter.Commit hand this limit's tokens out from memory:
+	// the answer for a hot key at commit (docs/hot-keys.md). The Limiter
+	// takes up to Lease tokens of a key at once, in a short transaction of
+	// its own, and gives them to its callers one call at a time, so that a
+	// hot key's row is written once per lease rather than once per call.
+	// A call whose transaction does not commit gives its tokens back to the
+	// lease. A lease ends LeaseFor after it was taken, or with the window
+	// its tokens came from (FixedWindow); what it has not handed out goes
+	// back to the limit (Credit) at the next call for its key or at
+	// ReturnLeases, if that comes within LeaseFor (a FixedWindow's: within
+	// the window), and is dropped otherwise. Every admission spends a token
+	// the limit gave within the last LeaseFor, once; the limit admits less
+	// while tokens are parked, by at most Lease per process and key (more
+	// with LeaseAhead; docs/commit.md). TokenBucket and FixedWindow only.
+	// The other forms (LimitTx, CommitTx, ...) take from the limit's rows:
+	// only Commit sees the outcome of the transaction it ends before the
+	// tokens could be lost. Defaults to 0: no lease.
 	Lease float64
-	// LeaseFor is how long a lease lasts at most. Defaults to one second.
+	// LeaseFor is how long a lease lasts at most. Defaults to one second
+	// when Lease is set; needs Lease.
 	LeaseFor time.Duration
 	// LeaseAhead takes the next lease of a key in the background once the
 	// one held has fewer than LeaseAhead tokens left, so that the calls
@@ -168,23 +203,35 @@ type Config struct {
 	loc *time.Location
 }
 
-// normalized fills defaults and validates c. name is only used in errors.
+// normalized fills defaults and validates c: the normalized Config holds
+// the defaults of the features in use and leaves the others zero. name is
+// only used in errors.
 func (c Config) normalized(name string) (Config, error) {
 	bad := func(field, problem string, args ...any) (Config, error) {
 		return Config{}, &InvalidError{Limit: name, Field: field, Problem: fmt.Sprintf(problem, args...)}
 	}
-	if c.Kind != TokenBucket && c.Kind != FixedWindow && c.Kind != SlidingWindow {
-		return bad("Kind", "must be txlimit.TokenBucket, txlimit.FixedWindow or txlimit.SlidingWindow, got %v", c.Kind)
+	if c.Kind < TokenBucket || c.Kind > Yearly {
+		return bad("Kind", "must be txlimit.TokenBucket, FixedWindow, SlidingWindow, Daily, Weekly, Monthly or Yearly, got %d", uint8(c.Kind))
 	}
 	if !finite(c.Rate) || c.Rate <= 0 {
 		return bad("Rate", "must be a finite number > 0, got %v", c.Rate)
 	}
-	if c.Calendar != 0 {
+	if c.Kind.calendar() != 0 {
 		if err := c.calendar(); err != nil {
 			return Config{}, &InvalidError{Limit: name, Field: err.Field, Problem: err.Problem}
 		}
-	} else if c.Period < time.Microsecond {
-		return bad("Period", "must be at least 1µs, got %v", c.Period)
+	} else {
+		switch {
+		case c.Period < time.Microsecond:
+			return bad("Period", "must be at least 1µs, got %v", c.Period)
+		case c.Zone != "":
+			return bad("Zone", "applies to the calendar kinds (Daily, Weekly, Monthly, Yearly), not to a %v: "+
+				"leave it empty, or make the Kind a calendar one", c.Kind.name())
+		case c.WeekStart != time.Sunday:
+			return bad("WeekStart", "applies to Weekly limits only; leave it zero for a %v", c.Kind.name())
+		case c.Kind == TokenBucket && !c.Start.IsZero():
+			return bad("Start", "applies to FixedWindow and SlidingWindow only; leave it zero for a TokenBucket")
+		}
 	}
 	if c.Capacity == 0 {
 		c.Capacity = c.Rate
@@ -201,8 +248,9 @@ func (c Config) normalized(name string) (Config, error) {
 	if c.Shards < 1 || c.Shards > maxShards {
 		return bad("Shards", "must be between 1 and %d (0 means 1), got %d", maxShards, c.Shards)
 	}
-	if c.Kind == TokenBucket && !c.Start.IsZero() {
-		return bad("Start", "applies to FixedWindow and SlidingWindow only; leave it zero for a TokenBucket")
+	if c.ReportRemaining && c.Shards == 1 {
+		return bad("ReportRemaining", "applies to sharded limits (Shards > 1), whose calls may read one shard only; "+
+			"an unsharded limit always reports Remaining: leave it false, or set Shards")
 	}
 	if problem := c.leaseProblem(); problem != "" {
 		return bad("Lease", "%v, got %v", problem, c.Lease)
@@ -210,34 +258,35 @@ func (c Config) normalized(name string) (Config, error) {
 	if problem := c.leaseAheadProblem(); problem != "" {
 		return bad("LeaseAhead", "%v, got %v", problem, c.LeaseAhead)
 	}
-	if c.LeaseFor < 0 {
+	switch {
+	case c.LeaseFor < 0:
 		return bad("LeaseFor", "must be >= 0 (0 means one second), got %v", c.LeaseFor)
-	}
-	if c.LeaseFor == 0 {
+	case c.LeaseFor > 0 && c.Lease == 0:
+		return bad("LeaseFor", "is how long a lease lasts, and needs Lease: set Lease too, or leave LeaseFor 0")
+	case c.LeaseFor == 0 && c.Lease > 0:
 		c.LeaseFor = defaultLeaseFor
 	}
 	c.Period = c.Period.Truncate(time.Microsecond)
 	return c, nil
 }
 
-// calendar validates the calendar window fields of c and loads its Zone.
+// calendar validates the fields of a calendar Kind and loads its Zone.
 func (c *Config) calendar() *InvalidError {
 	bad := func(field, problem string, args ...any) *InvalidError {
 		return &InvalidError{Field: field, Problem: fmt.Sprintf(problem, args...)}
 	}
 	switch {
-	case c.Calendar < Day || c.Calendar > Year:
-		return bad("Calendar", "must be txlimit.Day, txlimit.Week, txlimit.Month or txlimit.Year (or 0 for windows of Period), got %d", c.Calendar)
-	case c.Kind != FixedWindow:
-		return bad("Calendar", "applies to FixedWindow only, got a %v; a calendar window is a FixedWindow whose windows are days, weeks, months or years", c.Kind)
 	case c.Period != 0:
-		return bad("Period", "must be 0 for a calendar window (its Calendar unit is the period), got %v", c.Period)
+		return bad("Period", "must be 0 for a %v limit (its window is the calendar's), got %v", c.Kind.name(), c.Period)
 	case !c.Start.IsZero():
-		return bad("Start", "aligns windows of Period; a calendar window is aligned to the calendar: leave Start zero")
+		return bad("Start", "aligns windows of Period; a %v limit is aligned to the calendar in its Zone: leave Start zero", c.Kind.name())
 	case c.WeekStart < time.Sunday || c.WeekStart > time.Saturday:
 		return bad("WeekStart", "must be a time.Weekday (Sunday to Saturday), got %d", c.WeekStart)
-	case c.WeekStart != time.Sunday && c.Calendar != Week:
-		return bad("WeekStart", "applies to Week windows only; leave it zero")
+	case c.WeekStart != time.Sunday && c.Kind != Weekly:
+		return bad("WeekStart", "applies to Weekly limits only; leave it zero for a %v", c.Kind.name())
+	case c.Zone == "":
+		return bad("Zone", "is required for a %v limit, whose windows start at midnight in that zone: "+
+			"say \"UTC\" for UTC, or an IANA name such as \"Europe/Berlin\"", c.Kind.name())
 	case c.Zone == "Local":
 		return bad("Zone", "must name a zone: \"Local\" is each machine's own, and machines would disagree on the windows")
 	}
@@ -249,21 +298,17 @@ func (c *Config) calendar() *InvalidError {
 	return nil
 }
 
-// describe names c's kind of window, for errors.
-func (c Config) describe() string {
-	if c.Calendar != 0 {
-		return "calendar window"
-	}
-	return c.Kind.String()
-}
-
 // stored is c as a store sees it, for every key.
 func (c Config) stored() driver.LimitConfig {
+	kind := algo.Kind(c.Kind)
+	if c.Kind.calendar() != 0 {
+		kind = algo.FixedWindow
+	}
 	return driver.LimitConfig{
 		Config: algo.Config{
-			Kind: algo.Kind(c.Kind), Rate: c.Rate, Period: c.Period.Microseconds(),
+			Kind: kind, Rate: c.Rate, Period: c.Period.Microseconds(),
 			Capacity: c.Capacity, MaxReserved: c.MaxReserved,
-			Calendar: algo.Calendar{Unit: algo.CalendarUnit(c.Calendar), Weekday: c.WeekStart, Location: c.loc},
+			Calendar: algo.Calendar{Unit: c.Kind.calendar(), Weekday: c.WeekStart, Location: c.loc},
 		},
 		Shards: c.Shards, Start: c.Start.UnixMicro(), Aligned: !c.Start.IsZero(),
 	}

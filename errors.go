@@ -14,17 +14,12 @@ import (
 var (
 	// ErrRateLimited matches (errors.Is) every *RateLimitedError.
 	ErrRateLimited = errors.New("txlimit: rate limited")
-	// ErrInvalid matches (errors.Is) every *InvalidError.
-	ErrInvalid = errors.New("txlimit: invalid argument")
-	// ErrNoPool is returned by the forms without Tx when the store has no
-	// pool or database.
-	ErrNoPool = driver.ErrNoPool
 	// ErrNotMigrated matches the error of every call on a database whose
 	// txlimit table is missing or out of date: run migrations.Up first.
 	// Limiter.Ping reports it at startup. Options.FailOpen never grants on
 	// it: it is a mistake in the deployment, not an outage.
 	ErrNotMigrated = driver.ErrNotMigrated
-	// ErrCommitUnknown matches the error of CommitTx and BeginFunc when the
+	// ErrCommitUnknown matches the error of CommitTx and Commit when the
 	// connection failed after the COMMIT was sent and before its answer
 	// came: the transaction, and the tokens with it, may or may not have
 	// committed. Find out from the transaction's own rows before running
@@ -46,8 +41,10 @@ func (e *RateLimitedError) Error() string {
 // Is makes errors.Is(err, ErrRateLimited) true.
 func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimited }
 
-// InvalidError reports bad input: a config, a name, a key or a count. When it
-// is returned nothing was written.
+// InvalidError reports bad input: a config, a name, a key, a count, an
+// option a form cannot honour (it names the form that can), or a store
+// without the pool a form without Tx needs. When it is returned nothing was
+// written. errors.As(err, new(*InvalidError)) tells it apart.
 type InvalidError struct {
 	Limit   string // the limit's name, when known
 	Field   string // the offending field or argument
@@ -66,9 +63,6 @@ func (e *InvalidError) Error() string {
 	return b.String()
 }
 
-// Is makes errors.Is(err, ErrInvalid) true.
-func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
-
 func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 
 func validName(name string) error {
@@ -78,18 +72,18 @@ func validName(name string) error {
 	return validText("name", name, name)
 }
 
-// MaxKeyLen bounds the length in bytes of a limit's key, and maxNameLen
+// maxKeyLen bounds the length in bytes of a limit's key, and maxNameLen
 // that of its name, so that (name, key, shard) fits one index entry on every
 // store (PostgreSQL's B-tree takes at most 2704 bytes). A longer key is an
 // *InvalidError on every store; hash it first (for example the hex of its
 // SHA-256) when it can be longer.
 const (
 	maxNameLen = 256
-	MaxKeyLen  = 2048
+	maxKeyLen  = 2048
 )
 
 func validText(field, limit, s string) error {
-	bound := MaxKeyLen
+	bound := maxKeyLen
 	if field == "name" {
 		bound = maxNameLen
 	}
@@ -104,4 +98,14 @@ func validText(field, limit, s string) error {
 		return &InvalidError{Limit: limit, Field: field, Problem: "is not valid UTF-8; encode it (hex, base64) first"}
 	}
 	return nil
+}
+
+// storeErr is err as a caller sees it: a store built without a pool, which
+// the forms without Tx need, is the caller's mistake, an *InvalidError.
+func storeErr(err error) error {
+	if errors.Is(err, driver.ErrNoPool) {
+		return &InvalidError{Field: "store", Problem: "has no pool or database, which this form needs to run a " +
+			"transaction of its own: pass one to the store's New, or use the …Tx form in a transaction of yours"}
+	}
+	return err
 }

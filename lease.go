@@ -92,7 +92,7 @@ func (ls *leases) all() map[driver.KeyRef]*lease {
 }
 
 // settle waits until no lease of k is being taken, so that a read of the
-// limit's row and of the lease's tokens agree (Value).
+// limit's row and of the lease's tokens agree (Check).
 func (ls *leases) settle(ctx context.Context, k driver.KeyRef) error {
 	ls.mu.Lock()
 	le := ls.m[k]
@@ -370,8 +370,8 @@ func (c Config) leaseProblem() string {
 		return "must be a finite number of tokens >= 0 (0: no lease)"
 	case c.Lease > c.Capacity:
 		return "exceeds Capacity: a lease takes at most what the limit holds"
-	case c.Kind == SlidingWindow || c.Calendar != 0:
-		return "applies to TokenBucket and FixedWindow windows of Period, whose tokens a lease can hold"
+	case c.Kind != TokenBucket && c.Kind != FixedWindow:
+		return "applies to TokenBucket and FixedWindow limits, whose tokens a lease can hold, not to a " + c.Kind.name()
 	}
 	return ""
 }

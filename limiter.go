@@ -2,9 +2,9 @@ package txlimit
 
 import (
 	"context"
+	"reflect"
 	"time"
 
-	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
 )
 
@@ -17,20 +17,31 @@ type Options struct {
 	Clock func() time.Time
 
 	// FailOpen chooses availability over enforcement for the forms that
-	// open their own transaction (Limit, LimitAll, Check): when the store
-	// fails (the database is down, the pool exhausted past the context's
-	// deadline, a lock timeout), they return an OK Result with FailedOpen
-	// set and a nil error, consuming nothing, and the error goes to the
-	// Observer. Bad input, ErrNoPool, ErrNotMigrated and a cancelled context are still
+	// open their own transaction to decide (Limit, LimitAll, Check, Wait):
+	// when the store fails (the database is down, the pool exhausted past
+	// the context's deadline, a lock timeout), they return an OK Result
+	// with FailedOpen set and a nil error, consuming nothing, and the error
+	// goes to the Observer. Bad input (*InvalidError, a store without a
+	// pool included), ErrNotMigrated and a cancelled context are still
 	// returned as errors. The …Tx forms never fail open: the caller's
 	// transaction has failed with the store, and only the caller can
-	// decide what to do with it. Defaults to false: every error is
-	// returned (fail closed).
+	// decide what to do with it; nor does Commit, whose transaction holds
+	// the caller's work. Defaults to false: every error is returned (fail
+	// closed).
 	FailOpen bool
 
-	// Observer, when set, is told about every decision and every error,
-	// with the time spent waiting for row locks. See Observer.
-	Observer Observer
+	// Observer, when set, is told about every call of the Limiter, with its
+	// decision or its error and the time spent waiting for row locks: one
+	// Event per call (per limit of LimitAll and the commit forms), each
+	// batch of Prune, and a lease taken ahead that failed (Event.Op says
+	// which). Use it to export metrics or logs (otelobserver,
+	// promobserver). It is called on the caller's goroutine after the call
+	// has decided (for the …Tx forms, before the caller's transaction ends;
+	// a lease taken ahead, on the goroutine that took it), so it must be
+	// fast and safe for concurrent use, and must not use the transaction.
+	// Without it the Limiter does no extra work at all: no clock reads, no
+	// Event.
+	Observer func(ctx context.Context, e Event)
 }
 
 // Limiter checks and consumes named limits whose state lives in a database.
@@ -49,7 +60,7 @@ type Limiter[TTx any] struct {
 	store           driver.Ops[TTx]
 	limits          map[string]Config
 	clock           func() time.Time
-	observer        Observer
+	observer        func(context.Context, Event)
 	failOpenOnError bool
 	prune           pruneCursor
 	leases          leases // Config.Lease's
@@ -99,7 +110,7 @@ func in[TTx, T any](ctx context.Context, l *Limiter[TTx], tx *TTx, readOnly bool
 		out, err = do(tx)
 		return err
 	})
-	return out, err
+	return out, storeErr(err)
 }
 
 // Limit is LimitTx in a short transaction of its own. With
@@ -160,24 +171,34 @@ func (l *Limiter[TTx]) finish(ctx context.Context, op string, r request, res Res
 	return res, err
 }
 
-// Check is CheckTx in a short transaction of its own. With
+// Check is CheckTx in a short transaction of its own. It first waits for a
+// lease of the key being taken (Config.LeaseAhead's in the background), so
+// that Remaining and Leased agree while no other call is made. With
 // Options.FailOpen, a failure of the store answers OK (see Options).
 func (l *Limiter[TTx]) Check(ctx context.Context, name, key string, opts ...Option) (Result, error) {
 	return l.checkIn(ctx, nil, name, key, opts)
 }
 
 // CheckTx returns the decision LimitTx would make now, consuming nothing,
-// writing nothing and locking nothing. Under concurrency the answer may be
-// stale by the time it is used; only LimitTx consumes atomically.
+// writing nothing and locking nothing, and the state of the limit: what a
+// UI draws (Remaining, NextToken, At; Limiter.Config gives the rest).
+// Count(0) reads a limit without asking for any token. Under concurrency
+// the answer may be stale by the time it is used; only LimitTx consumes
+// atomically. Unlike Check, it does not wait for a lease being taken
+// ahead, since that take may wait for tx.
 func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Result, error) {
 	return l.checkIn(ctx, &tx, name, key, opts)
 }
 
 func (l *Limiter[TTx]) checkIn(ctx context.Context, tx *TTx, name, key string, opts []Option) (Result, error) {
 	r, err := l.limitRequest(name, key, opts)
+	if err == nil && tx == nil {
+		err = l.leases.settle(ctx, driver.KeyRef{Name: r.name, Key: r.key})
+	}
 	var res Result
 	if err == nil {
 		res, err = in(ctx, l, tx, true, func(tx TTx) (Result, error) { return l.check(ctx, tx, r) })
+		res.Leased = l.leased(r.name, r.key)
 	}
 	return l.finish(ctx, opCheck, r, res, err, tx == nil)
 }
@@ -213,43 +234,6 @@ func (l *Limiter[TTx]) resetIn(ctx context.Context, tx *TTx, name, key string) e
 	return err
 }
 
-// Value is ValueTx in a short transaction of its own.
-func (l *Limiter[TTx]) Value(ctx context.Context, name, key string, opts ...Option) (Snapshot, error) {
-	return l.valueIn(ctx, nil, name, key, opts)
-}
-
-// ValueTx returns the tokens of (name, key) projected to now and summed over
-// all shards, with the time of the reading and the config: what a UI needs to
-// draw the limit. It locks and writes nothing. Only Inline is used among
-// opts. Value first waits for a lease of the key being taken
-// (Config.LeaseAhead's in the background), so that Value and Leased agree
-// while no other call is made; ValueTx does not, since that take may wait
-// for tx.
-func (l *Limiter[TTx]) ValueTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Snapshot, error) {
-	return l.valueIn(ctx, &tx, name, key, opts)
-}
-
-func (l *Limiter[TTx]) valueIn(ctx context.Context, tx *TTx, name, key string, opts []Option) (Snapshot, error) {
-	r, err := l.newRequest(name, key, opts, l.observe())
-	if err == nil && tx == nil {
-		err = l.leases.settle(ctx, driver.KeyRef{Name: r.name, Key: r.key})
-	}
-	var s Snapshot
-	if err == nil {
-		s, err = in(ctx, l, tx, true, func(tx TTx) (Snapshot, error) {
-			read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: r.now})
-			if err != nil {
-				return Snapshot{}, err
-			}
-			now := read.At.UnixMicro()
-			states, _ := r.limit.States(read.Rows, now)
-			return Snapshot{Value: algo.Pooled(r.shard(), states, now), Leased: l.leased(r.name, r.key), At: read.At, Config: r.config}, nil
-		})
-	}
-	l.report(ctx, r.obs, opValue, r, Result{}, err, false)
-	return s, err
-}
-
 // Credit is CreditTx in a short transaction of its own.
 func (l *Limiter[TTx]) Credit(ctx context.Context, name, key string, count float64, opts ...Option) error {
 	return l.creditIn(ctx, nil, name, key, count, opts)
@@ -282,8 +266,22 @@ func (l *Limiter[TTx]) creditIn(ctx context.Context, tx *TTx, name, key string, 
 // Ping checks that the store's database answers and holds the txlimit
 // table with every column this version uses, on the store's pool: call it
 // at startup to fail fast. A missing or outdated table is an error matching
-// ErrNotMigrated, whose message names migrations.Up. It returns ErrNoPool
-// when the store has no pool.
+// ErrNotMigrated, whose message names migrations.Up; a database of another
+// kind than the store's is an error that names the store to use; a store
+// without a pool is an *InvalidError.
 func (l *Limiter[TTx]) Ping(ctx context.Context) error {
-	return l.store.Ping(ctx)
+	return storeErr(l.store.Ping(ctx))
+}
+
+// isNil reports whether v is nil, or a nil pointer, map, slice, channel,
+// function or interface.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
 }

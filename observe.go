@@ -6,19 +6,6 @@ import (
 	"time"
 )
 
-// Observer is told about every call of a Limiter, with its decision or its
-// error: Limit, Check, LimitAll (one Event per limit), Value, Credit, Reset,
-// each with its …Tx form, each batch of Prune, and a lease taken ahead
-// that failed (Op says which). Set Options.Observer to export metrics or
-// logs. It is called on the caller's goroutine after the call has decided
-// (for the …Tx forms, before the caller's transaction ends; a lease taken
-// ahead, on the goroutine that took it), so it must be fast and safe for
-// concurrent use, and must not use the transaction. A Limiter without an
-// Observer does no extra work at all: no clock reads, no Event.
-type Observer interface {
-	Observe(ctx context.Context, e Event)
-}
-
 // The operations an Event reports (Event.Op).
 const (
 	opLimit    = "limit"
@@ -26,7 +13,6 @@ const (
 	opLimitAll = "limit_all"
 	opCommit   = "commit"
 	opBatch    = "batch"
-	opValue    = "value"
 	opCredit   = "credit"
 	opReset    = "reset"
 	opPrune    = "prune"
@@ -34,25 +20,25 @@ const (
 	opLeaseAhead = "lease_ahead"
 )
 
-// Event is one call as an Observer sees it.
+// Event is one call as Options.Observer sees it.
 type Event struct {
 	// Op names the operation: "limit" (Limit or LimitTx), "check",
-	// "value", "credit" (Count is the count credited), "reset", each with
+	// "credit" (Count is the count credited), "reset", each with
 	// its …Tx form; "limit_all" (LimitAll or LimitAllTx: one Event per
 	// limit of the call, or one Event with Err when the call failed; when
 	// the call was denied, every limit's Event is a denial, since nothing
 	// was taken from any of them, with RetryAfter 0 for a limit whose own
-	// tokens were there); "commit" (CommitTx or BeginFunc, as "limit_all":
+	// tokens were there); "commit" (CommitTx or Commit, as "limit_all":
 	// a denial is one whose transaction did not commit, and Err is set
 	// when it failed for another reason, fn's error included); "batch"
-	// (SendBatch, as "limit_all": Err is set when it failed, the error of
-	// the batch's own statements included); "prune" (one batch of Prune: Name and Key are
+	// (pgstore.SendBatch, as "limit_all": Err is set when it failed, the
+	// error of the batch's own statements included); "prune" (one batch
+	// of Prune: Name and Key are
 	// empty, Count is the number of rows the batch deleted); "lease_ahead"
 	// (a lease taken ahead in the background, Config.LeaseAhead, that
 	// failed: Err is its error and Count the tokens it asked for; no
 	// caller saw the error, and the next call that finds the lease empty
-	// takes one itself). A "value" Event has no Result: the Snapshot is
-	// the caller's.
+	// takes one itself).
 	Op    string
 	Name  string
 	Key   string
@@ -78,8 +64,8 @@ type Event struct {
 	Outcome string
 	// ErrorKind classifies Err for a metric label, with few values so that
 	// a label on it stays cheap: "" when Err is nil; "invalid" for bad
-	// input and unknown limits (ErrInvalid); "not_migrated"
-	// (ErrNotMigrated); "no_pool" (ErrNoPool); "canceled" and
+	// input, unknown limits and a store without a pool (*InvalidError);
+	// "not_migrated" (ErrNotMigrated); "canceled" and
 	// "deadline_exceeded" for the context; and "database" for every other
 	// error of the store.
 	ErrorKind string
@@ -92,7 +78,7 @@ func (e Event) outcome() string {
 		return "failed_open"
 	case e.Err != nil:
 		return "error"
-	case e.Result.Reserved():
+	case e.Result.OK && e.Result.RetryAfter > 0:
 		return "reserved"
 	case e.Result.OK:
 		return "allowed"
@@ -105,12 +91,10 @@ func (e Event) errorKind() string {
 	switch err := e.Err; {
 	case err == nil:
 		return ""
-	case errors.Is(err, ErrInvalid):
+	case errors.As(err, new(*InvalidError)):
 		return "invalid"
 	case errors.Is(err, ErrNotMigrated):
 		return "not_migrated"
-	case errors.Is(err, ErrNoPool):
-		return "no_pool"
 	case errors.Is(err, context.Canceled):
 		return "canceled"
 	case errors.Is(err, context.DeadlineExceeded):
@@ -149,7 +133,7 @@ func (l *Limiter[TTx]) report(ctx context.Context, o *observation, op string, r 
 		Duration: time.Since(o.start), LockWait: o.lockWait,
 	}
 	e.Outcome, e.ErrorKind = e.outcome(), e.errorKind()
-	l.observer.Observe(ctx, e)
+	l.observer(ctx, e)
 }
 
 // failOpen decides whether an error of a form without Tx is turned into a
@@ -157,6 +141,6 @@ func (l *Limiter[TTx]) report(ctx context.Context, o *observation, op string, r 
 // without txlimit's table are the program's or the deployment's mistakes,
 // and a cancelled context means the caller has gone: those stay errors.
 func (l *Limiter[TTx]) failOpen(err error) bool {
-	return l.failOpenOnError && err != nil && !errors.Is(err, ErrInvalid) &&
-		!errors.Is(err, ErrNoPool) && !errors.Is(err, ErrNotMigrated) && !errors.Is(err, context.Canceled)
+	return l.failOpenOnError && err != nil && !errors.As(err, new(*InvalidError)) &&
+		!errors.Is(err, ErrNotMigrated) && !errors.Is(err, context.Canceled)
 }

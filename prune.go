@@ -60,8 +60,8 @@ type pruneCursor struct {
 // set of limits that are actually depleted.
 //
 // Prune goes through the keys in batches of PruneOptions.BatchSize, each in
-// a short transaction of its own on the store's pool (it returns ErrNoPool
-// without one). It deletes the rows of a (name, key) only when it holds all
+// a short transaction of its own on the store's pool (without one it
+// returns an *InvalidError). It deletes the rows of a (name, key) only when it holds all
 // of them and every shard, projected to now, is exactly what a missing row
 // would be; it deletes the rows of one key together, never some shards of
 // it. On PostgreSQL the rows are locked with FOR UPDATE SKIP LOCKED, so Prune
@@ -119,6 +119,7 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 		var batch driver.PruneResult
 		if err == nil {
 			batch, err = l.store.Prune(ctx, driver.PruneParams{After: after, Max: o.BatchSize, Now: now, Limits: limits})
+			err = storeErr(err)
 		}
 		l.report(ctx, obs, opPrune, request{count: float64(batch.Deleted)}, Result{}, err, false)
 		if err != nil {

@@ -12,11 +12,10 @@ import (
 type Option func(*callOptions)
 
 type callOptions struct {
-	count     float64
-	upTo      bool
-	reserve   bool
-	config    *Config
-	remaining bool
+	count   float64
+	upTo    bool
+	reserve bool
+	config  *Config
 }
 
 // Count sets the number of tokens a call consumes, checks or credits.
@@ -38,17 +37,9 @@ func UpTo(n float64) Option { return func(o *callOptions) { o.count, o.upTo = n,
 // reservation: the result is OK with RetryAfter > 0, meaning the tokens are
 // yours and the work should run after RetryAfter without checking the limit
 // again. Config.MaxReserved caps the debt. A reservation whose wait would
-// reach MaxWait, or whose debt would leave float64's range, is refused with
+// reach about 146 years, or whose debt would leave float64's range, is refused with
 // an *InvalidError for Count, taking nothing.
 func Reserve() Option { return func(o *callOptions) { o.reserve = true } }
-
-// ReportRemaining makes a call on a sharded limit report Result.Remaining
-// and NextToken even when PostgreSQL serves it from one free shard: that
-// call then reads every shard, in the statement that takes its shard (no
-// extra round trip, but more work on the hottest path; docs/sharding.md).
-// Calls that lock or read every shard anyway (unsharded limits, SQLite,
-// LimitAll, Check) always report them.
-func ReportRemaining() Option { return func(o *callOptions) { o.remaining = true } }
 
 // Inline gives the limit's configuration in the call. It is required for a
 // name that was not given to New and replaces the configuration of one that
@@ -57,16 +48,15 @@ func Inline(c Config) Option { return func(o *callOptions) { cc := c; o.config =
 
 // request is one call, validated by newRequest.
 type request struct {
-	name      string
-	key       string
-	count     float64
-	upTo      bool
-	reserve   bool
-	remaining bool
-	config    Config
-	limit     driver.Limit
-	now       *time.Time   // Options.Clock's reading, nil for the store's clock
-	obs       *observation // nil unless the Limiter has an Observer
+	name    string
+	key     string
+	count   float64
+	upTo    bool
+	reserve bool
+	config  Config
+	limit   driver.Limit
+	now     *time.Time   // Options.Clock's reading, nil for the store's clock
+	obs     *observation // nil unless the Limiter has an Observer
 }
 
 // newRequest validates a call. The request it returns on an error still
@@ -76,7 +66,7 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observat
 	for _, opt := range opts {
 		opt(&o)
 	}
-	r := request{name: name, key: key, count: o.count, upTo: o.upTo, reserve: o.reserve, remaining: o.remaining, obs: obs}
+	r := request{name: name, key: key, count: o.count, upTo: o.upTo, reserve: o.reserve, obs: obs}
 	if err := validName(name); err != nil {
 		return r, err
 	}
@@ -141,7 +131,7 @@ func (r request) checkCount() error {
 // take is the store's Take for r.
 func (r request) take() driver.TakeParams {
 	return driver.TakeParams{
-		Limit: r.limit, Count: r.count, UpTo: r.upTo, Reserve: r.reserve, ReadAll: r.remaining,
+		Limit: r.limit, Count: r.count, UpTo: r.upTo, Reserve: r.reserve, ReadAll: r.config.ReportRemaining,
 		Now: r.now, TimeLocks: r.obs != nil,
 	}
 }

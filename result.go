@@ -9,7 +9,8 @@ import (
 	"github.com/txlimit/txlimit/internal/driver"
 )
 
-// Result is the outcome of Limit or Check, or of one limit of LimitAll.
+// Result is the outcome of Limit or Check, or of one limit of LimitAll: the
+// one way to read a limit (Check reads without taking).
 type Result struct {
 	Name string
 	Key  string
@@ -29,8 +30,8 @@ type Result struct {
 	// RetryAfter is, when OK is false, the time until the same request
 	// would be granted. When OK is true and RetryAfter > 0, the tokens were
 	// reserved: run the work after RetryAfter, without checking again.
-	// It is never negative and never more than MaxWait: a denial whose
-	// wait is longer says MaxWait.
+	// It is never negative and never more than about 146 years (2^62 ns):
+	// a denial whose wait is longer says that.
 	RetryAfter time.Duration
 	// At is the clock reading the decision was made at.
 	At time.Time
@@ -41,9 +42,9 @@ type Result struct {
 	// It is read under the call's locks, except where the call locked
 	// nothing or not every shard (a denial decided on committed state, a
 	// sharded limit served from one free shard on PostgreSQL with
-	// ReportRemaining): there the other shards count as last committed, and
-	// transactions that hold them may be changing them. It is 0 when
-	// Partial is set.
+	// Config.ReportRemaining): there the other shards count as last
+	// committed, and transactions that hold them may be changing them. It
+	// is 0 when Partial is set.
 	Remaining float64
 	// NextToken is the time from At until the limit holds one whole token
 	// more than floor(Remaining) (at least one), if no call takes or gives
@@ -51,17 +52,19 @@ type Result struct {
 	// floor(Remaining) whole tokens cannot get more. It is what the HTTP
 	// RateLimit header calls the effective window (package httplimit sends
 	// it as t). It is 0 when the limit will never hold that many (its
-	// Capacity is lower), and when Partial is set; never more than MaxWait.
+	// Capacity is lower), and when Partial is set; never more than
+	// RetryAfter's bound.
 	NextToken time.Duration
 	// Partial reports that the call read only one shard of a sharded
 	// limit, so that Remaining and NextToken are unknown (and 0): a call
-	// PostgreSQL served from one free shard, without ReportRemaining.
+	// PostgreSQL served from one free shard, without
+	// Config.ReportRemaining.
 	Partial bool
+	// Leased is, for Check, the tokens of the key this Limiter holds in
+	// leases (Config.Lease) and has not handed out: taken from Remaining
+	// already, not yet spent. 0 for the other calls.
+	Leased float64
 }
-
-// Reserved reports whether the tokens were granted as a reservation for
-// later.
-func (r Result) Reserved() bool { return r.OK && r.RetryAfter > 0 }
 
 // Err returns nil when the result is OK (a reservation included) and a
 // *RateLimitedError otherwise, for code that prefers the error style.
@@ -70,22 +73,6 @@ func (r Result) Err() error {
 		return nil
 	}
 	return &RateLimitedError{Name: r.Name, Key: r.Key, RetryAfter: r.RetryAfter}
-}
-
-// Snapshot is the state of a limit for display, returned by Value.
-type Snapshot struct {
-	// Value is the number of tokens available now, summed over all shards,
-	// in the limit's own units (not per shard). Negative while reservations
-	// are outstanding.
-	Value float64
-	// Leased is the tokens of the key this Limiter holds in a lease
-	// (Config.Lease) and has not handed out: taken from Value already,
-	// not yet spent.
-	Leased float64
-	// At is the clock reading Value was projected to.
-	At time.Time
-	// Config is the limit's normalized configuration.
-	Config Config
 }
 
 // result is the Result of what a store decided for r: t.States are the
@@ -118,7 +105,7 @@ func (r request) result(t driver.TakeResult) (Result, error) {
 func (r request) overflowError() error {
 	c := r.config
 	return &InvalidError{Limit: r.name, Field: "Count", Problem: fmt.Sprintf(
-		"%v reserved at Rate %v per %v would put the limit in a debt it repays only after txlimit.MaxWait (about 146 years) or more, "+
+		"%v reserved at Rate %v per %v would put the limit in a debt it repays only after about 146 years or more, "+
 			"or beyond what a float64 holds; nothing was taken. Lower Count, raise Rate, or set MaxReserved to cap the debt",
 		r.count, c.Rate, c.Period)}
 }

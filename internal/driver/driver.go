@@ -128,24 +128,14 @@ type Ops[TTx any] interface {
 	Ping(ctx context.Context) error
 }
 
-// BatchSender is what a store whose driver pipelines adds to Ops for
-// txlimit.SendBatch: the takes sent in the caller's own batch of
-// statements (TBatch: *pgx.Batch for pgstore), ahead of them. txlimit
-// checks for it with the batch's type, and refuses the call before
-// anything is sent when the store lacks it (database/sql sends one
-// statement at a time).
-type BatchSender[TTx, TBatch any] interface {
-	// SendBatch takes p's tokens in tx, all or none as TakeAll does, and
-	// then runs b's statements in tx, in their order, with their own
-	// result handling; tx stays open for the caller to commit. Where every
-	// take is one statement the takes go first in the same round trip as
-	// b's statements, and a take that would grant nothing stops the
-	// statements after it on the server; other takes are taken as TakeAll
-	// takes them before b is sent. A denial runs none of b's statements
-	// and rolls tx back. An error of b's statements is returned as it is.
-	// b is not nil (txlimit checks).
-	SendBatch(ctx context.Context, tx TTx, b TBatch, p TakeAllParams) (TakeAllResult, error)
-}
+// TakeInBatch is the Limiter's take in the caller's batch, which
+// pgstore.SendBatch serves: package txlimit sets it, since pgstore cannot
+// call the Limiter's unexported methods. limiter is a *txlimit.Limiter,
+// reqs a []txlimit.Request, and the result a txlimit.MultiResult. The
+// Limiter validates reqs (refusing what a batch cannot honour) and calls
+// send with its store's Ops and the takes, which send takes, all or none as
+// TakeAll does, ahead of the batch's statements, and then runs them.
+var TakeInBatch func(ctx context.Context, limiter any, reqs any, send func(ops any, p TakeAllParams) (TakeAllResult, error)) (any, error)
 
 // ClockRanger is what a store whose database cannot hold every instant adds
 // to Ops: the first and the last instant it holds. txlimit refuses a
