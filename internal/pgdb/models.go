@@ -16,16 +16,3 @@ type Txlimit struct {
 	Ts    time.Time
 	Prev  float64
 }
-
-type TxlimitEscrow struct {
-	Claim int64
-	Xid   int64
-	Name  string
-	Key   string
-	Shard int32
-	Count float64
-}
-
-type TxlimitEscrowClaim struct {
-	ID int64
-}
