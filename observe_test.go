@@ -52,7 +52,7 @@ func TestObserverSeesEveryDecision(t *testing.T) {
 	_, err = l.Check(ctx, name, "k")
 	require.NoError(t, err)
 	_, err = l.Limit(ctx, name, "k", txlimit.Count(-1))
-	require.ErrorIs(t, err, txlimit.ErrInvalid)
+	require.ErrorAs(t, err, new(*txlimit.InvalidError))
 	multi, err := l.LimitAll(ctx, txlimit.Request{Name: name, Key: "a"}, txlimit.Request{Name: name, Key: "k", Options: []txlimit.Option{txlimit.Count(2)}})
 	require.NoError(t, err)
 	require.False(t, multi.OK)
@@ -119,7 +119,7 @@ func TestFailOpen(t *testing.T) {
 
 	// Bad input, a cancelled context and the Tx forms are never failed open.
 	_, err = open.Limit(ctx, name, "k", txlimit.Count(2))
-	require.ErrorIs(t, err, txlimit.ErrInvalid)
+	require.ErrorAs(t, err, new(*txlimit.InvalidError))
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	_, err = open.Limit(cctx, name, "k")
@@ -214,7 +214,7 @@ func Example_observer() {
 			log.Fatal(err)
 		}
 	}
-	if _, err := limiter.Limit(ctx, "login", "alice", txlimit.Count(-1)); !errors.Is(err, txlimit.ErrInvalid) {
+	if _, err := limiter.Limit(ctx, "login", "alice", txlimit.Count(-1)); !errors.As(err, new(*txlimit.InvalidError)) {
 		log.Fatal(err)
 	}
 	var lines []string

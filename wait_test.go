@@ -283,10 +283,10 @@ func runWait[TTx any](t *testing.T, store driver.Store[TTx]) {
 			return nil
 		}
 		_, err = txlimit.WaitWithSleep(ctx, l, never, name, "k", txlimit.Count(4))
-		require.ErrorIs(t, err, txlimit.ErrInvalid)
+		require.ErrorAs(t, err, new(*txlimit.InvalidError))
 		require.ErrorContains(t, err, "could never be granted")
 		_, err = txlimit.WaitWithSleep(ctx, l, never, name, "k", txlimit.Reserve())
-		require.ErrorIs(t, err, txlimit.ErrInvalid)
+		require.ErrorAs(t, err, new(*txlimit.InvalidError))
 		require.ErrorContains(t, err, "Reserve does not go with Wait")
 		_, err = txlimit.WaitWithSleep(ctx, l, never, "nope", "k")
 		storetest.RequireUnknownLimit(t, err)

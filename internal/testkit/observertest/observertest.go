@@ -63,7 +63,7 @@ func RunScenario[TTx any](t *testing.T, store, unmigrated, unreachable driver.St
 
 	// Errors: bad input twice, a cancelled context.
 	_, err = l.Limit(ctx, "send", "alice", txlimit.Count(-1))
-	require.ErrorIs(t, err, txlimit.ErrInvalid)
+	require.ErrorAs(t, err, new(*txlimit.InvalidError))
 	_, err = l.Limit(ctx, "nope", "alice")
 	storetest.RequireUnknownLimit(t, err)
 	cancelled, cancel := context.WithCancel(ctx)

@@ -16,10 +16,14 @@ import (
 func runRemaining[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := context.Background()
 	one, sharded, fw := UniqueName(t, "one"), UniqueName(t, "sharded"), UniqueName(t, "fw")
+	shardedCfg := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 16, Period: 16 * time.Second, Shards: 4}
+	// The same limit, told to report Remaining on every call.
+	reporting := shardedCfg
+	reporting.ReportRemaining = true
 	clk := NewClock()
 	l, err := txlimit.New(h.Store, map[string]txlimit.Config{
 		one:     {Kind: txlimit.TokenBucket, Rate: 10, Period: 10 * time.Second},
-		sharded: {Kind: txlimit.TokenBucket, Rate: 16, Period: 16 * time.Second, Shards: 4},
+		sharded: shardedCfg,
 		fw:      {Kind: txlimit.FixedWindow, Rate: 5, Period: time.Minute, Start: T0.Add(-20 * time.Second)},
 	}, &txlimit.Options{Clock: clk.Now})
 	require.NoError(t, err)
@@ -56,8 +60,8 @@ func runRemaining[TTx any](t *testing.T, h Harness[TTx]) {
 
 	// 16 tokens in 4 shards of 4, a token a second.
 	require.Equal(t, want{true, 15, time.Second}, got(call(false, sharded)), "first call: every shard created")
-	require.Equal(t, want{true, 14, time.Second}, got(call(false, sharded, txlimit.ReportRemaining())),
-		"one free shard on PostgreSQL, the others read in the same statement")
+	require.Equal(t, want{true, 14, time.Second}, got(call(false, sharded, txlimit.Inline(reporting))),
+		"Config.ReportRemaining: one free shard on PostgreSQL, the others read in the same statement")
 	res := call(false, sharded)
 	if h.SkipsLocked {
 		// Every shard holds at least 2.75: the one free shard grants, and
