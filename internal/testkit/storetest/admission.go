@@ -88,3 +88,14 @@ func noPool(err error) bool {
 	var inv *txlimit.InvalidError
 	return errors.As(err, &inv) && inv.Field == "store"
 }
+
+// RequireNoPool requires err to be the error of a form without Tx on a
+// store built without a pool: an *InvalidError for the field "store" that
+// names the fix.
+func RequireNoPool(t testing.TB, err error) {
+	t.Helper()
+	var inv *txlimit.InvalidError
+	require.ErrorAs(t, err, &inv)
+	require.Equal(t, "store", inv.Field)
+	require.Contains(t, inv.Problem, "…Tx form")
+}
