@@ -112,9 +112,9 @@ func TestConcurrentCallsAdmitExactly32(t *testing.T) {
 			require.EqualValues(t, capacity, admitted.Load())
 			require.EqualValues(t, workers*callsEach-capacity, denied.Load())
 			require.Equal(t, capacity, countOrders(t, db, name))
-			snap, err := l.Value(ctx, name, "hot")
+			snap, err := l.Check(ctx, name, "hot", txlimit.Count(0))
 			require.NoError(t, err)
-			require.InDelta(t, 0, snap.Value, 0.05)
+			require.InDelta(t, 0, snap.Remaining, 0.05)
 		})
 	}
 }
