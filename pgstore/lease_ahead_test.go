@@ -74,7 +74,7 @@ func TestLeaseAheadHotKeyExact(t *testing.T) {
 	g := int(grants.Load())
 	require.Equal(t, goroutines*calls, g+int(failures.Load()))
 	require.Equal(t, g, e.rows(t, ""), "a business row per grant, none of a failed call")
-	// Value waits for a take ahead still in flight.
+	// Check waits for a take ahead still in flight.
 	s := snapshot(t, l, name)
 	require.Equal(t, float64(capacity-g), s.Remaining+s.Leased, "value + leased is the capacity less the grants")
 	require.LessOrEqual(t, s.Leased, 2*cfg.Lease,
@@ -126,7 +126,7 @@ func TestLeaseAheadGivesBackToItsSlice(t *testing.T) {
 	state(16, 3, "the first slice took 4; A holds one")
 	call()
 	call()
-	state(12, 5, "down to 1 < LeaseAhead: the next slice is taken ahead (Value waits for it)")
+	state(12, 5, "down to 1 < LeaseAhead: the next slice is taken ahead (Check waits for it)")
 	releaseC, doneC := stall(t, l, name, "C", nil)
 	state(12, 4, "C holds the first slice's last token")
 	call()

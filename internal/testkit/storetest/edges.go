@@ -117,7 +117,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 				c.Advance(-time.Second)
 				res, err = l.Limit(ctx, name, "k", txlimit.Count(2))
 				require.NoError(t, err)
-				require.True(t, res.OK, "%v, %d shards: the limit holds 3 (as of T0+2s)", kind, shards)
+				require.True(t, res.OK, "%v, %d shards: the limit holds 3 (as of T0+2s)", KindName(kind), shards)
 				c.Advance(time.Second)
 				snap, err := l.Check(ctx, name, "k", txlimit.Count(0))
 				require.NoError(t, err)
@@ -125,13 +125,13 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 				// And it admits exactly that.
 				res, err = l.Limit(ctx, name, "k", txlimit.Count(1))
 				require.NoError(t, err)
-				require.True(t, res.OK, "%v, %d shards", kind, shards)
+				require.True(t, res.OK, "%v, %d shards", KindName(kind), shards)
 				res, err = l.Limit(ctx, name, "k", txlimit.Count(0.5))
 				require.NoError(t, err)
-				require.False(t, res.OK, "%v, %d shards", kind, shards)
+				require.False(t, res.OK, "%v, %d shards", KindName(kind), shards)
 			}
-			require.InDelta(t, 1, holds[1], 1e-9, "%v: unsharded", kind)
-			require.InDelta(t, holds[1], holds[2], 1e-9, "%v: the sharded limit holds what the unsharded one holds", kind)
+			require.InDelta(t, 1, holds[1], 1e-9, "%v: unsharded", KindName(kind))
+			require.InDelta(t, holds[1], holds[2], 1e-9, "%v: the sharded limit holds what the unsharded one holds", KindName(kind))
 		}
 	})
 
