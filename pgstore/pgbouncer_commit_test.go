@@ -144,19 +144,34 @@ var bouncerShapes = []struct {
 	{"lease16", txlimit.Config{Kind: txlimit.TokenBucket, Rate: 100, Period: time.Hour, Lease: 16}},
 }
 
-// TestCommitThroughPgBouncer: for each exec mode that works through
-// PgBouncer in transaction mode (24 server connections), each limit shape
+// TestCommitThroughPgBouncer runs the take at commit and in the caller's
+// batch through one PgBouncer in transaction mode with 24 server
+// connections, in each exec mode that works there (each on a pool of its
+// own): exactCommitThroughPgBouncer and callerErrorThroughPgBouncer, at
+// once, sharing the server connections.
+func TestCommitThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	e := newBouncerEnv(t, 24)
+	t.Run("exact", func(t *testing.T) {
+		t.Parallel()
+		exactCommitThroughPgBouncer(t, e)
+	})
+	t.Run("caller error", func(t *testing.T) {
+		t.Parallel()
+		callerErrorThroughPgBouncer(t, e)
+	})
+}
+
+// exactCommitThroughPgBouncer: for each exec mode, each limit shape
 // (unsharded, Shards 8, Lease 16: BeginFunc takes from leases, CommitTx and
 // SendBatch from the row) and each form (BeginFunc, CommitTx, SendBatch),
 // 32 callers × 4 calls on one hot key of capacity 100, the clock frozen:
 // exactly 100 grants, whose 100 orders alone commit, the limit then empty
 // (tokens consumed = 100); every other call (28) a *RateLimitedError with
-// RetryAfter 36 s, and no other error. The exec modes run at once, each on a
-// pool of its own, and the cells of a mode one after another.
-func TestCommitThroughPgBouncer(t *testing.T) {
-	t.Parallel()
+// RetryAfter 36 s, and no other error. The exec modes run at once, and
+// the cells of a mode one after another.
+func exactCommitThroughPgBouncer(t *testing.T, e *bouncerEnv) {
 	const callers, calls, capacity = 32, 4, 100
-	e := newBouncerEnv(t, 24)
 	frozen := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	opts := &txlimit.Options{Clock: func() time.Time { return frozen }}
 	for _, mode := range bouncerModes {
@@ -233,18 +248,15 @@ func (e *bouncerEnv) exact(t *testing.T, cell string, callers, calls, capacity i
 	}
 }
 
-// TestCommitCallerErrorThroughPgBouncer: through PgBouncer in transaction
-// mode, in each exec mode that works there, a failure of the caller's own
-// statements is returned as it is by each form (not a denial, not the
-// store's error), takes nothing, and leaves the pool's connections fit for
-// the next call: fn's statement (BeginFunc), a deferred constraint that
-// fails at the COMMIT that rides with the take (BeginFunc, CommitTx), and a
-// statement or callback of the caller's batch (SendBatch). The exec modes
-// run at once, sharing two server connections.
-func TestCommitCallerErrorThroughPgBouncer(t *testing.T) {
-	t.Parallel()
+// callerErrorThroughPgBouncer: in each exec mode, a failure of the
+// caller's own statements is returned as it is by each form (not a
+// denial, not the store's error), takes nothing, and leaves the pool's
+// connections fit for the next call: fn's statement (BeginFunc), a
+// deferred constraint that fails at the COMMIT that rides with the take
+// (BeginFunc, CommitTx), and a statement or callback of the caller's batch
+// (SendBatch). The exec modes run at once.
+func callerErrorThroughPgBouncer(t *testing.T, e *bouncerEnv) {
 	ctx := context.Background()
-	e := newBouncerEnv(t, 2)
 	_, err := e.admin.Exec(ctx, `CREATE TABLE deferred (id bigint PRIMARY KEY DEFERRABLE INITIALLY DEFERRED);
 		INSERT INTO deferred VALUES (1); INSERT INTO orders (cell, id) VALUES ('taken', 1)`)
 	require.NoError(t, err)
@@ -342,7 +354,7 @@ func TestCommitCallerErrorThroughPgBouncer(t *testing.T) {
 			require.Empty(t, e.orders(t, "callback"))
 		})
 	}
-	require.Len(t, e.orders(t, "taken"), 1)
+	t.Cleanup(func() { require.Len(t, e.orders(t, "taken"), 1) })
 }
 
 // sendThenRollback sends a batch queued by queue with the take of req in a
