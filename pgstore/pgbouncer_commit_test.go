@@ -50,7 +50,7 @@ func newBouncerEnv(t *testing.T, poolSize int) *bouncerEnv {
 	t.Helper()
 	testdb.NeedPgBouncer(t)
 	ctx := context.Background()
-	db, direct := testdb.Database(t, "txlimit_bouncer_commit")
+	db, direct := testdb.Database(t, "txlimit_pgbouncer")
 	admin, err := pgxpool.New(ctx, direct)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
