@@ -195,8 +195,9 @@ func isDenied(err error) bool {
 // pooler in transaction mode (PgBouncer), a connection outside a
 // transaction goes back to the pooler's pool after each round trip, and the
 // second one may run on another server connection, which has no unnamed
-// statement: SQLSTATE 26000. In a transaction the pooler keeps the server
-// connection, in every exec mode.
+// statement (SQLSTATE 26000) or another client's (08P01 when its parameters
+// differ; run in place of the read when they fit). In a transaction the
+// pooler keeps the server connection, in every exec mode.
 func (pr Protocol) deniedAtCommit(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	// The ROLLBACK goes without the reads, since the server would not
 	// prepare them in the aborted transaction, as pgx does first for
