@@ -87,19 +87,19 @@ func (e *bouncerEnv) orders(t *testing.T, cell string) []int64 {
 // inserts order (cell, id) and takes req with it.
 type bouncerForm struct {
 	name string
-	call func(ctx context.Context, pool *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], cell string, id int64, req txlimit.Request) (txlimit.MultiResult, error)
+	call func(ctx context.Context, pool *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], cell string, id int64, reqs ...txlimit.Request) (txlimit.MultiResult, error)
 }
 
 const insertOrder = `INSERT INTO orders (cell, id) VALUES ($1, $2)`
 
 var bouncerForms = []bouncerForm{
-	{"BeginFunc", func(ctx context.Context, _ *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], cell string, id int64, req txlimit.Request) (txlimit.MultiResult, error) {
+	{"BeginFunc", func(ctx context.Context, _ *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], cell string, id int64, reqs ...txlimit.Request) (txlimit.MultiResult, error) {
 		return l.BeginFunc(ctx, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, insertOrder, cell, id)
 			return err
-		}, req)
+		}, reqs...)
 	}},
-	{"CommitTx", func(ctx context.Context, pool *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], cell string, id int64, req txlimit.Request) (txlimit.MultiResult, error) {
+	{"CommitTx", func(ctx context.Context, pool *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], cell string, id int64, reqs ...txlimit.Request) (txlimit.MultiResult, error) {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			return txlimit.MultiResult{}, err
@@ -108,9 +108,9 @@ var bouncerForms = []bouncerForm{
 		if _, err := tx.Exec(ctx, insertOrder, cell, id); err != nil {
 			return txlimit.MultiResult{}, err
 		}
-		return l.CommitTx(ctx, tx, req)
+		return l.CommitTx(ctx, tx, reqs...)
 	}},
-	{"SendBatch", func(ctx context.Context, pool *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], cell string, id int64, req txlimit.Request) (txlimit.MultiResult, error) {
+	{"SendBatch", func(ctx context.Context, pool *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], cell string, id int64, reqs ...txlimit.Request) (txlimit.MultiResult, error) {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			return txlimit.MultiResult{}, err
@@ -122,7 +122,7 @@ var bouncerForms = []bouncerForm{
 			ran = true
 			return nil
 		})
-		res, err := txlimit.SendBatch(ctx, l, tx, b, req)
+		res, err := txlimit.SendBatch(ctx, l, tx, b, reqs...)
 		if err != nil {
 			return res, err
 		}
@@ -160,6 +160,62 @@ func TestCommitThroughPgBouncer(t *testing.T) {
 		t.Parallel()
 		callerErrorThroughPgBouncer(t, e)
 	})
+	t.Run("two limits", func(t *testing.T) {
+		t.Parallel()
+		twoLimitsThroughPgBouncer(t, e)
+	})
+}
+
+// twoLimitsThroughPgBouncer: in each exec mode, a call of each form on two
+// limits, one of which denies, is a *RateLimitedError with that limit's
+// RetryAfter (a denial reads both limits, in one batch), and nothing of
+// its transaction remains; then one grant of each form.
+func twoLimitsThroughPgBouncer(t *testing.T, e *bouncerEnv) {
+	ctx := context.Background()
+	frozen := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	opts := &txlimit.Options{Clock: func() time.Time { return frozen }}
+	for _, mode := range bouncerModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			pool := e.pool(t, mode, 4)
+			wide, narrow := storetest.UniqueName(t, "wide"), storetest.UniqueName(t, "narrow")
+			limits := map[string]txlimit.Config{
+				wide:   {Kind: txlimit.TokenBucket, Rate: 100, Period: time.Hour},
+				narrow: {Kind: txlimit.TokenBucket, Rate: 3, Period: time.Hour}, // one token in 20 minutes
+			}
+			l, err := txlimit.New(pgstore.New(pool), limits, opts)
+			require.NoError(t, err)
+			reader, err := txlimit.New(pgstore.New(e.admin), limits, opts)
+			require.NoError(t, err)
+			cell := t.Name()
+			id := int64(0)
+			for _, want := range []bool{true, false} {
+				for _, form := range bouncerForms {
+					id++
+					res, err := form.call(ctx, pool, l, cell, id, commitReq(wide, "k"), commitReq(narrow, "k"))
+					if want {
+						require.NoError(t, err, form.name)
+						require.True(t, res.OK, form.name)
+						continue
+					}
+					var rl *txlimit.RateLimitedError
+					require.ErrorAs(t, err, &rl, form.name)
+					require.Equal(t, narrow, rl.Name, form.name)
+					require.Equal(t, 20*time.Minute, rl.RetryAfter, form.name)
+					require.False(t, res.OK, form.name)
+					require.Len(t, res.Results, 2, form.name)
+					require.True(t, res.Results[0].OK, "%s: the wide limit would grant", form.name)
+					require.False(t, res.Results[1].OK, form.name)
+				}
+			}
+			for name, left := range map[string]float64{wide: 97, narrow: 0} {
+				snap, err := reader.Value(ctx, name, "k")
+				require.NoError(t, err)
+				require.Equal(t, left, snap.Value, name)
+			}
+			require.Len(t, e.orders(t, cell), len(bouncerForms), "the grants' orders alone")
+		})
+	}
 }
 
 // exactCommitThroughPgBouncer: for each exec mode, each limit shape
