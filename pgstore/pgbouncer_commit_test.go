@@ -147,8 +147,8 @@ var bouncerShapes = []struct {
 // TestCommitThroughPgBouncer runs the take at commit and in the caller's
 // batch through one PgBouncer in transaction mode with 24 server
 // connections, in each exec mode that works there (each on a pool of its
-// own): exactCommitThroughPgBouncer and callerErrorThroughPgBouncer, at
-// once, sharing the server connections.
+// own): exactCommitThroughPgBouncer, callerErrorThroughPgBouncer and
+// twoLimitsThroughPgBouncer, at once, sharing the server connections.
 func TestCommitThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	e := newBouncerEnv(t, 24)
