@@ -260,7 +260,7 @@ func (c Config) normalized(name string) (Config, error) {
 	}
 	switch {
 	case c.LeaseFor < 0:
-		return bad("LeaseFor", "must be >= 0 (0 means one second), got %v", c.LeaseFor)
+		return bad("LeaseFor", "must be >= 0 (0 means one second, with Lease), got %v", c.LeaseFor)
 	case c.LeaseFor > 0 && c.Lease == 0:
 		return bad("LeaseFor", "is how long a lease lasts, and needs Lease: set Lease too, or leave LeaseFor 0")
 	case c.LeaseFor == 0 && c.Lease > 0:

@@ -52,11 +52,9 @@ func SendBatch(ctx context.Context, l *txlimit.Limiter[pgx.Tx], tx pgx.Tx, b *pg
 			"statements the limits guard (an empty one takes the limits alone)"}
 	}
 	res, err := driver.TakeInBatch(ctx, l, reqs, func(ops any, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-		s, ok := ops.(*backend)
-		if !ok {
-			return driver.TakeAllResult{}, fmt.Errorf("txlimit/pgstore: SendBatch needs a limiter on pgstore, not on %T", ops)
-		}
-		return s.sendBatch(ctx, tx, b, p)
+		// A *txlimit.Limiter[pgx.Tx] is one on pgstore: the only store of
+		// that transaction type.
+		return ops.(*backend).sendBatch(ctx, tx, b, p)
 	})
 	return res.(txlimit.MultiResult), err
 }
