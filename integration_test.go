@@ -119,8 +119,8 @@ DROP TABLE messages;
 `)}}
 
 // appFlow is one application's life on a, a fresh schema or database,
-// step by step; it stops at the first step that fails, since each builds on
-// the state the ones before left. Every clock reading is the test clock's,
+// step by step; it stops at the first step that fails fatally (require),
+// since each builds on the state the ones before left. Every clock reading is the test clock's,
 // so every token count and RetryAfter is exact.
 func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 	ctx := context.Background()
@@ -143,8 +143,10 @@ func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 			notMigrated := func(what string, err error) {
 				t.Helper()
 				require.ErrorIs(t, err, txlimit.ErrNotMigrated, what)
-				require.Equal(t, 1, strings.Count(err.Error(), "migrations.Up"),
-					"%s: the error names the fix once: %v", what, err)
+				// Not fatal: the steps after this one do not depend on it.
+				if n := strings.Count(err.Error(), "migrations.Up"); n != 1 {
+					t.Errorf("%s: the error names migrations.Up %d times, not once: %v", what, n, err)
+				}
 			}
 			notMigrated("Ping", l.Ping(ctx))
 			_, err := l.Limit(ctx, "sendMessage", "alice")
@@ -394,7 +396,12 @@ func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 		}},
 	}
 	for _, s := range steps {
-		if !t.Run(s.name, s.run) {
+		finished := false
+		t.Run(s.name, func(t *testing.T) {
+			s.run(t)
+			finished = true
+		})
+		if !finished { // a fatal failure: the next steps would build on it
 			return
 		}
 	}
