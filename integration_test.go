@@ -95,14 +95,14 @@ var appLimits = map[string]txlimit.Config{
 	// 3 messages a minute per user: a token every 20 s.
 	"sendMessage": {Kind: txlimit.TokenBucket, Rate: 3, Period: time.Minute},
 	// 5 messages an hour per workspace, in windows starting on the hour.
-	"workspaceMessages": {Kind: txlimit.FixedWindow, Rate: 5, Period: time.Hour, Start: t0},
+	"workspaceMessages": {Kind: txlimit.FixedWindow, Rate: 5, Period: time.Hour, Start: appT0},
 	// One export every 10 s per user; up to 3 more reserved ahead, each run
 	// as a job when its token exists.
 	"export": {Kind: txlimit.TokenBucket, Rate: 1, Period: 10 * time.Second, MaxReserved: 3},
 }
 
-// t0 is where the test clock starts, on the hour.
-var t0 = time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
+// appT0 is where the test clock starts, on the hour.
+var appT0 = time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
 
 // appMigrations is the application's own goose history, beside which
 // migrations.Up keeps txlimit's in a version table of its own. One text
@@ -124,7 +124,7 @@ DROP TABLE messages;
 // so every token count and RetryAfter is exact.
 func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 	ctx := context.Background()
-	clock := txlimittest.NewClock(t0)
+	clock := txlimittest.NewClock(appT0)
 	l, err := a.newLimiter(appLimits, &txlimit.Options{Clock: clock.Now})
 	require.NoError(t, err)
 
@@ -181,7 +181,7 @@ func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 				require.True(t, res.OK)
 				require.Equal(t, 0*time.Second, res.RetryAfter)
 				require.Equal(t, left, res.Remaining)
-				require.True(t, res.At.Equal(t0), "decided at the test clock's reading, not %v", res.At)
+				require.True(t, res.At.Equal(appT0), "decided at the test clock's reading, not %v", res.At)
 			}
 			res, err := a.sendMessage(ctx, l, "alice", "home", "one too many")
 			require.False(t, res.OK)
@@ -227,7 +227,7 @@ func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 		}},
 
 		{"several limits at once: all or none", func(t *testing.T) {
-			// t0+20s. A grant rolled back gives back both limits' tokens.
+			// appT0+20s. A grant rolled back gives back both limits' tokens.
 			tx := a.beginTx(t)
 			all, err := l.LimitAllTx(ctx, tx, messageLimits("erin", "acme")...)
 			require.NoError(t, err)
@@ -268,7 +268,7 @@ func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 		}},
 
 		{"reservations scheduled as jobs; a cancel credits its tokens back", func(t *testing.T) {
-			// t0+20s: one export now, three reserved 10 s apart.
+			// appT0+20s: one export now, three reserved 10 s apart.
 			for i, want := range []struct {
 				retryAfter time.Duration
 				remaining  float64
@@ -306,9 +306,9 @@ func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 			// its run_at (res.At + res.RetryAfter), without the limiter.
 			ran := map[time.Duration][]string{}
 			for tick := 0; a.count(t, "SELECT COUNT(*) FROM jobs WHERE state = 'scheduled'") > 0; tick++ {
-				require.Less(t, tick, 10, "the jobs should have run by t0+70s")
+				require.Less(t, tick, 10, "the jobs should have run by appT0+70s")
 				if ids := a.runDueJobs(t, clock.Now()); len(ids) > 0 {
-					ran[clock.Now().Sub(t0)] = ids
+					ran[clock.Now().Sub(appT0)] = ids
 				}
 				clock.Advance(5 * time.Second)
 			}
@@ -321,13 +321,13 @@ func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 			require.Equal(t, 4, a.count(t, "SELECT COUNT(*) FROM exports"))
 			require.Equal(t, 4, a.count(t, "SELECT COUNT(*) FROM jobs WHERE state = 'done' AND ran_at = run_at"))
 			require.Equal(t, 1, a.count(t, "SELECT COUNT(*) FROM jobs WHERE id = 'export-4' AND state = 'cancelled' AND ran_at IS NULL"))
-			// The last reserved token exists now, t0+55s, and nothing more.
-			require.Equal(t, t0.Add(55*time.Second), clock.Now())
+			// The last reserved token exists now, appT0+55s, and nothing more.
+			require.Equal(t, appT0.Add(55*time.Second), clock.Now())
 			require.Equal(t, 0.5, a.remaining(t, l, "export", "frank"))
 		}},
 
 		{"the take at commit", func(t *testing.T) {
-			// t0+55s. fn's error rolls back and takes nothing.
+			// appT0+55s. fn's error rolls back and takes nothing.
 			errNoRecipient := errors.New("no such recipient")
 			_, err := l.Commit(ctx, func(tx TTx) error {
 				if _, err := a.exec(ctx, tx, "INSERT INTO messages (user_id, workspace, body) VALUES (?, ?, ?)", "gina", "home", "to nobody"); err != nil {
@@ -372,9 +372,9 @@ func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 		}},
 
 		{"Prune deletes the rows that are full again", func(t *testing.T) {
-			// t0+55s: one row per (name, key) written: sendMessage for alice,
+			// appT0+55s: one row per (name, key) written: sendMessage for alice,
 			// bob, dave, erin, gina, hank; workspaceMessages for acme; export
-			// for frank. Only bob's has refilled (2 at t0, 3 by t0+20s).
+			// for frank. Only bob's has refilled (2 at appT0, 3 by appT0+20s).
 			require.Equal(t, 8, a.count(t, "SELECT COUNT(*) FROM txlimit"))
 			res, err := l.Prune(ctx, nil)
 			require.NoError(t, err)
@@ -384,7 +384,7 @@ func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 			require.Equal(t, 3.0, a.remaining(t, l, "sendMessage", "bob"), "a missing row is a full limit")
 
 			// On the hour the workspace's window turns, and every limit is full.
-			clock.Set(t0.Add(time.Hour))
+			clock.Set(appT0.Add(time.Hour))
 			res, err = l.Prune(ctx, nil)
 			require.NoError(t, err)
 			require.Equal(t, txlimit.PruneResult{Deleted: 7, Keys: 7, Batches: 1, Complete: true}, res)
