@@ -164,6 +164,7 @@ func (l *Limiter[TTx]) finish(ctx context.Context, op string, r request, res Res
 	case err != nil:
 		res = Result{}
 	}
+	res.At = res.At.UTC() // whichever clock read it, as every store reports it
 	l.report(ctx, r.obs, op, r, res, err, failedOpen)
 	if failedOpen {
 		return res, nil

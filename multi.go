@@ -79,6 +79,10 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, op string, obs *observatio
 	case err != nil:
 		res = MultiResult{}
 	}
+	res.At = res.At.UTC() // whichever clock read it, as every store reports it
+	for i := range res.Results {
+		res.Results[i].At = res.Results[i].At.UTC()
+	}
 	if obs != nil {
 		if len(res.Results) != len(rs) {
 			l.report(ctx, obs, op, request{}, Result{}, err, false)

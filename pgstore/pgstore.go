@@ -107,8 +107,8 @@ func (s *backend) Ping(ctx context.Context) error {
 // reachable with errors.As.
 func mapErr(err error) error {
 	var pgErr *pgconn.PgError
-	if err == nil || !errors.As(err, &pgErr) {
-		return err
+	if err == nil || !errors.As(err, &pgErr) || errors.Is(err, driver.ErrNotMigrated) {
+		return err // no fix to name, or named already (an error mapped twice)
 	}
 	switch pgErr.Code {
 	case pgproto.UndefinedTable, pgproto.UndefinedColumn:
