@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 	"github.com/txlimit/txlimit/internal/pgdb"
 )
 
@@ -182,27 +183,8 @@ func (r replay) Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 func (r replay) Query(context.Context, string, ...any) (pgx.Rows, error)         { return r.res.Query() }
 func (r replay) QueryRow(context.Context, string, ...any) pgx.Row                { return r.res.QueryRow() }
 
-// LockTimer adds up the time spent in statements that take row locks, when
-// On (driver.TakeParams.TimeLocks).
-type LockTimer struct {
-	On    bool
-	Total time.Duration
-}
-
-// Start returns the instant a locking statement starts.
-func (t *LockTimer) Start() time.Time {
-	if !t.On {
-		return time.Time{}
-	}
-	return time.Now()
-}
-
-// Stop adds the time since start.
-func (t *LockTimer) Stop(start time.Time) {
-	if t.On {
-		t.Total += time.Since(start)
-	}
-}
+// LockTimer is the engine's, which TakeCommit and TakeBatch use too.
+type LockTimer = engine.LockTimer
 
 // ClockRange is driver.ClockRanger's for PostgreSQL: timestamptz holds
 // 4713 BC to 294276 AD, and the instants are microseconds in an int64,

@@ -1,12 +1,18 @@
-// Package sqltx is the transaction wrapper of the stores on database/sql
-// (pgsqlstore, sqlitestore, mysqlstore): their driver.Store.InTx, Commit
-// and InTxCommit, and the RunTx of pgsqlstore and mysqlstore.
+// Package sqltx is what the stores on database/sql (pgsqlstore,
+// sqlitestore, mysqlstore) share: their driver.Ops.InTx, Commit and
+// InTxCommit, the RunTx of pgsqlstore and mysqlstore, and the error that
+// names the database a store was given when it is another.
 package sqltx
 
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 
 	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/retrytx"
@@ -118,4 +124,68 @@ func RunTx(ctx context.Context, name string, attempts int, db *sql.DB, opts *sql
 		}
 		return nil
 	})
+}
+
+// Querier is where a store's statement ran: a *sql.Tx or a *sql.DB.
+type Querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Database is a database a store on database/sql runs on.
+type Database int
+
+const (
+	PostgreSQL Database = iota
+	SQLite
+	MySQL
+)
+
+// databases are each Database's name, the statement that only it answers,
+// and the store to use on it.
+var databases = [...]struct{ name, probe, use string }{
+	PostgreSQL: {"PostgreSQL", "SELECT current_setting('server_version')", "pgsqlstore.New(db) for *sql.Tx, or pgstore.New(pool) for pgx"},
+	SQLite:     {"SQLite", "SELECT sqlite_version()", "sqlitestore.New(db)"},
+	MySQL:      {"MySQL or MariaDB", "SELECT @@version", "mysqlstore.New(db)"},
+}
+
+// WrongDatabase is the error of a store for want whose statement failed with
+// cause on q, when q is another database: wrong, the store's
+// ErrWrongDatabase, naming the database and the store to use. It asks q
+// which database it is, want's question first, unless cause says it already
+// (PostgreSQL's errors carry a SQLSTATE, and its transaction is then
+// aborted). It returns nil when q is want or cannot tell: q nil, a lost
+// connection, a cancelled context.
+func WrongDatabase(ctx context.Context, q Querier, cause, wrong error, want Database) error {
+	found, version := Database(-1), ""
+	var pgErr interface{ SQLState() string }
+	switch {
+	case errors.As(cause, &pgErr):
+		found, version = PostgreSQL, "(it answered with SQLSTATE "+pgErr.SQLState()+")"
+	case q == nil || errors.Is(cause, context.Canceled) || errors.Is(cause, context.DeadlineExceeded) ||
+		errors.Is(cause, sql.ErrTxDone) || errors.Is(cause, sql.ErrConnDone) || BrokenConn(cause):
+		return nil
+	default:
+		for i, db := range []Database{want, PostgreSQL, SQLite, MySQL} {
+			if (i == 0 || db != want) && q.QueryRowContext(ctx, databases[db].probe).Scan(&version) == nil {
+				found = db
+				break
+			}
+		}
+	}
+	if found < 0 || found == want {
+		return nil
+	}
+	d := databases[found]
+	return fmt.Errorf("%w: it is %s %s; use %s (the store's statement failed: %w)", wrong, d.name, version, d.use, cause)
+}
+
+// BrokenConn reports whether err says that the connection broke: the server
+// or the network went away, or the driver gave the connection up.
+func BrokenConn(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, sqldriver.ErrBadConn) ||
+		// go-sql-driver/mysql's ErrInvalidConn, when the server closed the
+		// connection under a statement.
+		strings.Contains(err.Error(), "invalid connection")
 }
