@@ -196,10 +196,11 @@ func (s *backend) mapErr(ctx context.Context, q querier, err error) error {
 	}
 	code, ok := pgproto.SQLState(err)
 	if !ok {
-		if q != nil {
-			if wrong := wrongDatabase(ctx, q, err); wrong != nil {
-				return wrong
-			}
+		if q == nil {
+			return err
+		}
+		if wrong := sqltx.WrongDatabase(ctx, q, err, ErrWrongDatabase, sqltx.PostgreSQL); wrong != nil {
+			return wrong
 		}
 		return err
 	}
@@ -213,6 +214,11 @@ func (s *backend) mapErr(ctx context.Context, q querier, err error) error {
 	}
 	return err
 }
+
+// ErrWrongDatabase matches (errors.Is) the error of a call on a *sql.DB or
+// *sql.Tx that is not PostgreSQL. Its message names the database found and
+// the store to use instead.
+var ErrWrongDatabase = errors.New("txlimit/pgsqlstore: the database is not PostgreSQL")
 
 // ClockRange implements driver.ClockRanger: the instants PostgreSQL's
 // timestamptz holds.
