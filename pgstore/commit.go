@@ -65,10 +65,10 @@ func (s *backend) InTxCommit(ctx context.Context, fn func(tx pgx.Tx) error, p dr
 // commit takes p in tx and ends tx's transaction on the server.
 func (s *backend) commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	if pgproto.Lean(p) {
-		res, err := s.proto.TakeCommit(ctx, tx, p)
+		res, err := s.Proto.TakeCommit(ctx, tx, p)
 		return res, mapErr(err)
 	}
-	res, err := s.proto.TakeAll(ctx, tx, p)
+	res, err := s.Proto.TakeAll(ctx, tx, p)
 	if err != nil || !res.OK {
 		_ = tx.Rollback(ctx)
 		return res, mapErr(err)

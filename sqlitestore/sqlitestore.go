@@ -59,6 +59,7 @@ type handle = driver.Handle[*sql.Tx]
 // lock covers every row, so it locks no row of its own and has no shard to
 // skip (no engine.SkipLocker).
 type backend struct {
+	sqltx.Store
 	db      *sql.DB
 	queries *gen.Queries
 	stmts   *stmtCache // nil when db is
@@ -86,6 +87,10 @@ var (
 // is.
 func New(db *sql.DB) *Store {
 	s := &backend{db: db, queries: gen.New()}
+	s.Store = sqltx.Store{DB: db, TakeAllFn: s.TakeAll, BeginErr: opErr("begin"), CommitErr: opErr("commit"),
+		// SQLite runs in the process, with no connection to lose: a
+		// COMMIT that failed did not commit.
+		Refused: func(error) bool { return true }}
 	if db != nil {
 		s.stmts = &stmtCache{db: db}
 	}
@@ -129,36 +134,11 @@ func clock(now *time.Time) time.Time {
 	return time.UnixMicro(time.Now().UnixMicro())
 }
 
-// InTx implements driver.Ops. A transaction that will write is begun
-// with default options, so the DSN's _txlock decides whether it is
-// IMMEDIATE; one that only reads (Check) is begun read-only, which
-// modernc.org/sqlite begins without taking the write lock.
-func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
-	return sqltx.InTx(ctx, s.db, readOnly, fn, s.beginErr(ctx), s.commitErr(ctx))
+// opErr is the store's error of op, run on no statement it could ask
+// which database it is.
+func opErr(op string) func(context.Context, error) error {
+	return func(ctx context.Context, err error) error { return wrap(ctx, nil, op, err) }
 }
-
-// Commit implements driver.Ops: TakeAll, then COMMIT or ROLLBACK. SQLite
-// has no round trip to save, and a COMMIT that fails did not commit.
-func (s *backend) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return sqltx.Commit(ctx, tx, p, s.TakeAll, s.commitErr(ctx), known)
-}
-
-// InTxCommit implements driver.Ops.
-func (s *backend) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return sqltx.InTxCommit(ctx, s.db, fn, p, s.TakeAll, s.beginErr(ctx), s.commitErr(ctx), known)
-}
-
-func (s *backend) beginErr(ctx context.Context) func(error) error {
-	return func(err error) error { return wrap(ctx, nil, "begin", err) }
-}
-
-func (s *backend) commitErr(ctx context.Context) func(error) error {
-	return func(err error) error { return wrap(ctx, nil, "commit", err) }
-}
-
-// known reports that a COMMIT that failed did not commit: SQLite runs in
-// the process, with no connection to lose.
-func known(error) bool { return true }
 
 // Ping implements driver.Ops: it checks that db is SQLite and that the
 // txlimit table is there with every column the library uses.

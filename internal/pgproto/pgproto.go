@@ -15,6 +15,7 @@ package pgproto
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -186,12 +187,59 @@ func (r replay) QueryRow(context.Context, string, ...any) pgx.Row               
 // LockTimer is the engine's, which TakeCommit and TakeBatch use too.
 type LockTimer = engine.LockTimer
 
-// ClockRange is driver.ClockRanger's for PostgreSQL: timestamptz holds
-// 4713 BC to 294276 AD, and the instants are microseconds in an int64,
-// which end before that.
-func ClockRange() (first, last time.Time) {
+// micros is the timestamptz of an instant in microseconds.
+func micros(us int64) time.Time { return time.UnixMicro(us) }
+
+// Ops is the part of driver.Ops that pgstore and pgsqlstore run alike: the
+// Protocol on their driver's transaction as a DB (AsDB), each error mapped
+// by the store (Err: what the user must do about it).
+type Ops[TTx any] struct {
+	Proto Protocol
+	AsDB  func(TTx) DB
+	Err   func(ctx context.Context, tx TTx, err error) error
+}
+
+func (o *Ops[TTx]) Take(ctx context.Context, tx TTx, p driver.TakeParams) (driver.TakeResult, error) {
+	res, err := o.Proto.Take(ctx, o.AsDB(tx), p)
+	return res, o.Err(ctx, tx, err)
+}
+
+func (o *Ops[TTx]) TakeAll(ctx context.Context, tx TTx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	res, err := o.Proto.TakeAll(ctx, o.AsDB(tx), p)
+	return res, o.Err(ctx, tx, err)
+}
+
+func (o *Ops[TTx]) Read(ctx context.Context, tx TTx, p driver.ReadParams) (driver.ReadResult, error) {
+	res, err := o.Proto.Read(ctx, o.AsDB(tx), p)
+	return res, o.Err(ctx, tx, err)
+}
+
+func (o *Ops[TTx]) Credit(ctx context.Context, tx TTx, p driver.CreditParams) error {
+	return o.Err(ctx, tx, o.Proto.Credit(ctx, o.AsDB(tx), p))
+}
+
+func (o *Ops[TTx]) Reset(ctx context.Context, tx TTx, k driver.KeyRef) error {
+	return o.Err(ctx, tx, o.Proto.Reset(ctx, o.AsDB(tx), k))
+}
+
+// ClockRange is driver.ClockRanger's: timestamptz holds 4713 BC to 294276
+// AD, and the instants are microseconds in an int64, which end before that.
+func (o *Ops[TTx]) ClockRange() (first, last time.Time) {
 	return time.Date(-4712, time.January, 1, 0, 0, 0, 0, time.UTC), driver.Microseconds[1]
 }
 
-// micros is the timestamptz of an instant in microseconds.
-func micros(us int64) time.Time { return time.UnixMicro(us) }
+// MapErr adds to err, an error of a PostgreSQL store, what the user must do
+// about it, keeping err reachable with errors.As: a missing or outdated
+// table matches driver.ErrNotMigrated, and a prepared statement lost between
+// transactions (PgBouncer in transaction mode) says what to set (fix).
+func MapErr(err error, store, fix string) error {
+	code, _ := SQLState(err)
+	switch code {
+	case UndefinedTable, UndefinedColumn:
+		return fmt.Errorf("%w: %w", driver.ErrNotMigrated, err)
+	case DuplicatePreparedStatement, InvalidSQLStatementName:
+		return fmt.Errorf("txlimit/%s: a prepared statement was lost between transactions, as happens behind PgBouncer "+
+			"in transaction mode with pgx's default exec mode%s: %w", store, fix, err)
+	}
+	return err
+}

@@ -18,30 +18,41 @@ import (
 	"github.com/txlimit/txlimit/internal/retrytx"
 )
 
-// InTx runs fn in a new transaction on db and commits it when fn returns
-// nil; it rolls back when fn returns an error or panics (the panic then
-// continues). A transaction that only reads (readOnly: Check, Value) is
-// begun read-only; one that writes is begun with no options, so that the
-// DSN's settings decide the rest (SQLite's _txlock, say). begin and commit
-// turn the errors of BeginTx and Commit into the store's. Without db it
-// returns driver.ErrNoPool.
-func InTx(ctx context.Context, db *sql.DB, readOnly bool, fn func(tx *sql.Tx) error, begin, commit func(error) error) error {
-	return run(ctx, db, readOnly, begin, fn, func(tx *sql.Tx) error { return commit(tx.Commit()) })
+// Store is the InTx, Commit and InTxCommit of driver.Ops for a store on
+// database/sql, which its operations embed. TakeAllFn is the store's
+// TakeAll. BeginErr and CommitErr turn the
+// errors of BeginTx and COMMIT into the store's; Refused reports whether a
+// COMMIT that failed with err surely did not commit (the database answered,
+// or nothing was sent): otherwise the error matches driver.ErrCommitUnknown.
+type Store struct {
+	DB                  *sql.DB
+	TakeAllFn           TakeAll
+	BeginErr, CommitErr func(ctx context.Context, err error) error
+	Refused             func(err error) bool
 }
 
-// run begins a transaction on db, runs fn in it and then end, rolling back
-// when fn fails or panics.
-func run(ctx context.Context, db *sql.DB, readOnly bool, begin func(error) error, fn, end func(tx *sql.Tx) error) error {
-	if db == nil {
+// InTx runs fn in a new transaction on the DB and commits it when fn returns
+// nil; it rolls back when fn returns an error or panics (the panic then
+// continues). A transaction that only reads is begun read-only; one that
+// writes with no options, so that the DSN's settings decide the rest
+// (SQLite's _txlock, say). Without a DB it returns driver.ErrNoPool.
+func (s Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
+	return s.run(ctx, readOnly, fn, func(tx *sql.Tx) error { return s.CommitErr(ctx, tx.Commit()) })
+}
+
+// run begins a transaction, runs fn in it and then end, rolling back when
+// fn fails or panics.
+func (s Store) run(ctx context.Context, readOnly bool, fn, end func(tx *sql.Tx) error) error {
+	if s.DB == nil {
 		return driver.ErrNoPool
 	}
 	var opts *sql.TxOptions
 	if readOnly {
 		opts = &sql.TxOptions{ReadOnly: true}
 	}
-	tx, err := db.BeginTx(ctx, opts)
+	tx, err := s.DB.BeginTx(ctx, opts)
 	if err != nil {
-		return begin(err)
+		return s.BeginErr(ctx, err)
 	}
 	done := false
 	defer func() {
@@ -56,45 +67,61 @@ func run(ctx context.Context, db *sql.DB, readOnly bool, begin func(error) error
 	return end(tx)
 }
 
-// TakeAll is a store's driver.Store.TakeAll.
-type TakeAll func(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error)
-
-// Commit is driver.Store.Commit on database/sql, whose drivers send one
-// statement at a time: takeAll in tx, then COMMIT when it granted and
-// ROLLBACK otherwise, each a round trip of its own (there is none to save
-// on SQLite, which has no server). commit turns the error of Commit into
-// the store's; known reports whether the transaction surely did not commit
-// when Commit failed with err (the database answered, or nothing was sent):
-// otherwise the error matches driver.ErrCommitUnknown.
-func Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams, takeAll TakeAll, commit func(error) error, known func(error) bool) (driver.TakeAllResult, error) {
+// Commit takes p in tx (TakeAllFn), then sends COMMIT when it granted and
+// ROLLBACK otherwise, each a round trip of its own: database/sql's drivers
+// send one statement at a time (and SQLite has no server).
+func (s Store) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	res := driver.TakeAllResult{OK: true}
 	var err error
 	if len(p.Takes) > 0 {
-		res, err = takeAll(ctx, tx, p)
+		res, err = s.TakeAllFn(ctx, tx, p)
 	}
 	if err != nil || !res.OK {
 		_ = tx.Rollback()
 		return res, err
 	}
 	if err := tx.Commit(); err != nil {
-		if known(err) {
-			return driver.TakeAllResult{}, commit(err)
+		if s.Refused(err) {
+			return driver.TakeAllResult{}, s.CommitErr(ctx, err)
 		}
-		return driver.TakeAllResult{}, fmt.Errorf("%w: %w", driver.ErrCommitUnknown, commit(err))
+		return driver.TakeAllResult{}, fmt.Errorf("%w: %w", driver.ErrCommitUnknown, s.CommitErr(ctx, err))
 	}
 	return res, nil
 }
 
-// InTxCommit is driver.Store.InTxCommit on database/sql: fn in a
-// transaction begun as InTx begins one that writes, ended by Commit.
-func InTxCommit(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error, p driver.TakeAllParams, takeAll TakeAll,
-	begin, commit func(error) error, known func(error) bool,
-) (res driver.TakeAllResult, err error) {
-	err = run(ctx, db, false, begin, fn, func(tx *sql.Tx) (err error) {
-		res, err = Commit(ctx, tx, p, takeAll, commit, known)
+// InTxCommit runs fn in a transaction begun as InTx begins one that writes,
+// ended by Commit.
+func (s Store) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (res driver.TakeAllResult, err error) {
+	err = s.run(ctx, false, fn, func(tx *sql.Tx) (err error) {
+		res, err = s.Commit(ctx, tx, p)
 		return err
 	})
 	return res, err
+}
+
+// TakeAll is a store's driver.Ops.TakeAll.
+type TakeAll func(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error)
+
+// InTx, Commit and InTxCommit are Store's for mysqlstore, until it embeds a
+// Store.
+func InTx(ctx context.Context, db *sql.DB, readOnly bool, fn func(tx *sql.Tx) error, begin, commit func(error) error) error {
+	return legacy(db, nil, begin, commit, nil).InTx(ctx, readOnly, fn)
+}
+
+func Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams, takeAll TakeAll, commit func(error) error, known func(error) bool) (driver.TakeAllResult, error) {
+	return legacy(nil, takeAll, nil, commit, known).Commit(ctx, tx, p)
+}
+
+func InTxCommit(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error, p driver.TakeAllParams, takeAll TakeAll,
+	begin, commit func(error) error, known func(error) bool,
+) (driver.TakeAllResult, error) {
+	return legacy(db, takeAll, begin, commit, known).InTxCommit(ctx, fn, p)
+}
+
+func legacy(db *sql.DB, takeAll TakeAll, begin, commit func(error) error, known func(error) bool) Store {
+	return Store{DB: db, TakeAllFn: takeAll, Refused: known,
+		BeginErr:  func(_ context.Context, err error) error { return begin(err) },
+		CommitErr: func(_ context.Context, err error) error { return commit(err) }}
 }
 
 // RunTx is the RunTx of a database/sql store (name says which, in errors):
