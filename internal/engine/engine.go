@@ -1,36 +1,32 @@
 // Package engine is the take flow of txlimit's stores, written once over the
 // row operations each database supplies (a Dialect): the one-statement take
-// of an unsharded limit, the fast path of a sharded one (one shard no other
+// of an unsharded limit, a sharded limit's fast path (one shard no other
 // transaction holds), the locked path (every row of the key locked, decided
-// in Go by package driver, written), TakeAll in the canonical order, Credit,
-// and a batch of Prune.
+// by package driver, written), TakeAll in the canonical order, Credit, and
+// a batch of Prune.
 //
-// Where the databases differ, a Dialect says so by the interfaces it
-// implements beside Dialect:
+// A Dialect says where its database differs by the interfaces it adds:
 //
-//   - SkipLocker: the database locks rows and can lock one without waiting
-//     for those other transactions hold (FOR UPDATE SKIP LOCKED), as
-//     PostgreSQL and InnoDB can. A sharded limit is then served from one free
-//     shard when that shard has the tokens, and a denial the committed rows
-//     already decide is answered before any wait. Without it (SQLite, whose
-//     writer holds the whole database) every call takes the locked path.
-//   - Releaser: a SkipLocker that can let go of the shard it tried when that
-//     shard falls short (PostgreSQL locks it inside a savepoint, whose
-//     rollback releases the lock); the call then locks every shard.
-//   - FreeLocker: a SkipLocker that cannot (InnoDB keeps a row lock until the
-//     transaction ends, savepoint or not). Holding a shard, the call must not
-//     wait for the others, since a call that locks every shard in order may
-//     hold those and wait for this one. So the committed rows are read
-//     first, only a shard they give twice the count is tried, and when it
-//     still falls short the call takes the other free shards without
-//     waiting and decides on those it holds (takeFromFree).
+//   - SkipLocker: row locks, and SKIP LOCKED (PostgreSQL, InnoDB). A
+//     sharded limit is then served from one free shard that has the tokens,
+//     and a denial the committed rows decide is answered before any wait.
+//     Without it (SQLite, whose writer holds the whole database) every call
+//     takes the locked path.
+//   - Releaser: a SkipLocker that can let go of a shard that falls short
+//     (PostgreSQL locks it in a savepoint, whose rollback releases it); the
+//     call then locks every shard.
+//   - FreeLocker: a SkipLocker that cannot (InnoDB keeps a row lock until
+//     the transaction ends, savepoint or not). Holding a shard, the call must
+//     not wait for another, since a call locking every shard in order may
+//     hold that one and wait for this. So the committed rows are read first,
+//     only a shard they give twice the count is tried, and one that still
+//     falls short is decided with the other free shards (takeFromFree).
 //
-// Each operation of a Dialect is one round trip where the driver pipelines
-// (pgx sends an operation's statements as one batch), and the engine runs
-// nothing between them. The rest is the dialect's: its SQL, RETURNING or a
-// read after the write, the rows a database must create before it can lock
-// them (InnoDB, whose locking read of a missing row locks the gap: Locked's
-// Created), and how it maps its errors.
+// An operation is one round trip where the driver pipelines (pgx batches its
+// statements), and the engine sends nothing between them. The SQL is the
+// dialect's, with RETURNING or a read after the write, the rows its database
+// must create before locking them (InnoDB's gap locks: Locked.Created), and
+// its errors.
 package engine
 
 import (
