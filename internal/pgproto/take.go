@@ -273,4 +273,3 @@ func (Protocol) Read(ctx context.Context, db pgdb.DBTX, p driver.ReadParams) (dr
 	}
 	return out, nil
 }
-
