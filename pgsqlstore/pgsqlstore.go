@@ -65,7 +65,7 @@ var _ driver.Ops[*sql.Tx] = (*backend)(nil)
 
 // New returns a store on db, a PostgreSQL database opened with any
 // database/sql driver. db may be nil when only the …Tx forms of the limiter
-// are used; the other forms then return txlimit.ErrNoPool.
+// are used; the other forms then return an *txlimit.InvalidError.
 func New(db *sql.DB, opts ...Option) *Store {
 	s := &backend{}
 	s.AsDB = func(tx *sql.Tx) pgproto.DB { return sqlTx{tx} }
@@ -108,7 +108,7 @@ func committedNot(err error) bool {
 	return answered || errors.Is(err, sqldriver.ErrBadConn) || errors.Is(err, sql.ErrTxDone)
 }
 
-// Ping implements driver.Store: it checks that db is PostgreSQL and that
+// Ping implements driver.Ops: it checks that db is PostgreSQL and that
 // the txlimit table is there with every column the library uses.
 func (s *backend) Ping(ctx context.Context) error {
 	if s.DB == nil {
@@ -129,7 +129,7 @@ func (s *backend) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Prune implements driver.Store.
+// Prune implements driver.Ops.
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
 		res, err = s.Proto.Prune(ctx, sqlTx{tx}, p)

@@ -12,7 +12,7 @@ import (
 	"github.com/txlimit/txlimit/internal/pgproto"
 )
 
-// Commit implements driver.Store. When every take is one statement (an
+// Commit implements driver.Ops. When every take is one statement (an
 // unsharded token bucket or fixed window) they are sent with
 // the COMMIT in one pipeline (pgproto.TakeCommit), so that the rows are
 // locked only while the commit runs; the others are taken as TakeAll takes
@@ -31,7 +31,7 @@ func (s *backend) Commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams)
 	return res, err
 }
 
-// InTxCommit implements driver.Store. The transaction is begun on a
+// InTxCommit implements driver.Ops. The transaction is begun on a
 // connection the store acquires for it, so that a COMMIT sent with the takes
 // ends it for good: the connection goes back to the pool as it is, with no
 // round trip of pgx's own.

@@ -52,7 +52,7 @@ type backend struct {
 var _ driver.Ops[pgx.Tx] = (*backend)(nil)
 
 // New returns a store on pool. pool may be nil when only the …Tx forms of
-// the limiter are used; the other forms then return txlimit.ErrNoPool.
+// the limiter are used; the other forms then return an *txlimit.InvalidError.
 func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	s := &backend{pool: pool}
 	s.AsDB = func(tx pgx.Tx) pgproto.DB { return tx }
@@ -81,7 +81,7 @@ func SingleKeyStatements() Option {
 	return func(s *backend) { s.Proto.SingleKey = true }
 }
 
-// InTx implements driver.Store.
+// InTx implements driver.Ops.
 func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) error) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
@@ -93,7 +93,7 @@ func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) er
 	return mapErr(pgx.BeginTxFunc(ctx, s.pool, opts, fn))
 }
 
-// Ping implements driver.Store.
+// Ping implements driver.Ops.
 func (s *backend) Ping(ctx context.Context) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
@@ -107,7 +107,7 @@ func mapErr(err error) error {
 		"; set DefaultQueryExecMode to pgx.QueryExecModeExec or QueryExecModeSimpleProtocol on the pool's config")
 }
 
-// Prune implements driver.Store. The rows are locked with FOR UPDATE SKIP
+// Prune implements driver.Ops. The rows are locked with FOR UPDATE SKIP
 // LOCKED, so a batch never waits for a row that live traffic holds: a key
 // with a row held elsewhere is left for a later run.
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
