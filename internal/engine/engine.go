@@ -215,13 +215,21 @@ func take[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakePar
 		// does not grant (a reservation beyond its cap, or one no wait could
 		// repay), nothing is created, and the committed state decides.
 		read, err := d.Read(ctx, tx, driver.ReadParams{Name: p.Name, Key: p.Key, Now: p.Now})
-		return driver.Check(p, read), err
+		if err != nil {
+			return driver.TakeResult{}, err
+		}
+		return driver.Check(p, read), nil
 	}
 	res, write := driver.Decide(p, k.Had, k.At)
-	if !write {
-		return res, forget(ctx, d, tx, p.Limit, k)
+	if write {
+		err = store(ctx, d, tx, p.Limit, k, res.States)
+	} else {
+		err = forget(ctx, d, tx, p.Limit, k)
 	}
-	return res, store(ctx, d, tx, p.Limit, k, res.States)
+	if err != nil {
+		return driver.TakeResult{}, err
+	}
+	return res, nil
 }
 
 // takeSharded is what a sharded limit tries before it locks every shard:
@@ -234,7 +242,10 @@ func takeSharded[TTx any](ctx context.Context, d Dialect[TTx], sl SkipLocker[TTx
 	fl, _ := d.(FreeLocker[TTx])
 	committed := func() (driver.TakeResult, driver.ReadResult, error) {
 		read, err := d.Read(ctx, tx, driver.ReadParams{Name: p.Name, Key: p.Key, Now: p.Now})
-		return driver.Check(p, read), read, err
+		if err != nil {
+			return driver.TakeResult{}, read, err
+		}
+		return driver.Check(p, read), read, nil
 	}
 	// Without a Releaser the committed rows come first: they choose the
 	// shard to lock (snapshot), since a lock taken stays.
@@ -243,7 +254,7 @@ func takeSharded[TTx any](ctx context.Context, d Dialect[TTx], sl SkipLocker[TTx
 	if !releases && !p.Reserve {
 		res, r, err := committed()
 		if err != nil || !res.Decision.OK {
-			return res, err == nil, err
+			return res, true, err
 		}
 		if _, resharded := p.States(r.Rows, r.At.UnixMicro()); !resharded && len(r.Rows) == p.Shards {
 			snapshot, read = res.States, r
@@ -364,7 +375,10 @@ func takeFromFree[TTx any](ctx context.Context, sl SkipLocker[TTx], fl FreeLocke
 	for i, r := range rows {
 		rows[i] = row(r.Shard, next[i])
 	}
-	return res, true, sl.KeepShards(ctx, tx, p.Limit, rows)
+	if err := sl.KeepShards(ctx, tx, p.Limit, rows); err != nil {
+		return driver.TakeResult{}, false, err
+	}
+	return res, true, nil
 }
 
 // TakeAll is driver.Ops.TakeAll on d: every row of every limit locked in
