@@ -247,16 +247,20 @@ func takeSharded[TTx any](ctx context.Context, d Dialect[TTx], sl SkipLocker[TTx
 		}
 		return driver.Check(p, read), read, nil
 	}
-	// Without a Releaser the committed rows come first: they choose the
-	// shard to lock (snapshot), since a lock taken stays.
+	// Without a Releaser the committed rows come first, where every shard
+	// has its row: they choose the shard to lock (snapshot), since a lock
+	// taken stays.
 	var snapshot []algo.State
 	var read driver.ReadResult
-	if !releases && !p.Reserve {
+	if !releases && !p.Reserve && driver.FitsOneShard(p) {
 		res, r, err := committed()
-		if err != nil || !res.Decision.OK {
-			return res, true, err
+		if err != nil {
+			return res, false, err
 		}
 		if _, resharded := p.States(r.Rows, r.At.UnixMicro()); !resharded && len(r.Rows) == p.Shards {
+			if !res.Decision.OK {
+				return res, true, nil
+			}
 			snapshot, read = res.States, r
 		}
 	}
