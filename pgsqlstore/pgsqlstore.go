@@ -40,7 +40,6 @@ import (
 	"database/sql"
 	sqldriver "database/sql/driver"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -58,17 +57,21 @@ type handle = driver.Handle[*sql.Tx]
 
 // backend is the store's operations.
 type backend struct {
-	db    *sql.DB
-	proto pgproto.Protocol
+	sqltx.Store
+	pgproto.Ops[*sql.Tx]
 }
 
 var _ driver.Ops[*sql.Tx] = (*backend)(nil)
 
 // New returns a store on db, a PostgreSQL database opened with any
 // database/sql driver. db may be nil when only the …Tx forms of the limiter
-// are used; the other forms then return txlimit.ErrNoPool.
+// are used; the other forms then return an *txlimit.InvalidError.
 func New(db *sql.DB, opts ...Option) *Store {
-	s := &backend{db: db}
+	s := &backend{}
+	s.AsDB = func(tx *sql.Tx) pgproto.DB { return sqlTx{tx} }
+	s.Err = func(ctx context.Context, tx *sql.Tx, err error) error { return s.mapErr(ctx, tx, err) }
+	s.Store = sqltx.Store{DB: db, TakeAllFn: s.TakeAll, BeginErr: beginErr, Refused: committedNot,
+		CommitErr: func(ctx context.Context, err error) error { return s.mapErr(ctx, nil, err) }}
 	for _, o := range opts {
 		o(s)
 	}
@@ -90,34 +93,11 @@ type Option func(*backend)
 // distributed by key. Prune's scan for the next keys reads across keys
 // without locking anything, in either mode.
 func SingleKeyStatements() Option {
-	return func(s *backend) { s.proto.SingleKey = true }
+	return func(s *backend) { s.Proto.SingleKey = true }
 }
 
-// InTx implements driver.Store. A transaction that only reads (Check,
-// Value) is begun read-only. It is rolled back when fn returns an error or
-// panics (the panic then continues) and committed otherwise.
-func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
-	return sqltx.InTx(ctx, s.db, readOnly, fn, beginErr, s.commitErr(ctx))
-}
-
-// Commit implements driver.Store: TakeAll, then COMMIT or ROLLBACK, each a
-// round trip of its own. database/sql sends one statement at a time, so the
-// takes cannot ride the COMMIT as they do on pgstore; the call is still all
-// or nothing with the transaction's work.
-func (s *backend) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return sqltx.Commit(ctx, tx, p, s.TakeAll, s.commitErr(ctx), committedNot)
-}
-
-// InTxCommit implements driver.Store.
-func (s *backend) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return sqltx.InTxCommit(ctx, s.db, fn, p, s.TakeAll, beginErr, s.commitErr(ctx), committedNot)
-}
-
-func beginErr(err error) error { return &beginError{err} } // Retryable: nothing ran
-
-func (s *backend) commitErr(ctx context.Context) func(error) error {
-	return func(err error) error { return s.mapErr(ctx, nil, err) }
-}
+// beginErr is the error of BeginTx, which Retryable knows: nothing ran.
+func beginErr(_ context.Context, err error) error { return &beginError{err} }
 
 // committedNot reports whether a COMMIT that failed with err surely did not
 // commit: the server answered (a SQLSTATE), or the driver knew the
@@ -128,92 +108,51 @@ func committedNot(err error) bool {
 	return answered || errors.Is(err, sqldriver.ErrBadConn) || errors.Is(err, sql.ErrTxDone)
 }
 
-// Ping implements driver.Store: it checks that db is PostgreSQL and that
+// Ping implements driver.Ops: it checks that db is PostgreSQL and that
 // the txlimit table is there with every column the library uses.
 func (s *backend) Ping(ctx context.Context) error {
-	if s.db == nil {
+	if s.DB == nil {
 		return driver.ErrNoPool
 	}
-	if err := s.db.PingContext(ctx); err != nil {
+	if err := s.DB.PingContext(ctx); err != nil {
 		return err
 	}
 	// The store reads PostgreSQL's clock_timestamp(): SQLite and MySQL
 	// have none, and the table alone (which they may have) proves nothing.
 	var now time.Time
-	if err := s.db.QueryRowContext(ctx, "SELECT clock_timestamp()").Scan(&now); err != nil {
-		return s.mapErr(ctx, s.db, err)
+	if err := s.DB.QueryRowContext(ctx, "SELECT clock_timestamp()").Scan(&now); err != nil {
+		return s.mapErr(ctx, s.DB, err)
 	}
-	if err := pgproto.Ping(ctx, sqlTx{s.db}); err != nil {
-		return s.mapErr(ctx, s.db, err)
+	if err := pgproto.Ping(ctx, sqlTx{s.DB}); err != nil {
+		return s.mapErr(ctx, s.DB, err)
 	}
 	return nil
 }
 
-// Take implements driver.Store (pgproto.Take: the protocol pgstore runs).
-func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
-	res, err := s.proto.Take(ctx, sqlTx{tx}, p)
-	return res, s.mapErr(ctx, tx, err)
-}
-
-// TakeAll implements driver.Store.
-func (s *backend) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	res, err := s.proto.TakeAll(ctx, sqlTx{tx}, p)
-	return res, s.mapErr(ctx, tx, err)
-}
-
-// Read implements driver.Store.
-func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
-	res, err := s.proto.Read(ctx, sqlTx{tx}, p)
-	return res, s.mapErr(ctx, tx, err)
-}
-
-// Credit implements driver.Store.
-func (s *backend) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
-	return s.mapErr(ctx, tx, s.proto.Credit(ctx, sqlTx{tx}, p))
-}
-
-// Reset implements driver.Store.
-func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
-	return s.mapErr(ctx, tx, s.proto.Reset(ctx, sqlTx{tx}, k))
-}
-
-// Prune implements driver.Store.
+// Prune implements driver.Ops.
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
-		res, err = s.proto.Prune(ctx, sqlTx{tx}, p)
+		res, err = s.Proto.Prune(ctx, sqlTx{tx}, p)
 		return s.mapErr(ctx, tx, err)
 	})
 	return res, err
 }
 
-// mapErr adds to err what the user must do about it, keeping err itself
-// reachable with errors.As. q, when not nil, is where a failed statement
-// ran: an error that is not PostgreSQL's is checked there for a database
-// that is not PostgreSQL.
+// mapErr adds to err what the user must do about it (pgproto.MapErr). q,
+// when not nil, is where a failed statement ran: an error without a
+// SQLSTATE, which PostgreSQL always sends, is checked there for another
+// database (sqltx.WrongDatabase).
 func (s *backend) mapErr(ctx context.Context, q querier, err error) error {
-	if err == nil {
-		return nil
-	}
-	code, ok := pgproto.SQLState(err)
-	if !ok {
-		if q != nil {
-			if wrong := wrongDatabase(ctx, q, err); wrong != nil {
-				return wrong
-			}
+	if _, ok := pgproto.SQLState(err); !ok && err != nil {
+		if wrong := sqltx.WrongDatabase(ctx, q, err, ErrWrongDatabase, sqltx.PostgreSQL); wrong != nil {
+			return wrong
 		}
-		return err
 	}
-	switch code {
-	case pgproto.UndefinedTable, pgproto.UndefinedColumn:
-		return fmt.Errorf("%w: %w", driver.ErrNotMigrated, err)
-	case pgproto.DuplicatePreparedStatement, pgproto.InvalidSQLStatementName:
-		return fmt.Errorf("txlimit/pgsqlstore: a prepared statement was lost between transactions, as happens "+
-			"behind PgBouncer in transaction mode with pgx's default exec mode or with statements prepared by "+
-			"db.Prepare; with pgx's driver add default_query_exec_mode=exec (or simple_protocol) to the DSN: %w", err)
-	}
-	return err
+	return pgproto.MapErr(err, "pgsqlstore", " or with statements prepared by db.Prepare; with pgx's driver add "+
+		"default_query_exec_mode=exec (or simple_protocol) to the DSN")
 }
 
-// ClockRange implements driver.ClockRanger: the instants PostgreSQL's
-// timestamptz holds.
-func (s *backend) ClockRange() (first, last time.Time) { return pgproto.ClockRange() }
+// ErrWrongDatabase matches (errors.Is) the error of a call on a *sql.DB or
+// *sql.Tx that is not PostgreSQL. Its message names the database found and
+// the store to use instead.
+var ErrWrongDatabase = errors.New("txlimit/pgsqlstore: the database is not PostgreSQL")

@@ -30,6 +30,7 @@ const RunTxAttempts = 5
 // error (a lost connection) leaves the transaction's fate unknown; RunTx
 // returns it at once, never running fn again.
 func RunTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
-	return sqltx.RunTx(ctx, "pgsqlstore: RunTx", RunTxAttempts, db, opts, fn, Retryable, beginErr,
+	return sqltx.RunTx(ctx, "pgsqlstore: RunTx", RunTxAttempts, db, opts, fn, Retryable,
+		func(err error) error { return beginErr(ctx, err) },
 		func(err error) bool { _, ok := pgproto.SQLState(err); return ok })
 }

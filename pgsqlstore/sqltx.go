@@ -5,17 +5,16 @@ import (
 	"database/sql"
 	"errors"
 	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The PostgreSQL protocol (internal/pgproto) and the code sqlc generates for
-// it speak pgx: Exec, Query and QueryRow, and SendBatch for statements that
-// pgx sends in one round trip. sqlTx runs them on database/sql, one
-// statement per round trip, which is all database/sql can do; this file is
-// the whole difference between pgsqlstore and pgstore. The arguments are
+// it speak pgx: Exec, Query and QueryRow. sqlTx runs them on database/sql,
+// one statement per round trip, which is all database/sql can do (pgproto.Send
+// runs a batch one statement after another on it); this file is the whole
+// difference between pgsqlstore and pgstore. The arguments are
 // those of sqlc's pgx code (strings, numbers, time.Time and pointers to
 // them; arrays travel as text literals), which database/sql passes to any
 // driver, and the rows scan into the same types.
@@ -56,23 +55,6 @@ func (t sqlTx) QueryRow(ctx context.Context, query string, args ...any) pgx.Row 
 	return sqlRow{t.q.QueryRowContext(ctx, query, args...)}
 }
 
-// SendBatch runs the batch's statements one after another, each when its
-// result is read, as pgx reads a batch's results in order. A batch of
-// statements without arguments (the savepoint's rollback and release) goes
-// in one round trip, as pgx sends it: one query of all of them, which every
-// driver sends with the simple protocol.
-func (t sqlTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	texts := make([]string, len(b.QueuedQueries))
-	for i, q := range b.QueuedQueries {
-		if len(q.Arguments) > 0 {
-			return &sqlBatch{ctx: ctx, tx: t, queue: b.QueuedQueries}
-		}
-		texts[i] = q.SQL
-	}
-	_, err := t.q.ExecContext(ctx, strings.Join(texts, "; "))
-	return &sqlBatch{ctx: ctx, tx: t, ran: len(texts), err: err}
-}
-
 // sqlRow is a *sql.Row as a pgx.Row: no row is pgx.ErrNoRows.
 type sqlRow struct{ row *sql.Row }
 
@@ -97,83 +79,3 @@ func (r sqlRows) Next() bool             { return r.rows.Next() }
 func (r sqlRows) Scan(dest ...any) error { return r.rows.Scan(dest...) }
 func (r sqlRows) Err() error             { return r.rows.Err() }
 func (r sqlRows) Close()                 { _ = r.rows.Close() }
-
-// sqlBatch runs the statements of a batch as their results are read. After
-// a statement fails it runs no more: the transaction has failed anyway. The
-// embedded pgx.BatchResults is nil, as in sqlRows.
-type sqlBatch struct {
-	pgx.BatchResults
-	ctx   context.Context
-	tx    sqlTx
-	queue []*pgx.QueuedQuery
-	ran   int // statements SendBatch ran, whose results are next
-	err   error
-}
-
-var errBatchDone = errors.New("txlimit/pgsqlstore: internal error: no statement left in the batch")
-
-func (b *sqlBatch) next() (*pgx.QueuedQuery, error) {
-	switch {
-	case b.err != nil:
-		return nil, b.err
-	case len(b.queue) == 0:
-		return nil, errBatchDone
-	}
-	q := b.queue[0]
-	b.queue = b.queue[1:]
-	return q, nil
-}
-
-// fail records the first error.
-func (b *sqlBatch) fail(err error) error {
-	if b.err == nil && err != nil {
-		b.err = err
-	}
-	return err
-}
-
-func (b *sqlBatch) Exec() (pgconn.CommandTag, error) {
-	if b.ran > 0 {
-		b.ran--
-		return pgconn.CommandTag{}, b.err
-	}
-	q, err := b.next()
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	tag, err := b.tx.Exec(b.ctx, q.SQL, q.Arguments...)
-	return tag, b.fail(err)
-}
-
-func (b *sqlBatch) Query() (pgx.Rows, error) {
-	q, err := b.next()
-	if err != nil {
-		return nil, err
-	}
-	rows, err := b.tx.Query(b.ctx, q.SQL, q.Arguments...)
-	return rows, b.fail(err)
-}
-
-func (b *sqlBatch) QueryRow() pgx.Row {
-	q, err := b.next()
-	if err != nil {
-		return errRow{err}
-	}
-	return b.tx.QueryRow(b.ctx, q.SQL, q.Arguments...)
-}
-
-// Close runs the statements whose results were not read.
-func (b *sqlBatch) Close() error {
-	b.ran = 0
-	for len(b.queue) > 0 && b.err == nil {
-		if _, err := b.Exec(); err != nil {
-			return err
-		}
-	}
-	return b.err
-}
-
-// errRow is a pgx.Row whose Scan fails with err.
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }

@@ -81,8 +81,8 @@ func (s *backend) sendBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch, p driv
 	var res driver.TakeAllResult
 	var err, batchErr error
 	if pgproto.Lean(p) {
-		res, batchErr, err = s.proto.TakeBatch(ctx, tx, p, b)
-	} else if res, err = s.proto.TakeAll(ctx, tx, p); err == nil && res.OK {
+		res, batchErr, err = s.Proto.TakeBatch(ctx, tx, p, b)
+	} else if res, err = s.Proto.TakeAll(ctx, tx, p); err == nil && res.OK {
 		batchErr = tx.SendBatch(ctx, b).Close()
 	}
 	switch {

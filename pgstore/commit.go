@@ -12,7 +12,7 @@ import (
 	"github.com/txlimit/txlimit/internal/pgproto"
 )
 
-// Commit implements driver.Store. When every take is one statement (an
+// Commit implements driver.Ops. When every take is one statement (an
 // unsharded token bucket or fixed window) they are sent with
 // the COMMIT in one pipeline (pgproto.TakeCommit), so that the rows are
 // locked only while the commit runs; the others are taken as TakeAll takes
@@ -31,7 +31,7 @@ func (s *backend) Commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams)
 	return res, err
 }
 
-// InTxCommit implements driver.Store. The transaction is begun on a
+// InTxCommit implements driver.Ops. The transaction is begun on a
 // connection the store acquires for it, so that a COMMIT sent with the takes
 // ends it for good: the connection goes back to the pool as it is, with no
 // round trip of pgx's own.
@@ -65,10 +65,10 @@ func (s *backend) InTxCommit(ctx context.Context, fn func(tx pgx.Tx) error, p dr
 // commit takes p in tx and ends tx's transaction on the server.
 func (s *backend) commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	if pgproto.Lean(p) {
-		res, err := s.proto.TakeCommit(ctx, tx, p)
+		res, err := s.Proto.TakeCommit(ctx, tx, p)
 		return res, mapErr(err)
 	}
-	res, err := s.proto.TakeAll(ctx, tx, p)
+	res, err := s.Proto.TakeAll(ctx, tx, p)
 	if err != nil || !res.OK {
 		_ = tx.Rollback(ctx)
 		return res, mapErr(err)

@@ -27,12 +27,8 @@ package pgstore
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -49,16 +45,18 @@ type handle = driver.Handle[pgx.Tx]
 
 // backend is the store's operations.
 type backend struct {
-	pool  *pgxpool.Pool
-	proto pgproto.Protocol
+	pgproto.Ops[pgx.Tx]
+	pool *pgxpool.Pool
 }
 
 var _ driver.Ops[pgx.Tx] = (*backend)(nil)
 
 // New returns a store on pool. pool may be nil when only the …Tx forms of
-// the limiter are used; the other forms then return txlimit.ErrNoPool.
+// the limiter are used; the other forms then return an *txlimit.InvalidError.
 func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	s := &backend{pool: pool}
+	s.AsDB = func(tx pgx.Tx) pgproto.DB { return tx }
+	s.Err = func(_ context.Context, _ pgx.Tx, err error) error { return mapErr(err) }
 	for _, o := range opts {
 		o(s)
 	}
@@ -80,10 +78,10 @@ type Option func(*backend)
 // by key. Prune's scan for the next keys reads across keys without locking
 // anything, in either mode.
 func SingleKeyStatements() Option {
-	return func(s *backend) { s.proto.SingleKey = true }
+	return func(s *backend) { s.Proto.SingleKey = true }
 }
 
-// InTx implements driver.Store.
+// InTx implements driver.Ops.
 func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) error) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
@@ -95,7 +93,7 @@ func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) er
 	return mapErr(pgx.BeginTxFunc(ctx, s.pool, opts, fn))
 }
 
-// Ping implements driver.Store.
+// Ping implements driver.Ops.
 func (s *backend) Ping(ctx context.Context) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
@@ -103,71 +101,19 @@ func (s *backend) Ping(ctx context.Context) error {
 	return mapErr(pgproto.Ping(ctx, s.pool))
 }
 
-// mapErr adds to err what the user must do about it, keeping err itself
-// reachable with errors.As.
+// mapErr adds to err what the user must do about it (pgproto.MapErr).
 func mapErr(err error) error {
-	var pgErr *pgconn.PgError
-	if err == nil || !errors.As(err, &pgErr) || errors.Is(err, driver.ErrNotMigrated) {
-		return err // no fix to name, or named already (an error mapped twice)
-	}
-	switch pgErr.Code {
-	case pgproto.UndefinedTable, pgproto.UndefinedColumn:
-		return fmt.Errorf("%w: %w", driver.ErrNotMigrated, err)
-	case pgproto.DuplicatePreparedStatement, pgproto.InvalidSQLStatementName:
-		return fmt.Errorf("txlimit/pgstore: a prepared statement was lost between transactions, "+
-			"as happens behind PgBouncer in transaction mode with pgx's default exec mode; set "+
-			"DefaultQueryExecMode to pgx.QueryExecModeExec or QueryExecModeSimpleProtocol on the pool's config: %w", err)
-	}
-	return err
+	return pgproto.MapErr(err, "pgstore",
+		"; set DefaultQueryExecMode to pgx.QueryExecModeExec or QueryExecModeSimpleProtocol on the pool's config")
 }
 
-// Take implements driver.Store with the PostgreSQL protocol of
-// internal/pgproto, which pgsqlstore shares. A sharded limit is first served
-// from the first shard no other transaction holds; when that shard lacks the
-// tokens, a denial the committed state already decides is answered without
-// a lock; otherwise every shard is locked, in shard order.
-func (s *backend) Take(ctx context.Context, tx pgx.Tx, p driver.TakeParams) (driver.TakeResult, error) {
-	res, err := s.proto.Take(ctx, tx, p)
-	return res, mapErr(err)
-}
-
-// TakeAll implements driver.Store: the insert that takes the locks in the
-// canonical order and the read of the locked rows go to the server in one
-// round trip, and the writes (or, for a denial, the removal of the rows the
-// insert created) in one more.
-func (s *backend) TakeAll(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	res, err := s.proto.TakeAll(ctx, tx, p)
-	return res, mapErr(err)
-}
-
-// Read implements driver.Store.
-func (s *backend) Read(ctx context.Context, tx pgx.Tx, p driver.ReadParams) (driver.ReadResult, error) {
-	res, err := s.proto.Read(ctx, tx, p)
-	return res, mapErr(err)
-}
-
-// Credit implements driver.Store. A key with no row is full: there is
-// nothing to give back to it.
-func (s *backend) Credit(ctx context.Context, tx pgx.Tx, p driver.CreditParams) error {
-	return mapErr(s.proto.Credit(ctx, tx, p))
-}
-
-// Reset implements driver.Store.
-func (s *backend) Reset(ctx context.Context, tx pgx.Tx, k driver.KeyRef) error {
-	return mapErr(s.proto.Reset(ctx, tx, k))
-}
-
-// Prune implements driver.Store. The rows are locked with FOR UPDATE SKIP
+// Prune implements driver.Ops. The rows are locked with FOR UPDATE SKIP
 // LOCKED, so a batch never waits for a row that live traffic holds: a key
 // with a row held elsewhere is left for a later run.
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx pgx.Tx) (err error) {
-		res, err = s.proto.Prune(ctx, tx, p)
+		res, err = s.Proto.Prune(ctx, tx, p)
 		return err
 	})
 	return res, mapErr(err)
 }
-
-// ClockRange implements driver.ClockRanger: the instants PostgreSQL's
-// timestamptz holds.
-func (s *backend) ClockRange() (first, last time.Time) { return pgproto.ClockRange() }

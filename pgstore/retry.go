@@ -29,7 +29,7 @@ import (
 //
 // The transaction did not commit in any of these cases, so no token was
 // spent. Context cancellation and deadlines are not retryable: the caller
-// gave up. Bad input (txlimit.ErrInvalid) is not retryable.
+// gave up. Bad input (a *txlimit.InvalidError) is not retryable.
 //
 // The classification is pgsqlstore.Retryable's too (package pgproto).
 //

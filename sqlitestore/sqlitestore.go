@@ -41,8 +41,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 	"github.com/txlimit/txlimit/internal/sqltx"
 	gen "github.com/txlimit/txlimit/sqlitestore/internal/db"
 )
@@ -55,18 +55,24 @@ type Store struct{ handle }
 // that no other package implements one.
 type handle = driver.Handle[*sql.Tx]
 
-// backend is the store's operations.
+// backend is the store's operations, and the engine's dialect: the write
+// lock covers every row, so it locks no row of its own and has no shard to
+// skip (no engine.SkipLocker).
 type backend struct {
+	sqltx.Store
 	db      *sql.DB
 	queries *gen.Queries
 	stmts   *stmtCache // nil when db is
 }
 
-var _ driver.Ops[*sql.Tx] = (*backend)(nil)
+var (
+	_ driver.Ops[*sql.Tx]     = (*backend)(nil)
+	_ engine.Dialect[*sql.Tx] = (*backend)(nil)
+)
 
 // New returns a store on db, opened with any SQLite driver and configured as
 // the package documentation says. db may be nil when only the …Tx forms of
-// the limiter are used; the other forms then return txlimit.ErrNoPool.
+// the limiter are used; the other forms then return an *txlimit.InvalidError.
 //
 // In WAL mode the store prepares its statements on db the first time it
 // runs them (in the background, on a connection of the pool, once per
@@ -81,6 +87,10 @@ var _ driver.Ops[*sql.Tx] = (*backend)(nil)
 // is.
 func New(db *sql.DB) *Store {
 	s := &backend{db: db, queries: gen.New()}
+	s.Store = sqltx.Store{DB: db, TakeAllFn: s.TakeAll, BeginErr: opErr("begin"), CommitErr: opErr("commit"),
+		// SQLite runs in the process, with no connection to lose: a
+		// COMMIT that failed did not commit.
+		Refused: func(error) bool { return true }}
 	if db != nil {
 		s.stmts = &stmtCache{db: db}
 	}
@@ -88,23 +98,17 @@ func New(db *sql.DB) *Store {
 }
 
 // ErrWrongDatabase matches (errors.Is) the error of a call on a *sql.DB or
-// *sql.Tx that is not SQLite, such as PostgreSQL's; the message names the
+// *sql.Tx that is not SQLite. Its message names the database found and the
 // store to use instead.
-var ErrWrongDatabase = errors.New("the database is not SQLite")
+var ErrWrongDatabase = errors.New("txlimit/sqlitestore: the database is not SQLite")
 
 // wrap names the operation that failed and, for the errors a setup mistake
 // causes, what to do about it; errors.As still reaches the driver's error.
-func wrap(op string, err error) error {
+// q, when not nil, is where the statement ran, to be asked which database it
+// is (sqltx.WrongDatabase).
+func wrap(ctx context.Context, q sqltx.Querier, op string, err error) error {
 	if err == nil {
 		return nil
-	}
-	// SQLite's errors carry no SQLSTATE; PostgreSQL's drivers (pgx's
-	// *pgconn.PgError, lib/pq's *pq.Error) give theirs by this method.
-	var pgErr interface{ SQLState() string }
-	if errors.As(err, &pgErr) {
-		return fmt.Errorf("txlimit/sqlitestore: %s: %w: the database answered with SQLSTATE %s, so it is PostgreSQL, "+
-			"not SQLite; use pgsqlstore.New(db) for PostgreSQL on database/sql (*sql.Tx), or pgstore.New(pool) for pgx: %w",
-			op, ErrWrongDatabase, pgErr.SQLState(), err)
 	}
 	msg := err.Error()
 	switch {
@@ -114,6 +118,9 @@ func wrap(op string, err error) error {
 		return fmt.Errorf("txlimit/sqlitestore: %s: another connection held the write lock; roll back and retry the "+
 			"transaction, and open the database with busy_timeout, WAL and _txlock=immediate in the DSN "+
 			"(see the sqlitestore package documentation): %w", op, err)
+	}
+	if wrong := sqltx.WrongDatabase(ctx, q, err, ErrWrongDatabase, sqltx.SQLite); wrong != nil {
+		return wrong
 	}
 	return fmt.Errorf("txlimit/sqlitestore: %s: %w", op, err)
 }
@@ -127,36 +134,13 @@ func clock(now *time.Time) time.Time {
 	return time.UnixMicro(time.Now().UnixMicro())
 }
 
-// InTx implements driver.Store. A transaction that will write is begun
-// with default options, so the DSN's _txlock decides whether it is
-// IMMEDIATE; one that only reads (Check, Value) is begun read-only, which
-// modernc.org/sqlite begins without taking the write lock. It is rolled back
-// when fn returns an error or panics (the panic then continues) and
-// committed otherwise.
-func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
-	return sqltx.InTx(ctx, s.db, readOnly, fn,
-		func(err error) error { return wrap("begin", err) },
-		s.commitErr)
+// opErr is the store's error of op, run on no statement it could ask
+// which database it is.
+func opErr(op string) func(context.Context, error) error {
+	return func(ctx context.Context, err error) error { return wrap(ctx, nil, op, err) }
 }
 
-// Commit implements driver.Store: TakeAll, then COMMIT or ROLLBACK. SQLite
-// has no round trip to save, and a COMMIT that fails did not commit.
-func (s *backend) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return sqltx.Commit(ctx, tx, p, s.TakeAll, s.commitErr, known)
-}
-
-// InTxCommit implements driver.Store.
-func (s *backend) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return sqltx.InTxCommit(ctx, s.db, fn, p, s.TakeAll, func(err error) error { return wrap("begin", err) }, s.commitErr, known)
-}
-
-func (s *backend) commitErr(err error) error { return wrap("commit", err) }
-
-// known reports that a COMMIT that failed did not commit: SQLite runs in
-// the process, with no connection to lose.
-func known(error) bool { return true }
-
-// Ping implements driver.Store: it checks that db is SQLite and that the
+// Ping implements driver.Ops: it checks that db is SQLite and that the
 // txlimit table is there with every column the library uses.
 func (s *backend) Ping(ctx context.Context) error {
 	if s.db == nil {
@@ -164,142 +148,59 @@ func (s *backend) Ping(ctx context.Context) error {
 	}
 	var version string
 	if err := s.db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&version); err != nil {
-		if err := wrap("ping", err); errors.Is(err, ErrWrongDatabase) {
-			return err
-		}
-		return fmt.Errorf("txlimit/sqlitestore: ping: %w: sqlite_version() failed, so this is another database "+
-			"(for PostgreSQL, use pgsqlstore.New(db)): %w", ErrWrongDatabase, err)
+		return wrap(ctx, s.db, "ping", err)
 	}
-	return wrap("ping", s.queries.ProbeTable(ctx, s.db))
+	return wrap(ctx, s.db, "ping", s.queries.ProbeTable(ctx, s.db))
 }
 
-// lockKey takes SQLite's write lock for tx, waiting up to busy_timeout (a
-// no-op when tx holds it already), then reads every row of (name, key) and
-// the clock. The write lock locks every row of the database, so the rows
-// cannot change before tx ends.
-func (s *backend) lockKey(ctx context.Context, tx *sql.Tx, name, key string, now *time.Time) ([]driver.Row, time.Time, error) {
-	if err := s.queries.TouchKey(ctx, s.on(tx), gen.TouchKeyParams{Name: name, Key: key}); err != nil {
-		return nil, time.Time{}, wrap("take the write lock", err)
-	}
-	s.stmts.learnMode(ctx, tx)
-	rows, err := s.queries.LockShards(ctx, s.on(tx), gen.LockShardsParams{Name: name, Key: key})
-	if err != nil {
-		return nil, time.Time{}, wrap("read shards", err)
-	}
-	out := make([]driver.Row, len(rows))
-	for i, r := range rows {
-		out[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts)}
-	}
-	return out, clock(now), nil
-}
-
-// store writes states to rows 0..Shards-1 of l's key, whose rows were had:
-// it creates the rows that are missing and deletes those beyond Shards (a
-// limit redeployed with other Shards).
-func (s *backend) store(ctx context.Context, tx *sql.Tx, l driver.Limit, had []driver.Row, states []algo.State) error {
-	exists := make([]bool, len(states))
-	for _, r := range had {
-		if int(r.Shard) < len(exists) {
-			exists[r.Shard] = true
-		}
-	}
-	for i, st := range states {
-		var err error
-		if exists[i] {
-			err = s.queries.WriteShard(ctx, s.on(tx), gen.WriteShardParams{
-				Name: l.Name, Key: l.Key, Shard: int64(i), Value: st.Value, Prev: st.Prev, Ts: st.TS,
-			})
-		} else {
-			_, err = s.queries.InsertShard(ctx, s.on(tx), gen.InsertShardParams{
-				Name: l.Name, Key: l.Key, Shard: int64(i), Value: st.Value, Prev: st.Prev, Ts: st.TS,
-			})
-		}
-		if err != nil {
-			return wrap("write shards", err)
-		}
-	}
-	for _, shard := range driver.Extra(had, l.Shards) {
-		if _, err := s.queries.DeleteShard(ctx, s.on(tx), gen.DeleteShardParams{Name: l.Name, Key: l.Key, Shard: int64(shard)}); err != nil {
-			return wrap("delete shards", err)
-		}
-	}
-	return nil
-}
-
-// Take implements driver.Store. On an unsharded limit it runs one
-// statement that refills, decides and writes (takeRowSQL); when that grants
-// nothing, and on a sharded limit, every shard of the limit is read under
-// the write lock, decided on in Go and written. There is no row lock to
-// skip, so a sharded limit is never served from one shard.
+// Take implements driver.Ops (engine.Take). An unsharded limit is taken in
+// one statement (takeRowSQL); when that grants nothing, and on a sharded
+// limit, every shard is read under the write lock, decided on in Go and
+// written. Shards add no concurrency here, but a sharded limit admits
+// exactly what the same unsharded limit would.
 func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
-	var start time.Time
-	if p.TimeLocks {
-		start = time.Now()
-	}
-	if p.Shards == 1 && driver.InSQL(p) {
-		res, done, err := s.takeRow(ctx, tx, p, clock(p.Now))
-		if err != nil || done {
-			if p.TimeLocks {
-				res.LockWait = time.Since(start)
-			}
-			s.stmts.learnMode(ctx, tx)
-			return res, err
-		}
-	}
-	rows, at, err := s.lockKey(ctx, tx, p.Name, p.Key, p.Now)
-	if err != nil {
-		return driver.TakeResult{}, err
-	}
-	res, write := driver.Decide(p, rows, at)
-	if p.TimeLocks {
-		res.LockWait = time.Since(start)
-	}
-	if write {
-		if err := s.store(ctx, tx, p.Limit, rows, res.States); err != nil {
-			return driver.TakeResult{}, err
-		}
-	}
-	return res, nil
+	return engine.Take(ctx, s, tx, p)
 }
 
-// TakeAll implements driver.Store. The write lock locks every row at once,
+// TakeAll implements driver.Ops. The write lock locks every row at once,
 // so the order does not matter here; the keys are still read in the
 // canonical order.
 func (s *backend) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	var start time.Time
-	if p.TimeLocks {
-		start = time.Now()
-	}
-	rows := make([][]driver.Row, len(p.Takes))
-	var at time.Time
-	for _, i := range driver.CanonicalOrder(p.Takes) {
-		var err error
-		if rows[i], at, err = s.lockKey(ctx, tx, p.Takes[i].Name, p.Takes[i].Key, p.Now); err != nil {
-			return driver.TakeAllResult{}, err
-		}
-	}
-	var lockWait time.Duration
-	if p.TimeLocks {
-		lockWait = time.Since(start)
-	}
-	out, writes := driver.DecideAll(p, rows, at)
-	out.LockWait = lockWait
-	for i, t := range p.Takes {
-		if writes[i] != nil {
-			if err := s.store(ctx, tx, t.Limit, rows[i], out.Results[i].States); err != nil {
-				return driver.TakeAllResult{}, err
-			}
-		}
-	}
-	return out, nil
+	return engine.TakeAll(ctx, s, tx, p)
 }
 
-// Read implements driver.Store with a plain SELECT, which takes no write
-// lock: it sees tx's snapshot (and tx's own writes).
+// Credit implements driver.Ops.
+func (s *backend) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
+	return engine.Credit(ctx, s, tx, p)
+}
+
+// Reset implements driver.Ops.
+func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
+	return wrap(ctx, tx, "delete key", s.queries.DeleteKey(ctx, s.on(tx), gen.DeleteKeyParams{Name: k.Name, Key: k.Key}))
+}
+
+// Prune implements driver.Ops. SQLite cannot pass over rows that another
+// transaction holds: the batch takes the write lock, waiting up to
+// busy_timeout like every writer, and then holds every row.
+func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
+	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
+		res, err = engine.Prune(ctx, s, tx, p)
+		return err
+	})
+	return res, err
+}
+
+// ClockRange implements driver.ClockRanger: ts is microseconds in an int64.
+func (s *backend) ClockRange() (first, last time.Time) {
+	return driver.Microseconds[0], driver.Microseconds[1]
+}
+
+// Read implements driver.Ops and engine.Dialect with a plain SELECT, which
+// takes no write lock: it sees tx's snapshot (and tx's own writes).
 func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
 	rows, err := s.queries.ReadShards(ctx, s.on(tx), gen.ReadShardsParams{Name: p.Name, Key: p.Key})
 	if err != nil {
-		return driver.ReadResult{}, wrap("read shards", err)
+		return driver.ReadResult{}, wrap(ctx, tx, "read shards", err)
 	}
 	out := driver.ReadResult{Rows: make([]driver.Row, len(rows)), At: clock(p.Now)}
 	for i, r := range rows {
@@ -308,84 +209,113 @@ func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (dr
 	return out, nil
 }
 
-// Credit implements driver.Store. A key with no row is full: there is
-// nothing to give back to it.
-func (s *backend) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
-	rows, at, err := s.lockKey(ctx, tx, p.Name, p.Key, p.Now)
-	if err != nil || len(rows) == 0 {
-		return err
+// TakeRow implements engine.Dialect (takeRow at the clock).
+func (s *backend) TakeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, bool, error) {
+	res, ok, err := s.takeRow(ctx, tx, p, clock(p.Now))
+	s.stmts.learnMode(ctx, tx)
+	return res, ok, err
+}
+
+// LockKey implements engine.Dialect: TouchKey takes SQLite's write lock,
+// waiting up to busy_timeout (a no-op when tx holds it already), which
+// locks every row of the database, missing ones too; LockShards then reads
+// the key's rows, which cannot change before tx ends.
+func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *time.Time, _ bool) (engine.Locked, error) {
+	if err := s.queries.TouchKey(ctx, s.on(tx), gen.TouchKeyParams{Name: l.Name, Key: l.Key}); err != nil {
+		return engine.Locked{}, wrap(ctx, tx, "take the write lock", err)
 	}
-	return s.store(ctx, tx, p.Limit, rows, driver.CreditStates(p, rows, at))
-}
-
-// Reset implements driver.Store.
-func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
-	return wrap("delete key", s.queries.DeleteKey(ctx, s.on(tx), gen.DeleteKeyParams{Name: k.Name, Key: k.Key}))
-}
-
-// Prune implements driver.Store. SQLite cannot pass over rows that another
-// transaction holds: the batch takes the write lock, waiting up to
-// busy_timeout like every writer, and then holds every row. The rows of the
-// batch's keys are read in one range scan of the primary key (SQLite's
-// BINARY collation: byte by byte), from the first key to the last.
-func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
-	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
-		res, err = s.prune(ctx, tx, p)
-		return err
-	})
-	return res, err
-}
-
-func (s *backend) prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneResult, error) {
-	keys, err := s.queries.ScanKeys(ctx, s.on(tx), gen.ScanKeysParams{AfterName: p.After.Name, AfterKey: p.After.Key, MaxKeys: int64(p.Max)})
-	if err != nil || len(keys) == 0 {
-		return driver.PruneResult{}, wrap("scan keys", err)
+	s.stmts.learnMode(ctx, tx)
+	rows, err := s.queries.LockShards(ctx, s.on(tx), gen.LockShardsParams{Name: l.Name, Key: l.Key})
+	if err != nil {
+		return engine.Locked{}, wrap(ctx, tx, "read shards", err)
 	}
-	out := driver.PruneResult{Keys: len(keys), Last: driver.KeyRef{Name: keys[len(keys)-1].Name, Key: keys[len(keys)-1].Key}}
-	known := make(map[driver.KeyRef]bool, len(keys))
-	for _, k := range keys {
-		if p.Known(k.Name) {
-			known[driver.KeyRef{Name: k.Name, Key: k.Key}] = true
-		} else {
-			out.Unknown++
+	out := engine.Locked{Had: make([]driver.Row, len(rows)), At: clock(now)}
+	for i, r := range rows {
+		out.Had[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts)}
+	}
+	return out, nil
+}
+
+// LockKeys implements engine.Dialect: LockKey for each limit.
+func (s *backend) LockKeys(ctx context.Context, tx *sql.Tx, ls []driver.Limit, now *time.Time) ([]engine.Locked, time.Time, error) {
+	out := make([]engine.Locked, len(ls))
+	var at time.Time
+	for i, l := range ls {
+		var err error
+		if out[i], err = s.LockKey(ctx, tx, l, now, true); err != nil {
+			return nil, time.Time{}, err
+		}
+		at = out[i].At
+	}
+	return out, at, nil
+}
+
+// Write implements engine.Dialect: WriteShard for each row tx has and
+// InsertShard for each it lacks, then DeleteShard for each row to delete.
+func (s *backend) Write(ctx context.Context, tx *sql.Tx, writes []engine.KeyWrite, deletes []engine.RowRef) (int64, error) {
+	for _, w := range writes {
+		for i, st := range w.States {
+			var err error
+			if w.Locked.Holds(int32(i)) {
+				err = s.queries.WriteShard(ctx, s.on(tx), gen.WriteShardParams{
+					Name: w.Name, Key: w.Key, Shard: int64(i), Value: st.Value, Prev: st.Prev, Ts: st.TS,
+				})
+			} else {
+				_, err = s.queries.InsertShard(ctx, s.on(tx), gen.InsertShardParams{
+					Name: w.Name, Key: w.Key, Shard: int64(i), Value: st.Value, Prev: st.Prev, Ts: st.TS,
+				})
+			}
+			if err != nil {
+				return 0, wrap(ctx, tx, "write shards", err)
+			}
 		}
 	}
-	if len(known) == 0 {
-		return out, nil
+	var deleted int64
+	for _, r := range deletes {
+		n, err := s.queries.DeleteShard(ctx, s.on(tx), gen.DeleteShardParams{Name: r.Name, Key: r.Key, Shard: int64(r.Shard)})
+		if err != nil {
+			return 0, wrap(ctx, tx, "delete shards", err)
+		}
+		deleted += n
 	}
+	return deleted, nil
+}
+
+// ScanKeys implements engine.Dialect.
+func (s *backend) ScanKeys(ctx context.Context, tx *sql.Tx, after driver.KeyRef, max int) ([]engine.Key, error) {
+	scanned, err := s.queries.ScanKeys(ctx, s.on(tx), gen.ScanKeysParams{AfterName: after.Name, AfterKey: after.Key, MaxKeys: int64(max)})
+	keys := make([]engine.Key, len(scanned))
+	for i, k := range scanned {
+		keys[i].KeyRef = driver.KeyRef(k)
+	}
+	return keys, wrap(ctx, tx, "scan keys", err)
+}
+
+// LockIdle implements engine.Dialect: it takes the write lock, waiting up to
+// busy_timeout like every writer, and reads the rows of keys in one range
+// scan of the primary key (SQLite's BINARY collation: byte by byte), from
+// the first key to the last. Every key is Whole.
+func (s *backend) LockIdle(ctx context.Context, tx *sql.Tx, keys []engine.Key, now *time.Time) ([]engine.Held, time.Time, error) {
 	first, last := keys[0], keys[len(keys)-1]
-	if err := s.queries.TouchKey(ctx, s.on(tx), gen.TouchKeyParams(first)); err != nil {
-		return driver.PruneResult{}, wrap("take the write lock", err)
+	if err := s.queries.TouchKey(ctx, s.on(tx), gen.TouchKeyParams(first.KeyRef)); err != nil {
+		return nil, time.Time{}, wrap(ctx, tx, "take the write lock", err)
 	}
 	rows, err := s.queries.RowsBetween(ctx, s.on(tx), gen.RowsBetweenParams{
 		FirstName: first.Name, FirstKey: first.Key, LastName: last.Name, LastKey: last.Key,
 	})
 	if err != nil {
-		return driver.PruneResult{}, wrap("read idle keys", err)
+		return nil, time.Time{}, wrap(ctx, tx, "read idle keys", err)
 	}
-	at := clock(p.Now)
-	for i := 0; i < len(rows); {
-		j := i
-		var keyRows []driver.Row
-		for ; j < len(rows) && rows[j].Name == rows[i].Name && rows[j].Key == rows[i].Key; j++ {
-			keyRows = append(keyRows, driver.Row{Shard: int32(rows[j].Shard), Value: rows[j].Value, Prev: rows[j].Prev, TS: time.UnixMicro(rows[j].Ts)})
-		}
-		k := driver.KeyRef{Name: rows[i].Name, Key: rows[i].Key}
-		if known[k] && p.Full(k.Name, k.Key, keyRows, at) {
-			for _, r := range keyRows {
-				n, err := s.queries.DeleteShard(ctx, s.on(tx), gen.DeleteShardParams{Name: k.Name, Key: k.Key, Shard: int64(r.Shard)})
-				if err != nil {
-					return driver.PruneResult{}, wrap("delete shards", err)
-				}
-				out.Deleted += int(n)
-			}
-		}
-		i = j
+	index := make(map[driver.KeyRef]int, len(keys))
+	held := make([]engine.Held, len(keys))
+	for i, k := range keys {
+		index[k.KeyRef] = i
+		held[i] = engine.Held{KeyRef: k.KeyRef, Whole: true}
 	}
-	return out, nil
-}
-
-// ClockRange implements driver.ClockRanger: ts is microseconds in an int64.
-func (s *backend) ClockRange() (first, last time.Time) {
-	return driver.Microseconds[0], driver.Microseconds[1]
+	for _, r := range rows {
+		if i, ok := index[driver.KeyRef{Name: r.Name, Key: r.Key}]; ok {
+			held[i].Rows = append(held[i].Rows, driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts)})
+		}
+	}
+	return held, clock(now), nil
 }

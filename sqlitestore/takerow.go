@@ -8,6 +8,7 @@ import (
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 )
 
 // takeRowSQL is one admitted call on one row in one statement: it refills the
@@ -95,9 +96,9 @@ func (s *backend) takeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams, 
 	case errors.Is(err, sql.ErrNoRows):
 		return driver.TakeResult{}, false, nil
 	case err != nil:
-		return driver.TakeResult{}, false, wrap("take", err)
+		return driver.TakeResult{}, false, wrap(ctx, tx, "take", err)
 	}
-	return driver.TakeResult{Decision: driver.Granted(c, next, at.UnixMicro()), At: at, States: []algo.State{next}}, true, nil
+	return engine.Granted(p, next, at), true, nil
 }
 
 // tolerance is algo's relative tolerance (algo.tolerance is 1e-9 times

@@ -1,22 +1,19 @@
 // Package driver is the seam between txlimit's Limiter and a database: the
 // Ops interface that pgstore, pgsqlstore, sqlitestore and mysqlstore
-// implement, the parameters of its operations, and the pure helpers every
-// store shares to turn the rows it locked into a decision (they are algo,
-// applied to rows).
+// implement, the parameters of its operations, and the pure decisions on
+// the rows a store holds (algo, applied to rows), which package engine
+// makes in the one take flow every store runs.
 //
 // The seam is sealed. The package is internal, and the Store that
 // txlimit.New takes has one unexported method, which a type gets only by
 // embedding a Handle: no other module can implement a store, and a store
 // package exports no method of Ops.
 //
-// Each method of Ops is one complete operation in the caller's
-// transaction: it locks what it needs the way its database does best
-// (SELECT … FOR UPDATE, SKIP LOCKED, savepoints, SQLite's write lock), reads,
-// decides with the helpers below and writes, and it leaves no lock or
-// savepoint of its own behind except the row locks the transaction is meant
-// to keep until it ends. The Limiter validates the input, builds the
-// parameters and shapes the results; it makes no choice that depends on the
-// database.
+// Each method of Ops is one complete operation in the caller's transaction,
+// which leaves no lock or savepoint of its own behind but the row locks the
+// transaction keeps until it ends. The Limiter validates the input, builds
+// the parameters and shapes the results; it makes no choice that depends on
+// the database.
 package driver
 
 import (
@@ -69,7 +66,7 @@ func OpsOf[TTx any](s Store[TTx]) Ops[TTx] { return s.ops() }
 type Ops[TTx any] interface {
 	// InTx runs fn in a new short transaction on the store's pool or
 	// database and commits it when fn returns nil, rolling back otherwise.
-	// readOnly is set for operations that only read (Check, Value). It
+	// readOnly is set for operations that only read (Check). It
 	// returns ErrNoPool when the store was built without a pool.
 	InTx(ctx context.Context, readOnly bool, fn func(tx TTx) error) error
 

@@ -2,13 +2,11 @@ package pgproto
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
-	"io"
-	"net"
 	"strings"
 
-	txdriver "github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/sqltx"
 )
 
 // The SQLSTATEs the stores name, as PostgreSQL's errcodes table (Appendix A)
@@ -51,14 +49,15 @@ func SQLState(err error) (string, bool) {
 // itself (class 28, authentication or role) and a database that does not
 // exist (3D000), which no retry cures. Otherwise err is retryable when its
 // SQLSTATE is (RetryableState) or, without one, when it is a network error,
-// an end of file or driver.ErrBadConn: the connection broke. Context
+// an end of file or database/sql's ErrBadConn: the connection broke
+// (sqltx.BrokenConn). Context
 // cancellation and deadlines are never retryable: the caller gave up; nor
 // is a COMMIT whose outcome is unknown (txlimit.ErrCommitUnknown): the
 // transaction may have committed, and running it again would do its work
 // twice.
 func Retryable(err error, connectFailed bool) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, txdriver.ErrCommitUnknown) {
+		errors.Is(err, driver.ErrCommitUnknown) {
 		return false
 	}
 	code, ok := SQLState(err)
@@ -68,9 +67,7 @@ func Retryable(err error, connectFailed bool) bool {
 	case ok:
 		return RetryableState(code)
 	}
-	var netErr net.Error
-	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) || errors.Is(err, driver.ErrBadConn)
+	return sqltx.BrokenConn(err)
 }
 
 // RetryableState reports whether a transaction that failed with SQLSTATE

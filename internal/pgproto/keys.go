@@ -7,175 +7,111 @@ import (
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 	"github.com/txlimit/txlimit/internal/pgdb"
 )
 
-// rowRef names one row.
-type rowRef struct {
-	name, key string
-	shard     int32
-}
-
-// keyWrite is the new state of the rows 0..len(states)-1 of a key.
-type keyWrite struct {
-	name, key string
-	states    []algo.State
-}
-
-// keyRow is a row of one of several keys, with the clock.
-type keyRow struct {
-	name, key string
-	row       driver.Row
-	clock     time.Time
-}
-
-// TakeAll is driver.Store.TakeAll: the insert that takes the locks in the
-// canonical order and the read of the locked rows (one round trip on pgx),
-// then the writes (or, for a denial, the removal of the rows the insert
-// created).
-func (pr Protocol) TakeAll(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	n := len(p.Takes)
-	keys := make([]driver.TakeParams, n)
-	index := make(map[driver.KeyRef]int, n)
-	for i, j := range driver.CanonicalOrder(p.Takes) {
-		keys[i] = p.Takes[j]
-		index[driver.KeyRef{Name: keys[i].Name, Key: keys[i].Key}] = j
+// LockKeys runs InsertKeys and LockKeys for ls, in one round trip: the rows
+// InsertKeys created are Created, the others Had. With SingleKey it runs
+// InsertKeyShards for every key, then LockShards for every key, in the same
+// order, and so takes the locks in the order InsertKeys and LockKeys take
+// them. at is the clock of the first row, read once every lock is held.
+func (d dialect) LockKeys(ctx context.Context, db DB, ls []driver.Limit, now *time.Time) ([]engine.Locked, time.Time, error) {
+	out := make([]engine.Locked, len(ls))
+	index := make(map[driver.KeyRef]int, len(ls))
+	for i, l := range ls {
+		index[driver.KeyRef{Name: l.Name, Key: l.Key}] = i
 	}
-	lt := LockTimer{On: p.TimeLocks}
-	lockStart := lt.Start()
-	createdRows, locked, err := pr.insertAndLockKeys(ctx, db, keys, p.Now)
-	lt.Stop(lockStart)
-	if err != nil {
-		return driver.TakeAllResult{}, err
-	}
-	created := make(map[driver.KeyRef][]int32)
-	for _, r := range createdRows {
-		k := driver.KeyRef{Name: r.name, Key: r.key}
-		created[k] = append(created[k], r.shard)
-	}
-	// had holds each key's rows as they were before InsertKeys: the rows
-	// it created are full placeholders, which a reshard must not count.
-	had := make([][]driver.Row, n)
-	all := make([][]driver.Row, n)
 	var at time.Time
-	for _, r := range locked {
-		k := driver.KeyRef{Name: r.name, Key: r.key}
-		i := index[k]
-		all[i] = append(all[i], r.row)
-		if !slices.Contains(created[k], r.row.Shard) {
-			had[i] = append(had[i], r.row)
+	created := func(name, key string, shard int32) {
+		k := &out[index[driver.KeyRef{Name: name, Key: key}]]
+		k.Created = append(k.Created, shard)
+	}
+	locked := func(name, key string, r driver.Row, clock time.Time) {
+		k := &out[index[driver.KeyRef{Name: name, Key: key}]]
+		if !slices.Contains(k.Created, r.Shard) {
+			k.Had = append(k.Had, r)
 		}
 		if at.IsZero() {
-			at = r.clock // clock_timestamp() is read per row, after every lock is held
+			at = clock
 		}
 	}
-	out, writes := driver.DecideAll(p, had, at)
-	out.LockWait = lt.Total
-	var kw []keyWrite
-	var doomed []rowRef
-	for i, t := range p.Takes {
-		if writes[i] == nil {
-			// A denied limit keeps its rows as they were: those
-			// InsertKeys created (full, so equal to no row) go again.
-			for _, sh := range created[driver.KeyRef{Name: t.Name, Key: t.Key}] {
-				doomed = append(doomed, rowRef{name: t.Name, key: t.Key, shard: sh})
-			}
-			continue
-		}
-		kw = append(kw, keyWrite{name: t.Name, key: t.Key, states: out.Results[i].States})
-		for _, sh := range driver.Extra(all[i], t.Shards) {
-			doomed = append(doomed, rowRef{name: t.Name, key: t.Key, shard: sh})
-		}
-	}
-	if len(kw) > 0 || len(doomed) > 0 {
-		if err := pr.write(ctx, db, kw, doomed); err != nil {
-			return driver.TakeAllResult{}, err
-		}
-	}
-	return out, nil
-}
-
-// insertAndLockKeys runs InsertKeys and LockKeys for keys, which are in the
-// canonical order, in one round trip, and returns the rows InsertKeys
-// created and every row LockKeys returned, in its order. With SingleKey it
-// runs InsertKeyShards for every key, then LockShards for every key, in the
-// same order: the locks are taken in the order InsertKeys and LockKeys take
-// them.
-func (pr Protocol) insertAndLockKeys(ctx context.Context, db DB, keys []driver.TakeParams, now *time.Time) ([]rowRef, []keyRow, error) {
-	var created []rowRef
-	var locked []keyRow
 	var calls []Call
-	if pr.SingleKey {
-		for _, k := range keys {
-			full := k.Full()
+	if d.SingleKey {
+		for _, l := range ls {
+			full := l.Full()
 			calls = append(calls, func(q pgdb.DBTX) error {
 				shards, err := queries.InsertKeyShards(ctx, q, pgdb.InsertKeyShardsParams{
-					Name: k.Name, Key: k.Key, Value: full.Value, Ts: micros(full.TS), Shards: int32(k.Shards),
+					Name: l.Name, Key: l.Key, Value: full.Value, Ts: micros(full.TS), Shards: int32(l.Shards),
 				})
 				for _, sh := range shards {
-					created = append(created, rowRef{name: k.Name, key: k.Key, shard: sh})
+					created(l.Name, l.Key, sh)
 				}
 				return err
 			})
 		}
-		for _, k := range keys {
+		for _, l := range ls {
 			calls = append(calls, func(q pgdb.DBTX) error {
-				rows, err := queries.LockShards(ctx, q, pgdb.LockShardsParams{Name: k.Name, Key: k.Key, Now: now})
+				rows, err := queries.LockShards(ctx, q, pgdb.LockShardsParams{Name: l.Name, Key: l.Key, Now: now})
 				for _, r := range rows {
-					locked = append(locked, keyRow{name: k.Name, key: k.Key,
-						row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, clock: r.Clock})
+					locked(l.Name, l.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, r.Clock)
 				}
 				return err
 			})
 		}
 	} else {
-		var names, ks, shards, vals, tss array
-		for _, k := range keys {
-			full := k.Full()
-			names.text(k.Name)
-			ks.text(k.Key)
-			shards.int(int32(k.Shards))
+		var names, keys, shards, vals, tss array
+		for _, l := range ls {
+			full := l.Full()
+			names.text(l.Name)
+			keys.text(l.Key)
+			shards.int(int32(l.Shards))
 			vals.float(full.Value)
 			tss.time(micros(full.TS))
 		}
 		calls = []Call{func(q pgdb.DBTX) error {
 			rows, err := queries.InsertKeys(ctx, q, pgdb.InsertKeysParams{
-				Names: names.String(), Keys: ks.String(), ShardCounts: shards.String(), Vals: vals.String(), Tss: tss.String(),
+				Names: names.String(), Keys: keys.String(), ShardCounts: shards.String(), Vals: vals.String(), Tss: tss.String(),
 			})
 			for _, r := range rows {
-				created = append(created, rowRef{name: r.Name, key: r.Key, shard: r.Shard})
+				created(r.Name, r.Key, r.Shard)
 			}
 			return err
 		}, func(q pgdb.DBTX) error {
-			rows, err := queries.LockKeys(ctx, q, pgdb.LockKeysParams{Now: now, Names: names.String(), Keys: ks.String()})
+			rows, err := queries.LockKeys(ctx, q, pgdb.LockKeysParams{Now: now, Names: names.String(), Keys: keys.String()})
 			for _, r := range rows {
-				locked = append(locked, keyRow{name: r.Name, key: r.Key,
-					row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, clock: r.Clock})
+				locked(r.Name, r.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, r.Clock)
 			}
 			return err
 		}}
 	}
 	if err := Send(ctx, db, calls...); err != nil {
-		return nil, nil, err
+		return nil, time.Time{}, err
 	}
-	return created, locked, nil
+	return out, at, nil
 }
 
-// write stores every keyWrite (WriteShard for one state, whose plan stays
-// generic; WriteKeyShards for several) and deletes the rows of doomed, in
-// one round trip.
-func (pr Protocol) write(ctx context.Context, db DB, writes []keyWrite, doomed []rowRef) error {
+// Write runs InsertShards first for a key whose rows it does not hold all
+// (a reshard to more shards), and then, in one round trip, a WriteShard for
+// each key of one state (whose plan stays generic), a WriteKeyShards for
+// each key of several, and the deletes.
+func (d dialect) Write(ctx context.Context, db DB, writes []engine.KeyWrite, deletes []engine.RowRef) (int64, error) {
 	var calls []Call
 	for _, w := range writes {
-		if len(w.states) == 1 {
-			st := w.states[0]
-			calls = append(calls, func(q pgdb.DBTX) error {
-				return queries.WriteShard(ctx, q, pgdb.WriteShardParams{Name: w.name, Key: w.key, Shard: 0, Value: st.Value, Prev: st.Prev, Ts: micros(st.TS)})
-			})
+		for sh := range int32(w.Shards) {
+			if !w.Locked.Holds(sh) {
+				if err := insertShards(ctx, db, w.Limit); err != nil {
+					return 0, err
+				}
+				break
+			}
+		}
+		if len(w.States) == 1 {
+			calls = append(calls, writeShard(ctx, w.Name, w.Key, 0, w.States[0]))
 			continue
 		}
 		var shards, vals, prevs, tss array
-		for i, st := range w.states {
+		for i, st := range w.States {
 			shards.int(int32(i))
 			vals.float(st.Value)
 			prevs.float(st.Prev)
@@ -183,159 +119,115 @@ func (pr Protocol) write(ctx context.Context, db DB, writes []keyWrite, doomed [
 		}
 		calls = append(calls, func(q pgdb.DBTX) error {
 			return queries.WriteKeyShards(ctx, q, pgdb.WriteKeyShardsParams{
-				Name: w.name, Key: w.key, Shards: shards.String(), Vals: vals.String(), Prevs: prevs.String(), Tss: tss.String(),
+				Name: w.Name, Key: w.Key, Shards: shards.String(), Vals: vals.String(), Prevs: prevs.String(), Tss: tss.String(),
 			})
 		})
 	}
-	if len(doomed) > 0 {
-		calls = append(calls, pr.deletes(ctx, doomed, nil)...)
+	var n int64
+	if len(deletes) > 0 {
+		calls = append(calls, d.deletes(ctx, deletes, &n)...)
 	}
-	return Send(ctx, db, calls...)
+	return n, Send(ctx, db, calls...)
 }
 
-// deletes returns the calls that delete rows, which the transaction holds:
-// one DeleteShards, or with SingleKey one DeleteKeyShards per key. Each adds
-// the number of rows it deleted to *deleted when that is not nil.
-func (pr Protocol) deletes(ctx context.Context, rows []rowRef, deleted *int64) []Call {
+// writeShard is the call of WriteShard.
+func writeShard(ctx context.Context, name, key string, shard int32, s algo.State) Call {
+	return func(q pgdb.DBTX) error {
+		return queries.WriteShard(ctx, q, pgdb.WriteShardParams{Name: name, Key: key, Shard: shard, Value: s.Value, Prev: s.Prev, Ts: micros(s.TS)})
+	}
+}
+
+// deletes returns the calls that delete rows: one DeleteShards, or with
+// SingleKey one DeleteKeyShards per key. Each adds the number of rows it
+// deleted to *deleted.
+func (d dialect) deletes(ctx context.Context, rows []engine.RowRef, deleted *int64) []Call {
 	count := func(n int64, err error) error {
-		if deleted != nil {
-			*deleted += n
-		}
+		*deleted += n
 		return err
 	}
-	if !pr.SingleKey {
+	if !d.SingleKey {
 		var names, keys, shards array
 		for _, r := range rows {
-			names.text(r.name)
-			keys.text(r.key)
-			shards.int(r.shard)
+			names.text(r.Name)
+			keys.text(r.Key)
+			shards.int(r.Shard)
 		}
 		return []Call{func(q pgdb.DBTX) error {
 			return count(queries.DeleteShards(ctx, q, pgdb.DeleteShardsParams{Names: names.String(), Keys: keys.String(), Shards: shards.String()}))
 		}}
 	}
 	var calls []Call
-	for _, k := range byKey(rows) {
-		calls = append(calls, func(q pgdb.DBTX) error {
-			return count(queries.DeleteKeyShards(ctx, q, pgdb.DeleteKeyShardsParams{Name: k.name, Key: k.key, Shards: k.shards.String()}))
-		})
+	var last *array
+	for i, r := range rows {
+		if i == 0 || r.KeyRef != rows[i-1].KeyRef {
+			last = new(array)
+			k := r.KeyRef
+			shards := last
+			calls = append(calls, func(q pgdb.DBTX) error {
+				return count(queries.DeleteKeyShards(ctx, q, pgdb.DeleteKeyShardsParams{Name: k.Name, Key: k.Key, Shards: shards.String()}))
+			})
+		}
+		last.int(r.Shard)
 	}
 	return calls
 }
 
-// keyShards is some rows of one key.
-type keyShards struct {
-	name, key string
-	shards    array
+// ScanKeys runs ScanKeys, which locks nothing.
+func (dialect) ScanKeys(ctx context.Context, db DB, after driver.KeyRef, max int) ([]engine.Key, error) {
+	scanned, err := queries.ScanKeys(ctx, db, pgdb.ScanKeysParams{AfterName: after.Name, AfterKey: after.Key, MaxKeys: int32(max)})
+	keys := make([]engine.Key, len(scanned))
+	for i, k := range scanned {
+		keys[i].KeyRef = driver.KeyRef{Name: k.Name, Key: k.Key}
+	}
+	return keys, err
 }
 
-// byKey groups rows by key, the keys in the order of their first row.
-func byKey(rows []rowRef) []*keyShards {
-	var out []*keyShards
-	index := map[[2]string]*keyShards{}
-	for _, r := range rows {
-		k, ok := index[[2]string{r.name, r.key}]
-		if !ok {
-			k = &keyShards{name: r.name, key: r.key}
-			index[[2]string{r.name, r.key}] = k
-			out = append(out, k)
-		}
-		k.shards.int(r.shard)
-	}
-	return out
-}
-
-// idleRow is a row LockIdle locked, with the number of rows its key has.
-type idleRow struct {
-	keyRow
-	total int64
-}
-
-// Prune is driver.Store.Prune. The rows are locked with FOR UPDATE SKIP
-// LOCKED, so a batch never waits for a row that live traffic holds: a key
-// with a row held elsewhere is left for a later run.
-func (pr Protocol) Prune(ctx context.Context, db DB, p driver.PruneParams) (driver.PruneResult, error) {
-	scanned, err := queries.ScanKeys(ctx, db, pgdb.ScanKeysParams{AfterName: p.After.Name, AfterKey: p.After.Key, MaxKeys: int32(p.Max)})
-	if err != nil || len(scanned) == 0 {
-		return driver.PruneResult{}, err
-	}
-	last := scanned[len(scanned)-1]
-	out := driver.PruneResult{Keys: len(scanned), Last: driver.KeyRef{Name: last.Name, Key: last.Key}}
-	var known []driver.KeyRef
-	for _, k := range scanned {
-		if !p.Known(k.Name) {
-			out.Unknown++
-			continue
-		}
-		known = append(known, driver.KeyRef{Name: k.Name, Key: k.Key})
-	}
-	if len(known) == 0 {
-		return out, nil
-	}
-	rows, err := pr.lockIdle(ctx, db, known, p.Now)
-	if err != nil {
-		return driver.PruneResult{}, err
-	}
-	// clock_timestamp() is read per row. Judging every row at the earliest
-	// reading is safe: a row full then is full later.
+// LockIdle runs LockIdle (with SingleKey, LockIdleKey for each key, in one
+// round trip): FOR UPDATE SKIP LOCKED, with the number of rows each key has,
+// so that a key is Whole when the transaction holds them all. clock_timestamp()
+// is read per row; judging every row at the earliest reading is safe, since
+// a row full then is full later.
+func (d dialect) LockIdle(ctx context.Context, db DB, keys []engine.Key, now *time.Time) ([]engine.Held, time.Time, error) {
+	var out []engine.Held
 	var at time.Time
-	for _, r := range rows {
-		if at.IsZero() || r.clock.Before(at) {
-			at = r.clock
+	add := func(name, key string, r driver.Row, total int64, clock time.Time) {
+		k := driver.KeyRef{Name: name, Key: key}
+		if len(out) == 0 || out[len(out)-1].KeyRef != k {
+			out = append(out, engine.Held{KeyRef: k})
+		}
+		h := &out[len(out)-1]
+		h.Rows = append(h.Rows, r)
+		h.Whole = int64(len(h.Rows)) == total
+		if at.IsZero() || clock.Before(at) {
+			at = clock
 		}
 	}
-	var doomed []rowRef
-	for i := 0; i < len(rows); {
-		j := i
-		var keyRows []driver.Row
-		for ; j < len(rows) && rows[j].name == rows[i].name && rows[j].key == rows[i].key; j++ {
-			keyRows = append(keyRows, rows[j].row)
+	var calls []Call
+	if d.SingleKey {
+		for _, k := range keys {
+			calls = append(calls, func(q pgdb.DBTX) error {
+				rows, err := queries.LockIdleKey(ctx, q, pgdb.LockIdleKeyParams{Name: k.Name, Key: k.Key, Now: now})
+				for _, r := range rows {
+					add(k.Name, k.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, r.Total, r.Clock)
+				}
+				return err
+			})
 		}
-		// Delete a key only when this transaction holds every row of it.
-		if int64(len(keyRows)) == rows[i].total && p.Full(rows[i].name, rows[i].key, keyRows, at) {
-			for _, r := range keyRows {
-				doomed = append(doomed, rowRef{name: rows[i].name, key: rows[i].key, shard: r.Shard})
-			}
-		}
-		i = j
-	}
-	if len(doomed) > 0 {
-		var n int64
-		if err := Send(ctx, db, pr.deletes(ctx, doomed, &n)...); err != nil {
-			return driver.PruneResult{}, err
-		}
-		out.Deleted = int(n)
-	}
-	return out, nil
-}
-
-// lockIdle runs LockIdle for keys (with SingleKey, LockIdleKey for each, in
-// one round trip).
-func (pr Protocol) lockIdle(ctx context.Context, db DB, keys []driver.KeyRef, now *time.Time) ([]idleRow, error) {
-	var out []idleRow
-	if !pr.SingleKey {
+	} else {
 		var names, ks array
 		for _, k := range keys {
 			names.text(k.Name)
 			ks.text(k.Key)
 		}
-		rows, err := queries.LockIdle(ctx, db, pgdb.LockIdleParams{Now: now, Names: names.String(), Keys: ks.String()})
-		for _, r := range rows {
-			out = append(out, idleRow{keyRow{r.Name, r.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, r.Clock}, r.Total})
-		}
-		return out, err
-	}
-	calls := make([]Call, len(keys))
-	for i, k := range keys {
-		calls[i] = func(q pgdb.DBTX) error {
-			rows, err := queries.LockIdleKey(ctx, q, pgdb.LockIdleKeyParams{Name: k.Name, Key: k.Key, Now: now})
+		calls = []Call{func(q pgdb.DBTX) error {
+			rows, err := queries.LockIdle(ctx, q, pgdb.LockIdleParams{Now: now, Names: names.String(), Keys: ks.String()})
 			for _, r := range rows {
-				out = append(out, idleRow{keyRow{k.Name, k.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, r.Clock}, r.Total})
+				add(r.Name, r.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, r.Total, r.Clock)
 			}
 			return err
-		}
+		}}
 	}
-	return out, Send(ctx, db, calls...)
+	return out, at, Send(ctx, db, calls...)
 }
 
 // Ping runs ProbeTable, which fails when the txlimit table or one of its

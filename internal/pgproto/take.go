@@ -3,98 +3,112 @@ package pgproto
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 	"github.com/txlimit/txlimit/internal/pgdb"
 )
 
-// Take is driver.Store.Take. An unsharded limit is taken in one statement
-// (takeInSQL). A sharded limit is first served from the first shard no other
-// transaction holds (takeOneShard); when that shard lacks the tokens, a
-// denial the committed state already decides is answered without a lock;
-// otherwise every shard is locked, in shard order.
+// Take is driver.Ops.Take (engine.Take on PostgreSQL's row operations).
 func (pr Protocol) Take(ctx context.Context, db DB, p driver.TakeParams) (driver.TakeResult, error) {
-	lt := LockTimer{On: p.TimeLocks}
-	if p.Shards == 1 && driver.InSQL(p) {
-		res, done, err := takeInSQL(ctx, db, p, &lt)
-		if err != nil || done {
-			res.LockWait = lt.Total
-			return res, err
-		}
-	}
-	if driver.FitsOneShard(p) {
-		res, done, err := takeOneShard(ctx, db, p, &lt)
-		if err != nil || done {
-			res.LockWait = lt.Total
-			return res, err
-		}
-	}
-	if p.Shards > 1 && !p.Reserve {
-		// Before queueing on every shard, see whether the committed state
-		// already rules the request out. Concurrent transactions can only
-		// lower it further (a concurrent Credit or Reset is ordered after
-		// this call), so such a denial is right without any lock.
-		read, err := pr.Read(ctx, db, driver.ReadParams{Name: p.Name, Key: p.Key, Now: p.Now})
-		if err != nil {
-			return driver.TakeResult{}, err
-		}
-		if res := driver.Check(p, read); !res.Decision.OK {
-			res.LockWait = lt.Total
-			return res, nil
-		}
-	}
-	lockStart := lt.Start()
-	rows, at, err := lockShards(ctx, db, p.Limit, p.Now)
-	if err == nil && len(rows) == 0 {
-		if !driver.GrantsWhenFull(p) {
-			// A missing key is full, the most a key can hold: when even
-			// that does not grant (a reservation beyond its cap, or one
-			// no wait could repay), nothing is created, so that a call
-			// refused writes nothing, and the committed state decides.
-			lt.Stop(lockStart)
-			read, err := pr.Read(ctx, db, driver.ReadParams{Name: p.Name, Key: p.Key, Now: p.Now})
-			res := driver.Check(p, read)
-			res.LockWait = lt.Total
-			return res, err
-		}
-		// The rows 0..Shards-1, created full and locked, first.
-		if err = insertShards(ctx, db, p.Limit); err == nil {
-			rows, at, err = lockShards(ctx, db, p.Limit, p.Now)
-		}
-	}
-	lt.Stop(lockStart)
-	if err != nil {
-		return driver.TakeResult{}, err
-	}
-	res, write := driver.Decide(p, rows, at)
-	if write {
-		if err := pr.store(ctx, db, p.Limit, rows, res.States); err != nil {
-			return driver.TakeResult{}, err
-		}
-	}
-	res.LockWait = lt.Total
-	return res, nil
+	return engine.Take[DB](ctx, dialect(pr), db, p)
 }
 
-// takeInSQL takes from an unsharded limit in one statement, which creates or
-// locks the row, refills, decides and writes in SQL. done is false when the
-// statement granted nothing (a denial, a stored value that is not finite,
-// rows left by a sharded config): the row is then locked, and the caller
-// takes its locked path, which decides with algo in Go, so that a denial
-// costs one more round trip. Whichever path writes, the state is algo's
-// (TestTakeRowMatchesAlgo).
-func takeInSQL(ctx context.Context, db DB, p driver.TakeParams, lt *LockTimer) (driver.TakeResult, bool, error) {
-	defer lt.Stop(lt.Start())
+// TakeAll is driver.Ops.TakeAll: InsertKeys and LockKeys take the locks in
+// one round trip on pgx, the writes (or the removal of the rows InsertKeys
+// created for a limit that writes none) one more.
+func (pr Protocol) TakeAll(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	return engine.TakeAll[DB](ctx, dialect(pr), db, p)
+}
+
+// Credit is driver.Ops.Credit.
+func (pr Protocol) Credit(ctx context.Context, db DB, p driver.CreditParams) error {
+	return engine.Credit[DB](ctx, dialect(pr), db, p)
+}
+
+// Prune is one batch of driver.Ops.Prune in db. The rows are locked with
+// FOR UPDATE SKIP LOCKED, so a batch never waits for a row that live
+// traffic holds.
+func (pr Protocol) Prune(ctx context.Context, db DB, p driver.PruneParams) (driver.PruneResult, error) {
+	return engine.Prune[DB](ctx, dialect(pr), db, p)
+}
+
+// Reset is driver.Ops.Reset: it deletes the rows of k.
+func (Protocol) Reset(ctx context.Context, db DB, k driver.KeyRef) error {
+	return queries.DeleteKey(ctx, db, pgdb.DeleteKeyParams{Name: k.Name, Key: k.Key})
+}
+
+// dialect is PostgreSQL's engine.Dialect: a SkipLocker and a Releaser,
+// whose TryShard locks in a savepoint that KeepShards releases (keeping the
+// lock) and LetGo rolls back (letting it go).
+type dialect Protocol
+
+var (
+	_ engine.SkipLocker[DB] = dialect{}
+	_ engine.Releaser[DB]   = dialect{}
+)
+
+// TakeRow is TakeRow without must.
+func (dialect) TakeRow(ctx context.Context, db DB, p driver.TakeParams) (driver.TakeResult, bool, error) {
 	next, clock, ok, err := TakeRow(ctx, db, p, false)
 	if err != nil || !ok {
 		return driver.TakeResult{}, false, err
 	}
-	return driver.TakeResult{Decision: driver.Granted(p.Config, next, clock.UnixMicro()), At: clock, States: []algo.State{next}}, true, nil
+	return engine.Granted(p, next, clock), true, nil
+}
+
+func (d dialect) Read(ctx context.Context, db DB, p driver.ReadParams) (driver.ReadResult, error) {
+	return Protocol(d).Read(ctx, db, p)
+}
+
+// LockKey runs LockShards and, for a key without rows, InsertShards and
+// LockShards again when create is set.
+func (dialect) LockKey(ctx context.Context, db DB, l driver.Limit, now *time.Time, create bool) (engine.Locked, error) {
+	rows, at, err := lockShards(ctx, db, l, now)
+	if err == nil && len(rows) == 0 {
+		if !create {
+			return engine.Locked{None: true}, nil
+		}
+		if err = insertShards(ctx, db, l); err == nil {
+			rows, at, err = lockShards(ctx, db, l, now)
+		}
+	}
+	return engine.Locked{Had: rows, At: at}, err
+}
+
+// TryShard opens the savepoint and locks the first free shard going up from
+// order[0] (tryLockShard). When every shard is held it queues for
+// order[0], the random first choice, rather than for all of them: holding
+// nothing of this key while waiting for a single row cannot deadlock, and
+// locking every shard here would make each call that starts meanwhile find
+// them all busy too.
+func (dialect) TryShard(ctx context.Context, db DB, p driver.TakeParams, order []int32) (engine.Tried, error) {
+	t, err := tryLockShard(ctx, db, p, order[0])
+	if err == nil && !t.locked && t.top == int32(p.Shards-1) {
+		all := t.all
+		t, err = waitShard(ctx, db, p, order[0])
+		t.all = all
+	}
+	return engine.Tried{Row: t.row, Locked: t.locked, Top: t.top, All: t.all, Now: t.now}, err
+}
+
+// KeepShards writes rows and releases the savepoint, keeping the locks, in
+// one round trip.
+func (dialect) KeepShards(ctx context.Context, db DB, l driver.Limit, rows []driver.Row) error {
+	calls := make([]Call, 0, len(rows)+1)
+	for _, r := range rows {
+		calls = append(calls, writeShard(ctx, l.Name, l.Key, r.Shard, r.State()))
+	}
+	return Send(ctx, db, append(calls, Exec(ctx, release))...)
+}
+
+// LetGo rolls back to the savepoint and releases it, in one round trip.
+func (dialect) LetGo(ctx context.Context, db DB) error {
+	return Send(ctx, db, Exec(ctx, rollback), Exec(ctx, release))
 }
 
 // TakeRow runs the one-statement take of p on shard 0: TakeBucket or
@@ -159,57 +173,6 @@ type tried struct {
 	top int32
 	all []driver.Row
 	now time.Time
-}
-
-// takeOneShard is the fast path of a sharded limit: lock the first shard,
-// going up from a random one, that no other transaction holds, and take from
-// it alone when it has enough. The lock is taken inside a savepoint that is
-// released (keeping the lock) when the shard grants, and rolled back
-// (letting the lock go) when it does not; done is then false and the caller
-// locks every shard. With ReadAll the other shards are read, as last
-// committed, in the same statement; without it the result is Partial.
-func takeOneShard(ctx context.Context, db DB, p driver.TakeParams, lt *LockTimer) (driver.TakeResult, bool, error) {
-	start := int32(rand.IntN(p.Shards))
-	lockStart := lt.Start()
-	t, err := tryLockShard(ctx, db, p, start)
-	if err == nil && !t.locked && t.top == int32(p.Shards-1) {
-		// Every shard is held. Queue for one, the random first choice,
-		// rather than for all of them: holding nothing of this key while
-		// waiting for a single row cannot deadlock, and locking every
-		// shard here would make each call that starts meanwhile find them
-		// all busy too.
-		all := t.all
-		t, err = waitShard(ctx, db, p, start)
-		t.all = all
-	}
-	lt.Stop(lockStart)
-	if err != nil {
-		// The savepoint may be open: the transaction has failed anyway,
-		// and its rollback ends it.
-		return driver.TakeResult{}, false, err
-	}
-	if t.locked && t.top == int32(p.Shards-1) {
-		next, d := driver.DecideOne(p, t.row, t.now)
-		if d.OK {
-			err := Send(ctx, db, func(q pgdb.DBTX) error {
-				return queries.WriteShard(ctx, q, pgdb.WriteShardParams{
-					Name: p.Name, Key: p.Key, Shard: t.row.Shard, Value: next.Value, Prev: next.Prev, Ts: micros(next.TS)})
-			}, Exec(ctx, release))
-			if err != nil {
-				return driver.TakeResult{}, false, err
-			}
-			res := driver.TakeResult{Decision: d, At: t.now, Partial: true}
-			if p.ReadAll {
-				res.States, _ = p.States(t.all, t.now.UnixMicro())
-				res.States[t.row.Shard] = next
-				res.Partial = false
-			}
-			return res, true, nil
-		}
-	}
-	// The shard lacks the tokens, every row is missing, or the key has rows
-	// of another Shards (top): let the shard go and lock every row.
-	return driver.TakeResult{}, false, Send(ctx, db, Exec(ctx, rollback), Exec(ctx, release))
 }
 
 // tryLockShard opens the savepoint and runs TryLockShard (with p.ReadAll,
@@ -283,10 +246,6 @@ func lockShards(ctx context.Context, db DB, l driver.Limit, now *time.Time) ([]d
 			at = r.Clock
 		}
 	}
-	if len(rows) == 0 && now != nil {
-		// Nothing to decide on; the injected clock, for the record.
-		at = *now
-	}
 	return out, at, nil
 }
 
@@ -298,24 +257,7 @@ func insertShards(ctx context.Context, db DB, l driver.Limit) error {
 	})
 }
 
-// store writes states to the rows 0..Shards-1 of l's key, whose rows (all
-// of them, held by the transaction) were had; a reshard to more shards
-// creates the missing rows first, and one to fewer deletes the extra ones
-// with the write.
-func (pr Protocol) store(ctx context.Context, db DB, l driver.Limit, had []driver.Row, states []algo.State) error {
-	if len(had) < l.Shards {
-		if err := insertShards(ctx, db, l); err != nil {
-			return err
-		}
-	}
-	var doomed []rowRef
-	for _, shard := range driver.Extra(had, l.Shards) {
-		doomed = append(doomed, rowRef{name: l.Name, key: l.Key, shard: shard})
-	}
-	return pr.write(ctx, db, []keyWrite{{name: l.Name, key: l.Key, states: states}}, doomed)
-}
-
-// Read is driver.Store.Read: ReadShards, the committed rows of (name, key)
+// Read is driver.Ops.Read: ReadShards, the committed rows of (name, key)
 // and the clock, locking nothing.
 func (Protocol) Read(ctx context.Context, db pgdb.DBTX, p driver.ReadParams) (driver.ReadResult, error) {
 	rows, err := queries.ReadShards(ctx, db, pgdb.ReadShardsParams{Name: p.Name, Key: p.Key, Now: p.Now})
@@ -330,19 +272,4 @@ func (Protocol) Read(ctx context.Context, db pgdb.DBTX, p driver.ReadParams) (dr
 		}
 	}
 	return out, nil
-}
-
-// Credit is driver.Store.Credit. A key with no row is full: there is nothing
-// to give back to it.
-func (pr Protocol) Credit(ctx context.Context, db DB, p driver.CreditParams) error {
-	rows, at, err := lockShards(ctx, db, p.Limit, p.Now)
-	if err != nil || len(rows) == 0 {
-		return err
-	}
-	return pr.store(ctx, db, p.Limit, rows, driver.CreditStates(p, rows, at))
-}
-
-// Reset is driver.Store.Reset: it deletes the rows of k.
-func (Protocol) Reset(ctx context.Context, db DB, k driver.KeyRef) error {
-	return queries.DeleteKey(ctx, db, pgdb.DeleteKeyParams{Name: k.Name, Key: k.Key})
 }

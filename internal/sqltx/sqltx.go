@@ -1,41 +1,58 @@
-// Package sqltx is the transaction wrapper of the stores on database/sql
-// (pgsqlstore, sqlitestore, mysqlstore): their driver.Store.InTx, Commit
-// and InTxCommit, and the RunTx of pgsqlstore and mysqlstore.
+// Package sqltx is what the stores on database/sql (pgsqlstore,
+// sqlitestore, mysqlstore) share: their driver.Ops.InTx, Commit and
+// InTxCommit, the RunTx of pgsqlstore and mysqlstore, and the error that
+// names the database a store was given when it is another.
 package sqltx
 
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 
 	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/retrytx"
 )
 
-// InTx runs fn in a new transaction on db and commits it when fn returns
-// nil; it rolls back when fn returns an error or panics (the panic then
-// continues). A transaction that only reads (readOnly: Check, Value) is
-// begun read-only; one that writes is begun with no options, so that the
-// DSN's settings decide the rest (SQLite's _txlock, say). begin and commit
-// turn the errors of BeginTx and Commit into the store's. Without db it
-// returns driver.ErrNoPool.
-func InTx(ctx context.Context, db *sql.DB, readOnly bool, fn func(tx *sql.Tx) error, begin, commit func(error) error) error {
-	return run(ctx, db, readOnly, begin, fn, func(tx *sql.Tx) error { return commit(tx.Commit()) })
+// Store is the InTx, Commit and InTxCommit of driver.Ops for a store on
+// database/sql, which its operations embed. TakeAllFn is the store's
+// TakeAll. BeginErr and CommitErr turn the
+// errors of BeginTx and COMMIT into the store's; Refused reports whether a
+// COMMIT that failed with err surely did not commit (the database answered,
+// or nothing was sent): otherwise the error matches driver.ErrCommitUnknown.
+type Store struct {
+	DB                  *sql.DB
+	TakeAllFn           TakeAll
+	BeginErr, CommitErr func(ctx context.Context, err error) error
+	Refused             func(err error) bool
 }
 
-// run begins a transaction on db, runs fn in it and then end, rolling back
-// when fn fails or panics.
-func run(ctx context.Context, db *sql.DB, readOnly bool, begin func(error) error, fn, end func(tx *sql.Tx) error) error {
-	if db == nil {
+// InTx runs fn in a new transaction on the DB and commits it when fn returns
+// nil; it rolls back when fn returns an error or panics (the panic then
+// continues). A transaction that only reads is begun read-only; one that
+// writes with no options, so that the DSN's settings decide the rest
+// (SQLite's _txlock, say). Without a DB it returns driver.ErrNoPool.
+func (s Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
+	return s.run(ctx, readOnly, fn, func(tx *sql.Tx) error { return s.CommitErr(ctx, tx.Commit()) })
+}
+
+// run begins a transaction, runs fn in it and then end, rolling back when
+// fn fails or panics.
+func (s Store) run(ctx context.Context, readOnly bool, fn, end func(tx *sql.Tx) error) error {
+	if s.DB == nil {
 		return driver.ErrNoPool
 	}
 	var opts *sql.TxOptions
 	if readOnly {
 		opts = &sql.TxOptions{ReadOnly: true}
 	}
-	tx, err := db.BeginTx(ctx, opts)
+	tx, err := s.DB.BeginTx(ctx, opts)
 	if err != nil {
-		return begin(err)
+		return s.BeginErr(ctx, err)
 	}
 	done := false
 	defer func() {
@@ -50,45 +67,61 @@ func run(ctx context.Context, db *sql.DB, readOnly bool, begin func(error) error
 	return end(tx)
 }
 
-// TakeAll is a store's driver.Store.TakeAll.
-type TakeAll func(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error)
-
-// Commit is driver.Store.Commit on database/sql, whose drivers send one
-// statement at a time: takeAll in tx, then COMMIT when it granted and
-// ROLLBACK otherwise, each a round trip of its own (there is none to save
-// on SQLite, which has no server). commit turns the error of Commit into
-// the store's; known reports whether the transaction surely did not commit
-// when Commit failed with err (the database answered, or nothing was sent):
-// otherwise the error matches driver.ErrCommitUnknown.
-func Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams, takeAll TakeAll, commit func(error) error, known func(error) bool) (driver.TakeAllResult, error) {
+// Commit takes p in tx (TakeAllFn), then sends COMMIT when it granted and
+// ROLLBACK otherwise, each a round trip of its own: database/sql's drivers
+// send one statement at a time (and SQLite has no server).
+func (s Store) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	res := driver.TakeAllResult{OK: true}
 	var err error
 	if len(p.Takes) > 0 {
-		res, err = takeAll(ctx, tx, p)
+		res, err = s.TakeAllFn(ctx, tx, p)
 	}
 	if err != nil || !res.OK {
 		_ = tx.Rollback()
 		return res, err
 	}
 	if err := tx.Commit(); err != nil {
-		if known(err) {
-			return driver.TakeAllResult{}, commit(err)
+		if s.Refused(err) {
+			return driver.TakeAllResult{}, s.CommitErr(ctx, err)
 		}
-		return driver.TakeAllResult{}, fmt.Errorf("%w: %w", driver.ErrCommitUnknown, commit(err))
+		return driver.TakeAllResult{}, fmt.Errorf("%w: %w", driver.ErrCommitUnknown, s.CommitErr(ctx, err))
 	}
 	return res, nil
 }
 
-// InTxCommit is driver.Store.InTxCommit on database/sql: fn in a
-// transaction begun as InTx begins one that writes, ended by Commit.
-func InTxCommit(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error, p driver.TakeAllParams, takeAll TakeAll,
-	begin, commit func(error) error, known func(error) bool,
-) (res driver.TakeAllResult, err error) {
-	err = run(ctx, db, false, begin, fn, func(tx *sql.Tx) (err error) {
-		res, err = Commit(ctx, tx, p, takeAll, commit, known)
+// InTxCommit runs fn in a transaction begun as InTx begins one that writes,
+// ended by Commit.
+func (s Store) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (res driver.TakeAllResult, err error) {
+	err = s.run(ctx, false, fn, func(tx *sql.Tx) (err error) {
+		res, err = s.Commit(ctx, tx, p)
 		return err
 	})
 	return res, err
+}
+
+// TakeAll is a store's driver.Ops.TakeAll.
+type TakeAll func(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error)
+
+// InTx, Commit and InTxCommit are Store's for mysqlstore, until it embeds a
+// Store.
+func InTx(ctx context.Context, db *sql.DB, readOnly bool, fn func(tx *sql.Tx) error, begin, commit func(error) error) error {
+	return legacy(db, nil, begin, commit, nil).InTx(ctx, readOnly, fn)
+}
+
+func Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams, takeAll TakeAll, commit func(error) error, known func(error) bool) (driver.TakeAllResult, error) {
+	return legacy(nil, takeAll, nil, commit, known).Commit(ctx, tx, p)
+}
+
+func InTxCommit(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error, p driver.TakeAllParams, takeAll TakeAll,
+	begin, commit func(error) error, known func(error) bool,
+) (driver.TakeAllResult, error) {
+	return legacy(db, takeAll, begin, commit, known).InTxCommit(ctx, fn, p)
+}
+
+func legacy(db *sql.DB, takeAll TakeAll, begin, commit func(error) error, known func(error) bool) Store {
+	return Store{DB: db, TakeAllFn: takeAll, Refused: known,
+		BeginErr:  func(_ context.Context, err error) error { return begin(err) },
+		CommitErr: func(_ context.Context, err error) error { return commit(err) }}
 }
 
 // RunTx is the RunTx of a database/sql store (name says which, in errors):
@@ -118,4 +151,68 @@ func RunTx(ctx context.Context, name string, attempts int, db *sql.DB, opts *sql
 		}
 		return nil
 	})
+}
+
+// Querier is where a store's statement ran: a *sql.Tx or a *sql.DB.
+type Querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Database is a database a store on database/sql runs on.
+type Database int
+
+const (
+	PostgreSQL Database = iota
+	SQLite
+	MySQL
+)
+
+// databases are each Database's name, the statement that only it answers,
+// and the store to use on it.
+var databases = [...]struct{ name, probe, use string }{
+	PostgreSQL: {"PostgreSQL", "SELECT current_setting('server_version')", "pgsqlstore.New(db) for *sql.Tx, or pgstore.New(pool) for pgx"},
+	SQLite:     {"SQLite", "SELECT sqlite_version()", "sqlitestore.New(db)"},
+	MySQL:      {"MySQL or MariaDB", "SELECT @@version", "mysqlstore.New(db)"},
+}
+
+// WrongDatabase is the error of a store for want whose statement failed with
+// cause on q, when q is another database: wrong, the store's
+// ErrWrongDatabase, naming the database and the store to use. It asks q
+// which database it is, want's question first, unless cause says it already
+// (PostgreSQL's errors carry a SQLSTATE, and its transaction is then
+// aborted). It returns nil when q is want or cannot tell: q nil, a lost
+// connection, a cancelled context.
+func WrongDatabase(ctx context.Context, q Querier, cause, wrong error, want Database) error {
+	found, version := Database(-1), ""
+	var pgErr interface{ SQLState() string }
+	switch {
+	case errors.As(cause, &pgErr):
+		found, version = PostgreSQL, "(it answered with SQLSTATE "+pgErr.SQLState()+")"
+	case q == nil || errors.Is(cause, context.Canceled) || errors.Is(cause, context.DeadlineExceeded) ||
+		errors.Is(cause, sql.ErrTxDone) || errors.Is(cause, sql.ErrConnDone) || BrokenConn(cause):
+		return nil
+	default:
+		for i, db := range []Database{want, PostgreSQL, SQLite, MySQL} {
+			if (i == 0 || db != want) && q.QueryRowContext(ctx, databases[db].probe).Scan(&version) == nil {
+				found = db
+				break
+			}
+		}
+	}
+	if found < 0 || found == want {
+		return nil
+	}
+	d := databases[found]
+	return fmt.Errorf("%w: it is %s %s; use %s (the store's statement failed: %w)", wrong, d.name, version, d.use, cause)
+}
+
+// BrokenConn reports whether err says that the connection broke: the server
+// or the network went away, or the driver gave the connection up.
+func BrokenConn(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, sqldriver.ErrBadConn) ||
+		// go-sql-driver/mysql's ErrInvalidConn, when the server closed the
+		// connection under a statement.
+		strings.Contains(err.Error(), "invalid connection")
 }

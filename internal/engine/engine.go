@@ -1,0 +1,534 @@
+// Package engine is the take flow of txlimit's stores, written once over the
+// row operations each database supplies (a Dialect): the one-statement take
+// of an unsharded limit, a sharded limit's fast path (one shard no other
+// transaction holds), the locked path (every row of the key locked, decided
+// by package driver, written), TakeAll in the canonical order, Credit, and
+// a batch of Prune.
+//
+// A Dialect says where its database differs by the interfaces it adds:
+//
+//   - SkipLocker: row locks, and SKIP LOCKED (PostgreSQL, InnoDB). A
+//     sharded limit is then served from one free shard that has the tokens,
+//     and a denial the committed rows decide is answered before any wait.
+//     Without it (SQLite, whose writer holds the whole database) every call
+//     takes the locked path.
+//   - Releaser: a SkipLocker that can let go of a shard that falls short
+//     (PostgreSQL locks it in a savepoint, whose rollback releases it); the
+//     call then locks every shard.
+//   - FreeLocker: a SkipLocker that cannot (InnoDB keeps a row lock until
+//     the transaction ends, savepoint or not). Holding a shard, the call must
+//     not wait for another, since a call locking every shard in order may
+//     hold that one and wait for this. So the committed rows are read first,
+//     only a shard they give twice the count is tried, and one that still
+//     falls short is decided with the other free shards (takeFromFree).
+//
+// An operation is one round trip where the driver pipelines (pgx batches its
+// statements), and the engine sends nothing between them. The SQL is the
+// dialect's, with RETURNING or a read after the write, the rows its database
+// must create before locking them (InnoDB's gap locks: Locked.Created), and
+// its errors.
+package engine
+
+import (
+	"cmp"
+	"context"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/txlimit/txlimit/algo"
+	"github.com/txlimit/txlimit/internal/driver"
+)
+
+// Dialect is the row operations of one database in a transaction of type
+// TTx (or the adapter the store runs its statements on).
+type Dialect[TTx any] interface {
+	// TakeRow takes p from the one row of an unsharded limit in one
+	// statement that refills, decides and writes (driver.InSQL(p) holds).
+	// ok is false when it granted nothing: the row may then be locked, and
+	// the locked path decides. A grant is Granted(p, ...).
+	TakeRow(ctx context.Context, tx TTx, p driver.TakeParams) (res driver.TakeResult, ok bool, err error)
+
+	// Read is driver.Ops.Read: the rows of (Name, Key) as tx sees them,
+	// locking nothing, and the clock.
+	Read(ctx context.Context, tx TTx, p driver.ReadParams) (driver.ReadResult, error)
+
+	// LockKey locks every row of l's key in shard order, waiting for other
+	// transactions, and reads them with the clock (or *now). A key with no
+	// row gets rows 0..Shards-1, created full, when create is set, and
+	// otherwise Locked.None, where the database locks only rows that exist.
+	// A database that must create rows to lock them without locking a gap
+	// creates them whatever create says and reports them in Created; one
+	// whose lock covers every row (SQLite) creates none.
+	LockKey(ctx context.Context, tx TTx, l driver.Limit, now *time.Time, create bool) (Locked, error)
+
+	// LockKeys locks every row of each limit of ls, which are in the
+	// canonical order (driver.CanonicalOrder), in that order and then in
+	// shard order, creating the missing rows 0..Shards-1 of each first
+	// (reported in Created) where the database locks only rows that exist.
+	// The Locked are in the order of ls; at is the clock.
+	LockKeys(ctx context.Context, tx TTx, ls []driver.Limit, now *time.Time) (keys []Locked, at time.Time, err error)
+
+	// Write stores each KeyWrite's states in rows 0..len(States)-1 of its
+	// key, creating those its Locked does not hold, and deletes the rows of
+	// deletes: all rows tx holds. deleted is the number of rows deleted.
+	Write(ctx context.Context, tx TTx, writes []KeyWrite, deletes []RowRef) (deleted int64, err error)
+
+	// ScanKeys returns up to max keys after the cursor, in the dialect's key
+	// order, locking nothing.
+	ScanKeys(ctx context.Context, tx TTx, after driver.KeyRef, max int) ([]Key, error)
+
+	// LockIdle locks the rows of keys, without waiting for rows other
+	// transactions hold where the database can pass over them, and returns
+	// the rows it holds per key, in the order of keys, with the clock.
+	LockIdle(ctx context.Context, tx TTx, keys []Key, now *time.Time) (held []Held, at time.Time, err error)
+}
+
+// SkipLocker is a Dialect whose database locks rows and can lock one
+// without waiting for those other transactions hold.
+type SkipLocker[TTx any] interface {
+	// TryShard locks the first shard of order, of p's key, that no other
+	// transaction holds, without waiting. order is every shard from a random
+	// one round, or, without a Releaser, those of them the committed rows
+	// give twice the count. A Releaser may wait for order[0] when the key's
+	// every row is held, since it holds nothing of the key while it waits.
+	TryShard(ctx context.Context, tx TTx, p driver.TakeParams, order []int32) (Tried, error)
+
+	// KeepShards writes the states of rows, shards that TryShard or
+	// TryShards locked, and keeps their locks (a Releaser ends the
+	// savepoint TryShard opened).
+	KeepShards(ctx context.Context, tx TTx, l driver.Limit, rows []driver.Row) error
+}
+
+// Releaser is a SkipLocker that can let go of the shard TryShard locked.
+type Releaser[TTx any] interface {
+	// LetGo releases what TryShard locked (or tried to), taking nothing.
+	LetGo(ctx context.Context, tx TTx) error
+}
+
+// FreeLocker is a SkipLocker that holds the shard TryShard locked until the
+// transaction ends.
+type FreeLocker[TTx any] interface {
+	// TryShards locks the rows of shards of p's key that no other
+	// transaction holds, without waiting, and reads them.
+	TryShards(ctx context.Context, tx TTx, p driver.TakeParams, shards []int32) ([]driver.Row, error)
+}
+
+// Locked is every row of one key that the transaction holds.
+type Locked struct {
+	// Had are the key's rows as they were before the call.
+	Had []driver.Row
+	// Created are the shards of the full rows the call created to lock
+	// them: deleted again when it writes none (forget), so that a call that
+	// writes nothing leaves no row behind.
+	Created []int32
+	At      time.Time
+	// None reports a key without rows where none was created: nothing is
+	// held, and At is not read.
+	None bool
+}
+
+// Holds reports whether the transaction holds row shard of the key.
+func (k Locked) Holds(shard int32) bool {
+	return slices.Contains(k.Created, shard) || slices.ContainsFunc(k.Had, func(r driver.Row) bool { return r.Shard == shard })
+}
+
+// KeyWrite is the new state of rows 0..len(States)-1 of a key.
+type KeyWrite struct {
+	driver.Limit
+	States []algo.State
+	Locked Locked
+}
+
+// RowRef names one row.
+type RowRef struct {
+	driver.KeyRef
+	Shard int32
+}
+
+// Tried is what TryShard locked.
+type Tried struct {
+	Row    driver.Row
+	Locked bool
+	// Top is the highest shard the key has: a key whose rows another Shards
+	// wrote is resharded on the locked path. All are every row of the key,
+	// as the statement read them, where the dialect reads them with
+	// p.ReadAll.
+	Top int32
+	All []driver.Row
+	Now time.Time
+}
+
+// Key is a key ScanKeys found, with its number of rows and highest shard
+// where the scan reads them (for a LockIdle that locks rows by primary key).
+type Key struct {
+	driver.KeyRef
+	Rows int64
+	Top  int32
+}
+
+// Held is what LockIdle holds of a key: Whole when that is every row.
+type Held struct {
+	driver.KeyRef
+	Rows  []driver.Row
+	Whole bool
+}
+
+// Granted is the result of TakeRow's grant, next being the row's new state
+// at at.
+func Granted(p driver.TakeParams, next algo.State, at time.Time) driver.TakeResult {
+	return driver.TakeResult{Decision: driver.Granted(p.Config, next, at.UnixMicro()), At: at,
+		States: []algo.State{next}, Taken: p.Count}
+}
+
+// Take is driver.Ops.Take on d.
+func Take[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakeParams) (driver.TakeResult, error) {
+	lt := LockTimer{On: p.TimeLocks}
+	res, err := take(ctx, d, tx, p, &lt)
+	res.LockWait = lt.Total
+	return res, err
+}
+
+func take[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakeParams, lt *LockTimer) (driver.TakeResult, error) {
+	if p.Shards == 1 && driver.InSQL(p) {
+		start := lt.Start()
+		res, ok, err := d.TakeRow(ctx, tx, p)
+		lt.Stop(start)
+		if err != nil || ok {
+			return res, err
+		}
+	}
+	if sl, ok := d.(SkipLocker[TTx]); ok && p.Shards > 1 {
+		res, done, err := takeSharded(ctx, d, sl, tx, p, lt)
+		if err != nil || done {
+			return res, err
+		}
+	}
+	start := lt.Start()
+	k, err := d.LockKey(ctx, tx, p.Limit, p.Now, driver.GrantsWhenFull(p))
+	lt.Stop(start)
+	switch {
+	case err != nil:
+		return driver.TakeResult{}, err
+	case k.None:
+		// A missing key is full, the most a key can hold: when even that
+		// does not grant (a reservation beyond its cap, or one no wait could
+		// repay), nothing is created, and the committed state decides.
+		read, err := d.Read(ctx, tx, driver.ReadParams{Name: p.Name, Key: p.Key, Now: p.Now})
+		if err != nil {
+			return driver.TakeResult{}, err
+		}
+		return driver.Check(p, read), nil
+	}
+	res, write := driver.Decide(p, k.Had, k.At)
+	if write {
+		err = store(ctx, d, tx, p.Limit, k, res.States)
+	} else {
+		err = forget(ctx, d, tx, p.Limit, k)
+	}
+	if err != nil {
+		return driver.TakeResult{}, err
+	}
+	return res, nil
+}
+
+// takeSharded is what a sharded limit tries before it locks every shard:
+// one shard no other transaction holds, and a denial on the committed rows,
+// which concurrent transactions can only lower further (a concurrent Credit
+// or Reset is ordered after this call), so that such a denial is right
+// without a lock. done is false when the locked path decides.
+func takeSharded[TTx any](ctx context.Context, d Dialect[TTx], sl SkipLocker[TTx], tx TTx, p driver.TakeParams, lt *LockTimer) (driver.TakeResult, bool, error) {
+	rel, releases := d.(Releaser[TTx])
+	fl, _ := d.(FreeLocker[TTx])
+	committed := func() (driver.TakeResult, driver.ReadResult, error) {
+		read, err := d.Read(ctx, tx, driver.ReadParams{Name: p.Name, Key: p.Key, Now: p.Now})
+		if err != nil {
+			return driver.TakeResult{}, read, err
+		}
+		return driver.Check(p, read), read, nil
+	}
+	// Without a Releaser the committed rows come first, where every shard
+	// has its row: they choose the shard to lock (snapshot), since a lock
+	// taken stays.
+	var snapshot []algo.State
+	var read driver.ReadResult
+	if !releases && !p.Reserve && driver.FitsOneShard(p) {
+		res, r, err := committed()
+		if err != nil {
+			return res, false, err
+		}
+		if _, resharded := p.States(r.Rows, r.At.UnixMicro()); !resharded && len(r.Rows) == p.Shards {
+			if !res.Decision.OK {
+				return res, true, nil
+			}
+			snapshot, read = res.States, r
+		}
+	}
+	if driver.FitsOneShard(p) && (releases || fl != nil && snapshot != nil) {
+		order := make([]int32, 0, p.Shards)
+		start := rand.IntN(p.Shards)
+		for i := range p.Shards {
+			sh := (start + i) % p.Shards
+			if snapshot == nil || algo.Pooled(p.Shard(p.Shards), snapshot[sh:sh+1], read.At.UnixMicro()) >= 2*p.Count {
+				order = append(order, int32(sh))
+			}
+		}
+		res, done, err := takeOneShard(ctx, sl, rel, fl, tx, p, order, snapshot, lt)
+		if err != nil || done {
+			return res, done, err
+		}
+	}
+	if releases && !p.Reserve {
+		res, _, err := committed()
+		return res, err != nil || !res.Decision.OK, err
+	}
+	return driver.TakeResult{}, false, nil
+}
+
+// takeOneShard locks the first free shard of order and takes from it alone
+// when it has the tokens (driver.DecideOne). Otherwise a Releaser lets it go
+// and the caller goes on, and a FreeLocker decides on the free shards.
+func takeOneShard[TTx any](ctx context.Context, sl SkipLocker[TTx], rel Releaser[TTx], fl FreeLocker[TTx], tx TTx,
+	p driver.TakeParams, order []int32, snapshot []algo.State, lt *LockTimer,
+) (driver.TakeResult, bool, error) {
+	if len(order) == 0 {
+		return driver.TakeResult{}, false, nil
+	}
+	start := lt.Start()
+	t, err := sl.TryShard(ctx, tx, p, order)
+	lt.Stop(start)
+	if err != nil {
+		// A savepoint may be open: the transaction has failed anyway.
+		return driver.TakeResult{}, false, err
+	}
+	if t.Locked && t.Top == int32(p.Shards-1) {
+		next, d := driver.DecideOne(p, t.Row, t.Now)
+		if d.OK {
+			if err := sl.KeepShards(ctx, tx, p.Limit, []driver.Row{row(t.Row.Shard, next)}); err != nil {
+				return driver.TakeResult{}, false, err
+			}
+			res := driver.TakeResult{Decision: d, At: t.Now, Partial: true, Taken: p.Count}
+			if p.ReadAll {
+				states := slices.Clone(snapshot)
+				if states == nil {
+					states, _ = p.States(t.All, t.Now.UnixMicro())
+				}
+				states[t.Row.Shard] = next
+				res.States, res.Partial = states, false
+			}
+			return res, true, nil
+		}
+		if rel == nil {
+			return takeFromFree(ctx, sl, fl, tx, p, t.Row, snapshot, t.Now)
+		}
+	}
+	// The shard falls short, every row is missing or held, or the key has
+	// rows of another Shards (Top).
+	if rel == nil {
+		return driver.TakeResult{}, false, nil
+	}
+	return driver.TakeResult{}, false, rel.LetGo(ctx, tx)
+}
+
+// takeFromFree decides a call whose one shard, held, falls short, without
+// waiting for another (FreeLocker): it locks every other shard no
+// transaction holds and decides on all it holds as on one limit of that
+// many shards (algo.TakeShards), which never admits more than the whole
+// limit could. When it holds every shard that is the locked path's
+// decision; when those it holds fall short, the call is denied with the
+// wait until they would have the tokens: more than the whole limit's, never
+// less. snapshot is every shard as committed.
+func takeFromFree[TTx any](ctx context.Context, sl SkipLocker[TTx], fl FreeLocker[TTx], tx TTx, p driver.TakeParams,
+	held driver.Row, snapshot []algo.State, now time.Time,
+) (driver.TakeResult, bool, error) {
+	others := make([]int32, 0, p.Shards-1)
+	for sh := range int32(p.Shards) {
+		if sh != held.Shard {
+			others = append(others, sh)
+		}
+	}
+	free, err := fl.TryShards(ctx, tx, p, others)
+	if err != nil {
+		return driver.TakeResult{}, false, err
+	}
+	rows := append([]driver.Row{held}, free...)
+	slices.SortFunc(rows, func(a, b driver.Row) int { return cmp.Compare(a.Shard, b.Shard) })
+	states := make([]algo.State, len(rows))
+	for i, r := range rows {
+		states[i] = r.State()
+	}
+	next, d := algo.TakeShards(p.Shard(p.Shards), states, now.UnixMicro(), p.Count, false)
+	if !d.OK {
+		next = states
+	}
+	res := driver.TakeResult{Decision: d, At: now}
+	switch {
+	case len(rows) == p.Shards:
+		res.States = next
+	case p.ReadAll || !d.OK:
+		res.States = slices.Clone(snapshot)
+		for i, r := range rows {
+			res.States[r.Shard] = next[i]
+		}
+	}
+	res.Partial = res.States == nil
+	if !d.OK {
+		return res, true, nil
+	}
+	res.Taken = p.Count
+	for i, r := range rows {
+		rows[i] = row(r.Shard, next[i])
+	}
+	if err := sl.KeepShards(ctx, tx, p.Limit, rows); err != nil {
+		return driver.TakeResult{}, false, err
+	}
+	return res, true, nil
+}
+
+// TakeAll is driver.Ops.TakeAll on d: every row of every limit locked in
+// the canonical order, whatever the order of p.Takes, so that two callers
+// never deadlock on them; decided (driver.DecideAll) and written, or, for a
+// limit that keeps its rows, the rows the call created deleted again.
+func TakeAll[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	order := driver.CanonicalOrder(p.Takes)
+	limits := make([]driver.Limit, len(order))
+	for i, j := range order {
+		limits[i] = p.Takes[j].Limit
+	}
+	lt := LockTimer{On: p.TimeLocks}
+	start := lt.Start()
+	locked, at, err := d.LockKeys(ctx, tx, limits, p.Now)
+	lt.Stop(start)
+	if err != nil {
+		return driver.TakeAllResult{}, err
+	}
+	keys := make([]Locked, len(order))
+	had := make([][]driver.Row, len(order))
+	for i, j := range order {
+		keys[j], had[j] = locked[i], locked[i].Had
+	}
+	out, writes := driver.DecideAll(p, had, at)
+	out.LockWait = lt.Total
+	var kw []KeyWrite
+	var deletes []RowRef
+	for i, t := range p.Takes {
+		if writes[i] == nil {
+			deletes = append(deletes, refs(t.Limit, keys[i].Created)...)
+			continue
+		}
+		kw = append(kw, KeyWrite{Limit: t.Limit, States: out.Results[i].States, Locked: keys[i]})
+		deletes = append(deletes, refs(t.Limit, driver.Extra(keys[i].Had, t.Shards))...)
+	}
+	if len(kw) > 0 || len(deletes) > 0 {
+		if _, err := d.Write(ctx, tx, kw, deletes); err != nil {
+			return driver.TakeAllResult{}, err
+		}
+	}
+	return out, nil
+}
+
+// Credit is driver.Ops.Credit on d. A key with no row is full: there is
+// nothing to give back to it.
+func Credit[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.CreditParams) error {
+	k, err := d.LockKey(ctx, tx, p.Limit, p.Now, false)
+	switch {
+	case err != nil || k.None:
+		return err
+	case len(k.Had) == 0:
+		return forget(ctx, d, tx, p.Limit, k)
+	}
+	return store(ctx, d, tx, p.Limit, k, driver.CreditStates(p, k.Had, k.At))
+}
+
+// Prune is one batch of driver.Ops.Prune on d, in tx: the rows of every
+// key it holds whole and finds full are deleted. A key with a row held
+// elsewhere is in use, and is left for a later run.
+func Prune[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.PruneParams) (driver.PruneResult, error) {
+	keys, err := d.ScanKeys(ctx, tx, p.After, p.Max)
+	if err != nil || len(keys) == 0 {
+		return driver.PruneResult{}, err
+	}
+	out := driver.PruneResult{Keys: len(keys), Last: keys[len(keys)-1].KeyRef}
+	var known []Key
+	for _, k := range keys {
+		if p.Known(k.Name) {
+			known = append(known, k)
+		} else {
+			out.Unknown++
+		}
+	}
+	if len(known) == 0 {
+		return out, nil
+	}
+	held, at, err := d.LockIdle(ctx, tx, known, p.Now)
+	if err != nil {
+		return driver.PruneResult{}, err
+	}
+	var deletes []RowRef
+	for _, h := range held {
+		if h.Whole && p.Full(h.Name, h.Key, h.Rows, at) {
+			for _, r := range h.Rows {
+				deletes = append(deletes, RowRef{h.KeyRef, r.Shard})
+			}
+		}
+	}
+	if len(deletes) > 0 {
+		n, err := d.Write(ctx, tx, nil, deletes)
+		if err != nil {
+			return driver.PruneResult{}, err
+		}
+		out.Deleted = int(n)
+	}
+	return out, nil
+}
+
+// store writes states to rows 0..Shards-1 of l's key, of which the
+// transaction holds k, and deletes the rows beyond them (a limit redeployed
+// with fewer shards).
+func store[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, l driver.Limit, k Locked, states []algo.State) error {
+	_, err := d.Write(ctx, tx, []KeyWrite{{Limit: l, States: states, Locked: k}}, refs(l, driver.Extra(k.Had, l.Shards)))
+	return err
+}
+
+// forget deletes the rows the call created when it writes none.
+func forget[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, l driver.Limit, k Locked) error {
+	if len(k.Created) == 0 {
+		return nil
+	}
+	_, err := d.Write(ctx, tx, nil, refs(l, k.Created))
+	return err
+}
+
+func refs(l driver.Limit, shards []int32) []RowRef {
+	out := make([]RowRef, len(shards))
+	for i, sh := range shards {
+		out[i] = RowRef{driver.KeyRef{Name: l.Name, Key: l.Key}, sh}
+	}
+	return out
+}
+
+func row(shard int32, s algo.State) driver.Row {
+	return driver.Row{Shard: shard, Value: s.Value, Prev: s.Prev, TS: time.UnixMicro(s.TS)}
+}
+
+// LockTimer adds up the time spent in the operations that take row locks,
+// when On (driver.TakeParams.TimeLocks).
+type LockTimer struct {
+	On    bool
+	Total time.Duration
+}
+
+// Start returns the instant a locking operation starts.
+func (t *LockTimer) Start() time.Time {
+	if !t.On {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// Stop adds the time since start.
+func (t *LockTimer) Stop(start time.Time) {
+	if t.On {
+		t.Total += time.Since(start)
+	}
+}
