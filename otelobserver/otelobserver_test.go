@@ -37,14 +37,14 @@ func newObserver(t *testing.T, opts ...otelobserver.Option) (*otelobserver.Obser
 func TestMetricsSQLite(t *testing.T) {
 	t.Parallel()
 	obs, reader := newObserver(t)
-	observertest.RunScenario(t, sqlitestore.New(observertest.SQLite(t, true)), sqlitestore.New(observertest.SQLite(t, false)), sqlitestore.New(observertest.ClosedSQLite(t)), obs.Observe)
+	observertest.RunScenario(t, sqlitestore.New(observertest.SQLite(t, true)), sqlitestore.New(observertest.SQLite(t, false)), sqlitestore.New(observertest.ClosedSQLite(t)), obs)
 	checkMetrics(t, reader)
 }
 
 func TestMetricsPostgres(t *testing.T) {
 	t.Parallel()
 	obs, reader := newObserver(t)
-	observertest.RunScenario(t, pgstore.New(observertest.Postgres(t, true)), pgstore.New(observertest.Postgres(t, false)), pgstore.New(observertest.ClosedPostgres(t)), obs.Observe)
+	observertest.RunScenario(t, pgstore.New(observertest.Postgres(t, true)), pgstore.New(observertest.Postgres(t, false)), pgstore.New(observertest.ClosedPostgres(t)), obs)
 	checkMetrics(t, reader)
 }
 

@@ -25,7 +25,7 @@ func TestMetricsSQLite(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	obs, err := promobserver.New(reg, nil)
 	require.NoError(t, err)
-	observertest.RunScenario(t, sqlitestore.New(observertest.SQLite(t, true)), sqlitestore.New(observertest.SQLite(t, false)), sqlitestore.New(observertest.ClosedSQLite(t)), obs.Observe)
+	observertest.RunScenario(t, sqlitestore.New(observertest.SQLite(t, true)), sqlitestore.New(observertest.SQLite(t, false)), sqlitestore.New(observertest.ClosedSQLite(t)), obs)
 	checkMetrics(t, reg, "txlimit")
 }
 
@@ -34,7 +34,7 @@ func TestMetricsPostgres(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	obs, err := promobserver.New(reg, &promobserver.Options{Namespace: "app_ratelimit"})
 	require.NoError(t, err)
-	observertest.RunScenario(t, pgstore.New(observertest.Postgres(t, true)), pgstore.New(observertest.Postgres(t, false)), pgstore.New(observertest.ClosedPostgres(t)), obs.Observe)
+	observertest.RunScenario(t, pgstore.New(observertest.Postgres(t, true)), pgstore.New(observertest.Postgres(t, false)), pgstore.New(observertest.ClosedPostgres(t)), obs)
 	checkMetrics(t, reg, "app_ratelimit")
 }
 
