@@ -325,14 +325,6 @@ func (r *Report) csv(w io.Writer) error {
 	return cw.Error()
 }
 
-// count is n in a CSV cell, "" for 0.
-func count(n int64) string {
-	if n == 0 {
-		return ""
-	}
-	return strconv.FormatInt(n, 10)
-}
-
 // The chart: one panel per database, a group of bars per scenario and
 // implementation, one bar per client count.
 const (
