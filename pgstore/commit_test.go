@@ -43,6 +43,12 @@ type commitEnv struct {
 
 func newCommitEnv(t *testing.T, maxConns int32, wrap func(net.Conn) net.Conn, limits map[string]txlimit.Config) *commitEnv {
 	t.Helper()
+	return newCommitEnvMode(t, maxConns, wrap, limits, pgx.QueryExecModeCacheStatement)
+}
+
+// newCommitEnvMode is newCommitEnv with pool in exec mode mode.
+func newCommitEnvMode(t *testing.T, maxConns int32, wrap func(net.Conn) net.Conn, limits map[string]txlimit.Config, mode pgx.QueryExecMode) *commitEnv {
+	t.Helper()
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	admin := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
@@ -55,7 +61,7 @@ func newCommitEnv(t *testing.T, maxConns int32, wrap func(net.Conn) net.Conn, li
 	cc := cfg.ConnConfig
 	cc.RuntimeParams["search_path"] = schema
 	cc.RuntimeParams["application_name"] = app
-	cc.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
+	cc.DefaultQueryExecMode = mode
 	if wrap != nil {
 		// The wrappers parse the protocol's messages: no TLS.
 		cc.TLSConfig = nil
@@ -226,6 +232,52 @@ func TestCommitRoundTrips(t *testing.T) {
 	require.Equal(t, 1e6-4, e.value(t, a, "k2"))
 	require.Equal(t, 1e6-4, e.value(t, a, "k3"))
 	require.InDelta(t, 1e6-4, e.value(t, b, "k"), 1, "a bucket refills a little")
+}
+
+// TestCommitDeniedRoundTrips pins the wire cost of a denial at commit and in
+// the caller's batch, which reads the limits for the RetryAfter in a
+// transaction of their own after the ROLLBACK (so that a transaction-mode
+// pooler keeps them on one server connection): "ROLLBACK; BEGIN" is one
+// simple query, and the reads carry the ROLLBACK that ends them. In
+// QueryExecModeExec, BeginFunc costs BEGIN, the work, the pipeline, the
+// ROLLBACK, the reads (5); SendBatch one more, pgx's ROLLBACK. In
+// QueryExecModeDescribeExec, the work, the pipeline and the reads cost two
+// round trips each (pgx describes, then executes).
+func TestCommitDeniedRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		mode                 pgx.QueryExecMode
+		beginFunc, sendBatch int
+	}{
+		{pgx.QueryExecModeExec, 5, 6},
+		{pgx.QueryExecModeDescribeExec, 8, 9},
+	} {
+		counter := &testdb.ReadyCounter{}
+		a, b := storetest.UniqueName(t, "a"), storetest.UniqueName(t, "b")
+		e := newCommitEnvMode(t, 1, counter.Conn, map[string]txlimit.Config{a: window(1), b: window(1)}, tc.mode)
+		var id int64
+		for _, reqs := range [][]txlimit.Request{{commitReq(a, "k")}, {commitReq(a, "k2"), commitReq(b, "k")}} {
+			_, err := e.l.BeginFunc(ctx, e.order(&id), reqs...)
+			require.NoError(t, err)
+			for range 2 {
+				counter.Take()
+				_, err := e.l.BeginFunc(ctx, e.order(&id), reqs...)
+				require.ErrorIs(t, err, txlimit.ErrRateLimited)
+				require.Equal(t, tc.beginFunc, counter.Take(), "%v, %d limits: BeginFunc", tc.mode, len(reqs))
+
+				tx, err := e.pool.Begin(ctx)
+				require.NoError(t, err)
+				require.NoError(t, e.order(&id)(tx))
+				_, err = txlimit.SendBatch(ctx, e.l, tx, &pgx.Batch{}, reqs...)
+				require.ErrorIs(t, err, txlimit.ErrRateLimited)
+				require.ErrorIs(t, tx.Rollback(ctx), pgx.ErrTxClosed)
+				require.Equal(t, tc.sendBatch, counter.Take(), "%v, %d limits: SendBatch", tc.mode, len(reqs))
+			}
+		}
+		require.Equal(t, 2, e.orders(t), "the two grants' orders alone")
+		e.settled(t)
+	}
 }
 
 // TestCommitDeniedInBeginFunc: a denial leaves nothing of the transaction,

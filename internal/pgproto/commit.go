@@ -187,23 +187,40 @@ func isDenied(err error) bool {
 
 // deniedAtCommit ends the transaction a denied TakeCommit or TakeBatch left
 // aborted and decides each limit of p as Check would, on the committed
-// rows.
+// rows, read in a transaction of their own that it ends too.
+//
+// The reads must not run outside a transaction. pgx sends a statement that
+// is not in a batch, in QueryExecModeDescribeExec, in two round trips: it
+// prepares the unnamed statement, and then binds and executes it. Behind a
+// pooler in transaction mode (PgBouncer), a connection outside a
+// transaction goes back to the pooler's pool after each round trip, and the
+// second one may run on another server connection, which has no unnamed
+// statement (SQLSTATE 26000) or another client's (08P01 when its parameters
+// differ; run in place of the read when they fit). In a transaction the
+// pooler keeps the server connection, in every exec mode.
 func (pr Protocol) deniedAtCommit(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	// The ROLLBACK goes alone: the server would not prepare the reads in the
-	// aborted transaction, as pgx does first for statements it has not yet
-	// cached.
-	if _, err := db.Exec(ctx, "ROLLBACK"); err != nil {
+	// The ROLLBACK goes without the reads, since the server would not
+	// prepare them in the aborted transaction, as pgx does first for
+	// statements it has not yet cached; and with the BEGIN of theirs, in one
+	// simple query (pgx sends a statement without arguments so), which
+	// costs no round trip of its own.
+	if _, err := db.Exec(ctx, "ROLLBACK; BEGIN"); err != nil {
 		return driver.TakeAllResult{}, err
 	}
 	reads := make([]driver.ReadResult, len(p.Takes))
-	var calls []Call
+	calls := make([]Call, 0, len(p.Takes)+1)
 	for i, t := range p.Takes {
 		calls = append(calls, func(q pgdb.DBTX) (err error) {
 			reads[i], err = pr.Read(ctx, q, driver.ReadParams{Name: t.Name, Key: t.Key, Now: p.Now})
 			return err
 		})
 	}
+	// They only read: the ROLLBACK that ends their transaction rides with
+	// them.
+	calls = append(calls, Exec(ctx, "ROLLBACK"))
 	if err := Send(ctx, db, calls...); err != nil {
+		// A read failed, and the server skipped the ROLLBACK after it.
+		_, _ = db.Exec(ctx, "ROLLBACK")
 		return driver.TakeAllResult{}, err
 	}
 	out := driver.TakeAllResult{Results: make([]driver.TakeResult, len(p.Takes))}

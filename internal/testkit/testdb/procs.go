@@ -196,7 +196,8 @@ const (
 // of the test server, in the given pool mode ("transaction", "session"),
 // with at most poolSize server connections, and returns the URL clients
 // connect to. It is stopped when tb ends. Clients through a transaction-mode
-// PgBouncer need pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol.
+// PgBouncer need an exec mode that prepares nothing named (docs/scale-out.md
+// gives each mode as measured): pgx.QueryExecModeExec, for one.
 func PgBouncer(tb testing.TB, db, mode string, poolSize int) string {
 	tb.Helper()
 	bin := NeedPgBouncer(tb)
