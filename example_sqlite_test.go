@@ -115,7 +115,8 @@ func ExampleLimiter_LimitTx() {
 		log.Fatal(err)
 	}
 
-	before, err := limiter.Value(ctx, "export", "acme")
+	// Check with Count(0) reads the limit: Remaining is what it holds.
+	before, err := limiter.Check(ctx, "export", "acme", txlimit.Count(0))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -127,7 +128,7 @@ func ExampleLimiter_LimitTx() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	inside, err := limiter.ValueTx(ctx, tx, "export", "acme")
+	inside, err := limiter.CheckTx(ctx, tx, "export", "acme", txlimit.Count(0))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -135,14 +136,14 @@ func ExampleLimiter_LimitTx() {
 	if err := tx.Rollback(); err != nil {
 		log.Fatal(err)
 	}
-	after, err := limiter.Value(ctx, "export", "acme")
+	after, err := limiter.Check(ctx, "export", "acme", txlimit.Count(0))
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("OK:", res.OK)
-	fmt.Println("before:", before.Value)
-	fmt.Println("inside the transaction:", inside.Value)
-	fmt.Println("after the rollback:", after.Value)
+	fmt.Println("before:", before.Remaining)
+	fmt.Println("inside the transaction:", inside.Remaining)
+	fmt.Println("after the rollback:", after.Remaining)
 	// Output:
 	// OK: true
 	// before: 5
@@ -186,7 +187,7 @@ func ExampleReserve() {
 			log.Fatal(err)
 		}
 		switch {
-		case res.Reserved():
+		case res.OK && res.RetryAfter > 0:
 			fmt.Printf("call %d: reserved, run at %s\n", i, res.At.Add(res.RetryAfter).Format(time.TimeOnly))
 		case res.OK:
 			fmt.Printf("call %d: run now\n", i)

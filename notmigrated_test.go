@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
@@ -69,6 +70,6 @@ func TestNotMigrated(t *testing.T) {
 	t.Run("no pool", func(t *testing.T) {
 		l, err := txlimit.New(pgstore.New(nil), limits, nil)
 		require.NoError(t, err)
-		require.ErrorIs(t, l.Ping(ctx), txlimit.ErrNoPool)
+		storetest.RequireNoPool(t, l.Ping(ctx))
 	})
 }

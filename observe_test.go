@@ -35,7 +35,7 @@ func TestObserverSeesEveryDecision(t *testing.T) {
 	name := storetest.UniqueName(t, "observed")
 	l, err := txlimit.New(sqlitestore.New(db), map[string]txlimit.Config{
 		name: {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Minute, MaxReserved: 1},
-	}, &txlimit.Options{Clock: clk.Now, Observer: rec})
+	}, &txlimit.Options{Clock: clk.Now, Observer: rec.Observe})
 	require.NoError(t, err)
 
 	_, err = l.Limit(ctx, name, "k")
@@ -52,7 +52,7 @@ func TestObserverSeesEveryDecision(t *testing.T) {
 	_, err = l.Check(ctx, name, "k")
 	require.NoError(t, err)
 	_, err = l.Limit(ctx, name, "k", txlimit.Count(-1))
-	require.ErrorIs(t, err, txlimit.ErrInvalid)
+	require.ErrorAs(t, err, new(*txlimit.InvalidError))
 	multi, err := l.LimitAll(ctx, txlimit.Request{Name: name, Key: "a"}, txlimit.Request{Name: name, Key: "k", Options: []txlimit.Option{txlimit.Count(2)}})
 	require.NoError(t, err)
 	require.False(t, multi.OK)
@@ -94,7 +94,7 @@ func TestFailOpen(t *testing.T) {
 	require.Error(t, err)
 
 	rec := &observertest.Recorder{}
-	open, err := txlimit.New(pgstore.New(closed), limits, &txlimit.Options{FailOpen: true, Observer: rec})
+	open, err := txlimit.New(pgstore.New(closed), limits, &txlimit.Options{FailOpen: true, Observer: rec.Observe})
 	require.NoError(t, err)
 	res, err := open.Limit(ctx, name, "k", txlimit.Count(0.5))
 	require.NoError(t, err)
@@ -119,15 +119,20 @@ func TestFailOpen(t *testing.T) {
 
 	// Bad input, a cancelled context and the Tx forms are never failed open.
 	_, err = open.Limit(ctx, name, "k", txlimit.Count(2))
-	require.ErrorIs(t, err, txlimit.ErrInvalid)
+	require.ErrorAs(t, err, new(*txlimit.InvalidError))
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	_, err = open.Limit(cctx, name, "k")
 	require.ErrorIs(t, err, context.Canceled)
-	noPool, err := txlimit.New(pgstore.New(nil), limits, &txlimit.Options{FailOpen: true})
+	noPool, err := txlimit.New(pgstore.New(nil), limits, &txlimit.Options{FailOpen: true, Observer: rec.Observe})
 	require.NoError(t, err)
+	rec.Take()
 	_, err = noPool.Limit(ctx, name, "k")
-	require.ErrorIs(t, err, txlimit.ErrNoPool)
+	storetest.RequireNoPool(t, err)
+	events = rec.Take()
+	require.Len(t, events, 1)
+	require.Equal(t, "error", events[0].Outcome)
+	require.Equal(t, "invalid", events[0].ErrorKind, "a store without a pool is bad input")
 
 	live := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
 	tx, err := live.Begin(ctx)
@@ -156,10 +161,10 @@ func BenchmarkObserver(b *testing.B) {
 	count := 0
 	for _, bc := range []struct {
 		name string
-		obs  txlimit.Observer
+		obs  func(context.Context, txlimit.Event)
 	}{
 		{"none", nil},
-		{"counting", storetest.ObserverFunc(func(context.Context, txlimit.Event) { count++ })},
+		{"counting", func(context.Context, txlimit.Event) { count++ }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			l, err := txlimit.New(sqlitestore.New(db), limits, &txlimit.Options{Observer: bc.obs})
@@ -197,11 +202,11 @@ func Example_observer() {
 
 	var mu sync.Mutex
 	counts := map[string]int{}
-	observer := storetest.ObserverFunc(func(_ context.Context, e txlimit.Event) {
+	observer := func(_ context.Context, e txlimit.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		counts[e.Name+" "+e.Outcome]++
-	})
+	}
 	clock := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	limiter, err := txlimit.New(sqlitestore.New(db), map[string]txlimit.Config{
 		"login": {Kind: txlimit.FixedWindow, Rate: 3, Period: time.Minute, Start: clock},
@@ -214,7 +219,7 @@ func Example_observer() {
 			log.Fatal(err)
 		}
 	}
-	if _, err := limiter.Limit(ctx, "login", "alice", txlimit.Count(-1)); !errors.Is(err, txlimit.ErrInvalid) {
+	if _, err := limiter.Limit(ctx, "login", "alice", txlimit.Count(-1)); !errors.As(err, new(*txlimit.InvalidError)) {
 		log.Fatal(err)
 	}
 	var lines []string
@@ -237,7 +242,7 @@ func TestEventErrorKind(t *testing.T) {
 	}{
 		{nil, ""},
 		{&txlimit.InvalidError{Field: "Count"}, "invalid"},
-		{fmt.Errorf("wrapped: %w", txlimit.ErrNoPool), "no_pool"},
+		{fmt.Errorf("wrapped: %w", &txlimit.InvalidError{Field: "store"}), "invalid"}, // a store without a pool
 		{fmt.Errorf("take: %w", txlimit.ErrNotMigrated), "not_migrated"},
 		{fmt.Errorf("begin: %w", context.Canceled), "canceled"},
 		{context.DeadlineExceeded, "deadline_exceeded"},

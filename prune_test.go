@@ -36,7 +36,7 @@ func pruneLimits(t *testing.T) map[string]txlimit.Config {
 // call.
 type pruneOp struct {
 	advance time.Duration
-	kind    string // "limit", "limitAll", "credit", "check", "value"
+	kind    string // "limit", "limitAll", "credit", "check", "value" (a Check of Count(0): the tokens held)
 	name    string
 	key     string
 	count   float64
@@ -142,9 +142,9 @@ func apply[TTx any](t *testing.T, h storetest.Harness[TTx], l *txlimit.Limiter[T
 	case "credit":
 		require.NoError(t, l.CreditTx(ctx, tx, op.name, op.key, op.count))
 	case "value":
-		snap, err := l.ValueTx(ctx, tx, op.name, op.key)
+		res, err := l.CheckTx(ctx, tx, op.name, op.key, txlimit.Count(0))
 		require.NoError(t, err)
-		out.Value, out.At = snap.Value, snap.At
+		out.Value, out.At = res.Remaining, res.At
 	}
 	require.NoError(t, h.Commit(tx))
 	return out

@@ -121,9 +121,9 @@ func singleKeyWorkload[TTx any](t *testing.T, store driver.Store[TTx]) {
 	res, err = l.LimitAll(ctx, txlimit.Request{Name: a, Key: "k3"}, txlimit.Request{Name: b, Key: "k3"}, txlimit.Request{Name: c, Key: "k2"})
 	require.NoError(t, err)
 	require.False(t, res.OK, "c/k2 is empty")
-	v, err := l.Value(ctx, a, "k3")
+	v, err := l.Check(ctx, a, "k3", txlimit.Count(0))
 	require.NoError(t, err)
-	require.Equal(t, 2.0, v.Value, "a/k3 took nothing")
+	require.Equal(t, 2.0, v.Remaining, "a/k3 took nothing")
 
 	clock.Advance(2 * time.Hour)
 	pruned, err := l.Prune(ctx, nil)

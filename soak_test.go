@@ -154,11 +154,11 @@ func runSoak[TTx any](t *testing.T, s soakStore[TTx], workers int) {
 		for {
 			tx, err := s.begin(ctx)
 			if err == nil {
-				var snap txlimit.Snapshot
-				snap, err = l.ValueTx(ctx, tx, sl.name, "")
+				var res txlimit.Result
+				res, err = l.CheckTx(ctx, tx, sl.name, "", txlimit.Count(0))
 				s.h.Rollback(tx)
 				if err == nil {
-					return snap.Value
+					return res.Remaining
 				}
 			}
 			require.True(t, s.retryable(err), "value: %v", err)

@@ -82,7 +82,7 @@ func TestWrongDatabaseIsNamed(t *testing.T) {
 
 		for _, call := range []func(tx *sql.Tx) error{
 			func(tx *sql.Tx) error { _, err := l.LimitTx(ctx, tx, "n", "k"); return err },
-			func(tx *sql.Tx) error { _, err := l.ValueTx(ctx, tx, "n", "k"); return err },
+			func(tx *sql.Tx) error { _, err := l.CheckTx(ctx, tx, "n", "k", txlimit.Count(0)); return err },
 		} {
 			tx, err := db.Begin()
 			require.NoError(t, err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/mysqlstore"
 )
 
@@ -57,7 +58,7 @@ func TestConcurrentCallsAdmitExactly32(t *testing.T) {
 		{txlimit.TokenBucket, 4, true}, {txlimit.FixedWindow, 8, true},
 		{txlimit.TokenBucket, 1, false}, {txlimit.TokenBucket, 4, false},
 	} {
-		t.Run(fmt.Sprintf("%v/shards=%d/frozen=%v", tc.kind, tc.shards, tc.frozen), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%v/shards=%d/frozen=%v", storetest.KindName(tc.kind), tc.shards, tc.frozen), func(t *testing.T) {
 			name := t.Name()
 			var opts *txlimit.Options
 			if tc.frozen {
@@ -112,9 +113,9 @@ func TestConcurrentCallsAdmitExactly32(t *testing.T) {
 			require.EqualValues(t, capacity, admitted.Load())
 			require.EqualValues(t, workers*callsEach-capacity, denied.Load())
 			require.Equal(t, capacity, countOrders(t, db, name))
-			snap, err := l.Value(ctx, name, "hot")
+			snap, err := l.Check(ctx, name, "hot", txlimit.Count(0))
 			require.NoError(t, err)
-			require.InDelta(t, 0, snap.Value, 0.05)
+			require.InDelta(t, 0, snap.Remaining, 0.05)
 		})
 	}
 }

@@ -192,9 +192,9 @@ func TestGalera(t *testing.T) {
 				require.NoError(t, waitSynced(ctx, db))
 				require.Equal(t, want, countOrders(t, db, name), "orders on node %d", n+1)
 				for k := range keys {
-					snap, err := limiters[n].Value(ctx, name, k)
+					snap, err := limiters[n].Check(ctx, name, k, txlimit.Count(0))
 					require.NoError(t, err)
-					require.InDelta(t, 0, snap.Value, 1e-9, "node %d, key %s: every token spent", n+1, k)
+					require.InDelta(t, 0, snap.Remaining, 1e-9, "node %d, key %s: every token spent", n+1, k)
 				}
 			}
 			var rates []string

@@ -10,6 +10,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/mysqlstore"
 )
@@ -90,7 +91,7 @@ func TestMySQLHostileInput(t *testing.T) {
 			// and name fit the primary key; one byte more is bad input,
 			// refused before anything is written, never truncated into
 			// another key.
-			longest := strings.Repeat("🙂", txlimit.MaxKeyLen/4)
+			longest := strings.Repeat("🙂", storetest.MaxKeyLen/4)
 			require.True(t, limit(longest).OK)
 			require.True(t, limit(longest).OK)
 			require.False(t, limit(longest).OK)

@@ -83,9 +83,9 @@ func TestLedgerWithRollbacksAndKills(t *testing.T) {
 			for err := range errs {
 				require.NoError(t, err)
 			}
-			snap, err := l.Value(ctx, name, "hot")
+			snap, err := l.Check(ctx, name, "hot", txlimit.Count(0))
 			require.NoError(t, err)
-			spent := capacity - snap.Value
+			spent := capacity - snap.Remaining
 			orders := countOrders(t, db, name)
 			t.Logf("%d committed, %d rolled back, %d killed, %d rolled back by the server (1213); %d orders, %v tokens spent",
 				committed.Load(), rolledBack.Load(), killed.Load(), deadlocked.Load(), orders, spent)

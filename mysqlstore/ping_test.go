@@ -13,6 +13,7 @@ import (
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/mysqlstore"
@@ -96,7 +97,7 @@ func TestCallsNameTheDSNSetting(t *testing.T) {
 					"n": {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Hour, Shards: shards},
 				}, nil)
 				require.NoError(t, err)
-				_, err = onServerClock.Value(ctx, "n", tc.desc)
+				_, err = onServerClock.Check(ctx, "n", tc.desc, txlimit.Count(0))
 				require.ErrorIs(t, err, mysqlstore.ErrDSN)
 				require.ErrorContains(t, err, tc.param)
 				require.Empty(t, mysqltest.Rows(t, good, "n", tc.desc), "nothing committed")
@@ -153,8 +154,8 @@ func TestNoDatabase(t *testing.T) {
 	l, err := txlimit.New(mysqlstore.New(nil), map[string]txlimit.Config{"l": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}, nil)
 	require.NoError(t, err)
 	_, err = l.Limit(ctx, "l", "k")
-	require.ErrorIs(t, err, txlimit.ErrNoPool)
-	require.ErrorIs(t, l.Ping(ctx), txlimit.ErrNoPool)
+	storetest.RequireNoPool(t, err)
+	storetest.RequireNoPool(t, l.Ping(ctx))
 	db := mysqltest.Database(t, 2)
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)

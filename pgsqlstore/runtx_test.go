@@ -64,9 +64,9 @@ func TestRunTxRetriesASerializationFailure(t *testing.T) {
 	code, _ := pgproto.SQLState(errs[0])
 	require.Equal(t, "40001", code, "%v", errs[0])
 	require.True(t, pgsqlstore.Retryable(errs[0]))
-	snap, err := l.Value(ctx, "runtx", "k")
+	snap, err := l.Check(ctx, "runtx", "k", txlimit.Count(0))
 	require.NoError(t, err)
-	require.InDelta(t, 7.0, snap.Value, 0.01, "three tokens taken: before, by B and by A's second run")
+	require.InDelta(t, 7.0, snap.Remaining, 0.01, "three tokens taken: before, by B and by A's second run")
 
 	// fn's own error and a denial are not retried.
 	attempts = 0
@@ -98,7 +98,7 @@ func TestRetryable(t *testing.T) {
 		{io.ErrUnexpectedEOF, true},
 		{context.Canceled, false},
 		{fmt.Errorf("%w: %w", context.DeadlineExceeded, sqlStateError("57014")), false},
-		{txlimit.ErrInvalid, false},
+		{&txlimit.InvalidError{Field: "Count"}, false},
 	} {
 		require.Equal(t, tc.want, pgsqlstore.Retryable(tc.err), "%v", tc.err)
 	}

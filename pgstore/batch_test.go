@@ -62,7 +62,7 @@ func (e *commitEnv) sendOrder(ctx context.Context, l *txlimit.Limiter[pgx.Tx], i
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	var ran bool
-	res, err := txlimit.SendBatch(ctx, l, tx, e.orderBatch(id, &ran), reqs...)
+	res, err := pgstore.SendBatch(ctx, l, tx, e.orderBatch(id, &ran), reqs...)
 	if err != nil {
 		return res, err
 	}
@@ -84,7 +84,7 @@ func TestBatchGrant(t *testing.T) {
 	tx := e.begin(t)
 	var id int64
 	var ran bool
-	res, err := txlimit.SendBatch(ctx, e.l, tx, e.orderBatch(&id, &ran), commitReq(name, "k", txlimit.Count(2)))
+	res, err := pgstore.SendBatch(ctx, e.l, tx, e.orderBatch(&id, &ran), commitReq(name, "k", txlimit.Count(2)))
 	require.NoError(t, err)
 	require.True(t, res.OK)
 	require.Len(t, res.Results, 1)
@@ -97,9 +97,9 @@ func TestBatchGrant(t *testing.T) {
 	var n int
 	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM orders WHERE id = $1`, id).Scan(&n))
 	require.Equal(t, 1, n)
-	snap, err := e.l.ValueTx(ctx, tx, name, "k")
+	snap, err := e.l.CheckTx(ctx, tx, name, "k", txlimit.Count(0))
 	require.NoError(t, err)
-	require.Equal(t, 3.0, snap.Value)
+	require.Equal(t, 3.0, snap.Remaining)
 	require.False(t, e.committed(t, id))
 	require.Equal(t, 5.0, e.value(t, name, "k"))
 	require.NoError(t, tx.Commit(ctx))
@@ -109,7 +109,7 @@ func TestBatchGrant(t *testing.T) {
 	// Rolled back, the order and the tokens go.
 	tx = e.begin(t)
 	ran = false
-	res, err = txlimit.SendBatch(ctx, e.l, tx, e.orderBatch(&id, &ran), commitReq(name, "k", txlimit.Count(2)))
+	res, err = pgstore.SendBatch(ctx, e.l, tx, e.orderBatch(&id, &ran), commitReq(name, "k", txlimit.Count(2)))
 	require.NoError(t, err)
 	require.True(t, res.OK)
 	require.Equal(t, 1.0, res.Results[0].Remaining)
@@ -120,7 +120,7 @@ func TestBatchGrant(t *testing.T) {
 
 	// An empty batch takes the limits alone.
 	tx = e.begin(t)
-	res, err = txlimit.SendBatch(ctx, e.l, tx, &pgx.Batch{}, commitReq(name, "k"))
+	res, err = pgstore.SendBatch(ctx, e.l, tx, &pgx.Batch{}, commitReq(name, "k"))
 	require.NoError(t, err)
 	require.True(t, res.OK)
 	require.NoError(t, tx.Commit(ctx))
@@ -169,7 +169,7 @@ func TestBatchDenied(t *testing.T) {
 				b := &pgx.Batch{}
 				b.Queue(`INSERT INTO orders (id) VALUES ($1)`, id)
 				queue(b)
-				res, err := txlimit.SendBatch(ctx, l, tx, b, commitReq(name, "k"))
+				res, err := pgstore.SendBatch(ctx, l, tx, b, commitReq(name, "k"))
 				return tx, res, err
 			}
 			nothing := func(*pgx.Batch) {}
@@ -305,7 +305,7 @@ func TestBatchTwoStep(t *testing.T) {
 		tx := e.begin(t)
 		var id int64
 		var ran bool
-		res, err := txlimit.SendBatch(ctx, e.l, tx, e.orderBatch(&id, &ran), commitReq(tc.name, "k"))
+		res, err := pgstore.SendBatch(ctx, e.l, tx, e.orderBatch(&id, &ran), commitReq(tc.name, "k"))
 		require.ErrorIs(t, err, txlimit.ErrRateLimited, tc.name)
 		require.False(t, res.OK)
 		require.Positive(t, res.RetryAfter)
@@ -352,7 +352,7 @@ func TestBatchRoundTrips(t *testing.T) {
 	}
 	sendBatch := func(reqs ...txlimit.Request) func() error {
 		return inTx(func(tx pgx.Tx) error {
-			_, err := txlimit.SendBatch(ctx, e.l, tx, batch(), reqs...)
+			_, err := pgstore.SendBatch(ctx, e.l, tx, batch(), reqs...)
 			return err
 		})
 	}
@@ -420,7 +420,7 @@ func TestBatchStatementError(t *testing.T) {
 		tx := e.begin(t)
 		b := &pgx.Batch{}
 		tc.queue(b)
-		res, err := txlimit.SendBatch(ctx, e.l, tx, b, commitReq(name, "k"))
+		res, err := pgstore.SendBatch(ctx, e.l, tx, b, commitReq(name, "k"))
 		tc.check(t, err)
 		require.NotErrorIs(t, err, txlimit.ErrRateLimited, tc.what)
 		require.False(t, res.OK, tc.what)
@@ -457,7 +457,7 @@ func TestBatchConnectionDropped(t *testing.T) {
 		armed.Store(true)
 		var id int64
 		var ran bool
-		res, err := txlimit.SendBatch(ctx, e.l, tx, e.orderBatch(&id, &ran), commitReq(name, "k"))
+		res, err := pgstore.SendBatch(ctx, e.l, tx, e.orderBatch(&id, &ran), commitReq(name, "k"))
 		require.False(t, armed.Load(), "iteration %d: the batch was never sent", i)
 		require.Equal(t, int64(2), executes.Load(), "iteration %d: the batch dropped is the take and the INSERT", i)
 		require.Error(t, err, "iteration %d", i)
@@ -500,27 +500,27 @@ func TestBatchRefusedBeforeSending(t *testing.T) {
 		want  string
 	}{
 		{"a nil batch", func() (txlimit.MultiResult, error) {
-			return txlimit.SendBatch(ctx, e.l, nested, (*pgx.Batch)(nil), commitReq(name, "k"))
+			return pgstore.SendBatch(ctx, e.l, nested, (*pgx.Batch)(nil), commitReq(name, "k"))
 		}, "batch", "is nil"},
-		{"a batch of another type", func() (txlimit.MultiResult, error) {
-			return txlimit.SendBatch(ctx, e.l, nested, pgx.Batch{}, commitReq(name, "k"))
-		}, "batch", "needs pgstore and a *pgx.Batch"},
+		{"a nil limiter", func() (txlimit.MultiResult, error) {
+			return pgstore.SendBatch(ctx, nil, nested, insertBatch(-1, &ran), commitReq(name, "k"))
+		}, "limiter", "is nil"},
 		{"Reserve", func() (txlimit.MultiResult, error) {
-			return txlimit.SendBatch(ctx, e.l, nested, insertBatch(-1, &ran), commitReq(name, "k", txlimit.Reserve()))
+			return pgstore.SendBatch(ctx, e.l, nested, insertBatch(-1, &ran), commitReq(name, "k", txlimit.Reserve()))
 		}, "Reserve", "in a batch"},
 		{"UpTo", func() (txlimit.MultiResult, error) {
-			return txlimit.SendBatch(ctx, e.l, nested, insertBatch(-1, &ran), commitReq(name, "k", txlimit.UpTo(2)))
+			return pgstore.SendBatch(ctx, e.l, nested, insertBatch(-1, &ran), commitReq(name, "k", txlimit.UpTo(2)))
 		}, "UpTo", "in a batch"},
 		{"no request", func() (txlimit.MultiResult, error) {
-			return txlimit.SendBatch(ctx, e.l, nested, insertBatch(-1, &ran))
+			return pgstore.SendBatch(ctx, e.l, nested, insertBatch(-1, &ran))
 		}, "reqs", "is empty"},
 		{"a savepoint for tx", func() (txlimit.MultiResult, error) {
-			return txlimit.SendBatch(ctx, e.l, nested, insertBatch(-1, &ran), commitReq(name, "k"))
+			return pgstore.SendBatch(ctx, e.l, nested, insertBatch(-1, &ran), commitReq(name, "k"))
 		}, "", "pass the outer pgx.Tx"},
 		{"a context already done", func() (txlimit.MultiResult, error) {
 			cctx, cancel := context.WithCancel(ctx)
 			cancel()
-			res, err := txlimit.SendBatch(cctx, e.l, tx, insertBatch(-1, &ran), commitReq(name, "k"))
+			res, err := pgstore.SendBatch(cctx, e.l, tx, insertBatch(-1, &ran), commitReq(name, "k"))
 			require.ErrorIs(t, err, context.Canceled)
 			return res, err
 		}, "", "the batch was not sent"},

@@ -1,6 +1,6 @@
 package pgstore_test
 
-// Commit mode on a real PostgreSQL (Limiter.CommitTx and BeginFunc): what
+// Commit mode on a real PostgreSQL (Limiter.CommitTx and Commit): what
 // the pipeline of lean takes and COMMIT costs on the wire, what a denial, a
 // lost connection, a cancelled context and a nested transaction leave
 // behind, and exact admission on a hot key. The transaction's own work is a
@@ -118,9 +118,9 @@ func (e *commitEnv) orders(t *testing.T) int {
 // value is the committed value of (name, key), read from the admin pool.
 func (e *commitEnv) value(t *testing.T, name, key string) float64 {
 	t.Helper()
-	snap, err := e.reader.Value(context.Background(), name, key)
+	snap, err := e.reader.Check(context.Background(), name, key, txlimit.Count(0))
 	require.NoError(t, err)
-	return snap.Value
+	return snap.Remaining
 }
 
 // gone waits until backend pid has exited: its transaction has then
@@ -188,7 +188,7 @@ func window(rate float64) txlimit.Config {
 }
 
 // TestCommitRoundTrips pins the wire cost of commit mode with lean limits:
-// BeginFunc's transaction costs what the same transaction without a limit
+// Commit's transaction costs what the same transaction without a limit
 // costs (BEGIN, the work, and the pipeline in place of COMMIT), and
 // CommitTx one round trip more (pgx's ROLLBACK of a transaction the server
 // already committed).
@@ -207,12 +207,12 @@ func TestCommitRoundTrips(t *testing.T) {
 		e.roundTrips(t, counter, what, want, &id, call)
 	}
 	measure("pgx.BeginFunc, no limit", 3, func() error { return pgx.BeginFunc(ctx, e.pool, e.order(&id)) })
-	measure("BeginFunc, one limit", 3, func() error {
-		_, err := e.l.BeginFunc(ctx, e.order(&id), commitReq(a, "k"))
+	measure("Commit, one limit", 3, func() error {
+		_, err := e.l.Commit(ctx, e.order(&id), commitReq(a, "k"))
 		return err
 	})
-	measure("BeginFunc, two limits", 3, func() error {
-		_, err := e.l.BeginFunc(ctx, e.order(&id), commitReq(a, "k2"), commitReq(b, "k"))
+	measure("Commit, two limits", 3, func() error {
+		_, err := e.l.Commit(ctx, e.order(&id), commitReq(a, "k2"), commitReq(b, "k"))
 		return err
 	})
 	measure("CommitTx", 4, func() error {
@@ -239,7 +239,7 @@ func TestCommitRoundTrips(t *testing.T) {
 // transaction of their own after the ROLLBACK (so that a transaction-mode
 // pooler keeps them on one server connection): "ROLLBACK; BEGIN" is one
 // simple query, and the reads carry the ROLLBACK that ends them. In
-// QueryExecModeExec, BeginFunc costs BEGIN, the work, the pipeline, the
+// QueryExecModeExec, Commit costs BEGIN, the work, the pipeline, the
 // ROLLBACK, the reads (5); SendBatch one more, pgx's ROLLBACK. In
 // QueryExecModeDescribeExec, the work, the pipeline and the reads cost two
 // round trips each (pgx describes, then executes).
@@ -247,8 +247,8 @@ func TestCommitDeniedRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for _, tc := range []struct {
-		mode                 pgx.QueryExecMode
-		beginFunc, sendBatch int
+		mode              pgx.QueryExecMode
+		commit, sendBatch int
 	}{
 		{pgx.QueryExecModeExec, 5, 6},
 		{pgx.QueryExecModeDescribeExec, 8, 9},
@@ -258,18 +258,18 @@ func TestCommitDeniedRoundTrips(t *testing.T) {
 		e := newCommitEnvMode(t, 1, counter.Conn, map[string]txlimit.Config{a: window(1), b: window(1)}, tc.mode)
 		var id int64
 		for _, reqs := range [][]txlimit.Request{{commitReq(a, "k")}, {commitReq(a, "k2"), commitReq(b, "k")}} {
-			_, err := e.l.BeginFunc(ctx, e.order(&id), reqs...)
+			_, err := e.l.Commit(ctx, e.order(&id), reqs...)
 			require.NoError(t, err)
 			for range 2 {
 				counter.Take()
-				_, err := e.l.BeginFunc(ctx, e.order(&id), reqs...)
+				_, err := e.l.Commit(ctx, e.order(&id), reqs...)
 				require.ErrorIs(t, err, txlimit.ErrRateLimited)
-				require.Equal(t, tc.beginFunc, counter.Take(), "%v, %d limits: BeginFunc", tc.mode, len(reqs))
+				require.Equal(t, tc.commit, counter.Take(), "%v, %d limits: Commit", tc.mode, len(reqs))
 
 				tx, err := e.pool.Begin(ctx)
 				require.NoError(t, err)
 				require.NoError(t, e.order(&id)(tx))
-				_, err = txlimit.SendBatch(ctx, e.l, tx, &pgx.Batch{}, reqs...)
+				_, err = pgstore.SendBatch(ctx, e.l, tx, &pgx.Batch{}, reqs...)
 				require.ErrorIs(t, err, txlimit.ErrRateLimited)
 				require.ErrorIs(t, tx.Rollback(ctx), pgx.ErrTxClosed)
 				require.Equal(t, tc.sendBatch, counter.Take(), "%v, %d limits: SendBatch", tc.mode, len(reqs))
@@ -280,10 +280,10 @@ func TestCommitDeniedRoundTrips(t *testing.T) {
 	}
 }
 
-// TestCommitDeniedInBeginFunc: a denial leaves nothing of the transaction,
+// TestCommitDeniedInItsOwnTransaction: a denial leaves nothing of the transaction,
 // reports the RetryAfter, and gives the connection back to the pool as it
 // is, ready for the next call.
-func TestCommitDeniedInBeginFunc(t *testing.T) {
+func TestCommitDeniedInItsOwnTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	name := storetest.UniqueName(t, "deny")
@@ -297,12 +297,12 @@ func TestCommitDeniedInBeginFunc(t *testing.T) {
 	}
 
 	var granted int64
-	_, err := e.l.BeginFunc(ctx, work(&granted), commitReq(name, "k"))
+	_, err := e.l.Commit(ctx, work(&granted), commitReq(name, "k"))
 	require.NoError(t, err)
 	first := pid
 
 	var denied int64
-	res, err := e.l.BeginFunc(ctx, work(&denied), commitReq(name, "k"))
+	res, err := e.l.Commit(ctx, work(&denied), commitReq(name, "k"))
 	var rl *txlimit.RateLimitedError
 	require.ErrorAs(t, err, &rl)
 	require.Equal(t, name, rl.Name)
@@ -322,7 +322,7 @@ func TestCommitDeniedInBeginFunc(t *testing.T) {
 
 	// The connection went back as it was: the next call runs on it.
 	var next int64
-	_, err = e.l.BeginFunc(ctx, work(&next), commitReq(name, "k2"))
+	_, err = e.l.Commit(ctx, work(&next), commitReq(name, "k2"))
 	require.NoError(t, err)
 	require.True(t, e.committed(t, next))
 	require.Equal(t, first, pid, "the same connection (MaxConns 1)")
@@ -398,7 +398,7 @@ func TestCommitConnectionDropped(t *testing.T) {
 		var id int64
 		var pid uint32
 		executes.Store(0)
-		_, err := e.l.BeginFunc(ctx, func(tx pgx.Tx) error {
+		_, err := e.l.Commit(ctx, func(tx pgx.Tx) error {
 			if err := e.order(&id)(tx); err != nil {
 				return err
 			}
@@ -428,7 +428,7 @@ func TestCommitConnectionDropped(t *testing.T) {
 
 	// The pool recovers: a call on a fresh connection commits.
 	var id int64
-	_, err := e.l.BeginFunc(ctx, e.order(&id), commitReq(name, "k"))
+	_, err := e.l.Commit(ctx, e.order(&id), commitReq(name, "k"))
 	require.NoError(t, err)
 	require.True(t, e.committed(t, id))
 	require.Equal(t, float64(capacity-committed-1), e.value(t, name, "k"))
@@ -445,14 +445,14 @@ func TestCommitContextCancelledInFn(t *testing.T) {
 	// Warm the connection, so that the statements are cached: the
 	// cancelled call then has nothing to prepare either.
 	var warm int64
-	_, err := e.l.BeginFunc(ctx, e.order(&warm), commitReq(name, "warm"))
+	_, err := e.l.Commit(ctx, e.order(&warm), commitReq(name, "warm"))
 	require.NoError(t, err)
 
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var id int64
 	var pid uint32
-	_, err = e.l.BeginFunc(cctx, func(tx pgx.Tx) error {
+	_, err = e.l.Commit(cctx, func(tx pgx.Tx) error {
 		if err := e.order(&id)(tx); err != nil {
 			return err
 		}
@@ -473,7 +473,7 @@ func TestCommitContextCancelledInFn(t *testing.T) {
 	require.Empty(t, e.h.Rows(t, name, "k"), "no take reached the server")
 	require.Equal(t, float64(5), e.value(t, name, "k"))
 
-	_, err = e.l.BeginFunc(ctx, e.order(&id), commitReq(name, "k"))
+	_, err = e.l.Commit(ctx, e.order(&id), commitReq(name, "k"))
 	require.NoError(t, err)
 	require.True(t, e.committed(t, id))
 	require.Equal(t, float64(4), e.value(t, name, "k"))
@@ -529,7 +529,7 @@ func TestCommitNestedTxRefused(t *testing.T) {
 	e.settled(t)
 }
 
-// TestCommitHotKeyExact: 16 callers × 20 BeginFunc on one lean key of
+// TestCommitHotKeyExact: 16 callers × 20 Commit on one lean key of
 // capacity 50: exactly 50 grants, whose 50 orders alone commit; every other
 // call is a denial with a RetryAfter.
 func TestCommitHotKeyExact(t *testing.T) {
@@ -539,7 +539,7 @@ func TestCommitHotKeyExact(t *testing.T) {
 	name := storetest.UniqueName(t, "hot")
 	e := newCommitEnv(t, callers+1, nil, map[string]txlimit.Config{name: window(capacity)})
 	e.hotKeyExact(t, name, callers, calls, capacity, func(id *int64) (txlimit.MultiResult, error) {
-		return e.l.BeginFunc(ctx, e.order(id), commitReq(name, "k"))
+		return e.l.Commit(ctx, e.order(id), commitReq(name, "k"))
 	})
 }
 

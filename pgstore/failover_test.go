@@ -322,10 +322,10 @@ func TestFailoverSwitchover(t *testing.T) {
 	t.Logf("%d grants acknowledged (%d tokens); %d commits errored, %d of them committed (%d tokens)",
 		len(acked), ackedSum, len(unknown), unknownCommitted, unknownCommittedSum)
 
-	snap, err := l.Value(context.Background(), name, "k")
+	snap, err := l.Check(context.Background(), name, "k", txlimit.Count(0))
 	require.NoError(t, err)
-	consumed := capacity - int64(snap.Value)
+	consumed := capacity - int64(snap.Remaining)
 	require.Equal(t, ackedSum+unknownCommittedSum, tableSum)
 	require.Equal(t, tableSum, consumed, "consumed tokens == acknowledged grants + errored commits that committed")
-	require.Zero(t, snap.Value, "drained to exactly zero: nothing over the limit")
+	require.Zero(t, snap.Remaining, "drained to exactly zero: nothing over the limit")
 }

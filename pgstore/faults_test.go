@@ -183,9 +183,9 @@ func TestFaultContextCancelledWhileWaitingForLock(t *testing.T) {
 
 	require.NoError(t, holder.Commit(ctx))
 	e.settled(t)
-	snap, err := e.l.Value(ctx, e.name, "k")
+	snap, err := e.l.Check(ctx, e.name, "k", txlimit.Count(0))
 	require.NoError(t, err)
-	require.InDelta(t, 7, snap.Value, 0.01, "1 + 2 spent; the cancelled call spent nothing")
+	require.InDelta(t, 7, snap.Remaining, 0.01, "1 + 2 spent; the cancelled call spent nothing")
 }
 
 func TestFaultPoolExhausted(t *testing.T) {
@@ -251,9 +251,9 @@ func TestFaultAllConnectionsDropped(t *testing.T) {
 	}
 	require.Equal(t, 2.0, spent, "the pool recovered within a few calls")
 	e.settled(t)
-	snap, err := e.l.Value(ctx, e.name, "k")
+	snap, err := e.l.Check(ctx, e.name, "k", txlimit.Count(0))
 	require.NoError(t, err)
-	require.InDelta(t, 5, snap.Value, 0.01)
+	require.InDelta(t, 5, snap.Remaining, 0.01)
 }
 
 func TestRetryableClassification(t *testing.T) {
@@ -283,7 +283,7 @@ func TestObserverLockWait(t *testing.T) {
 	rec := &observertest.Recorder{}
 	l, err := txlimit.New(pgstore.New(e.pool), map[string]txlimit.Config{
 		e.name: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Hour},
-	}, &txlimit.Options{Observer: rec})
+	}, &txlimit.Options{Observer: rec.Observe})
 	require.NoError(t, err)
 	e.spend(t, 1)
 

@@ -30,7 +30,7 @@ func aheadLimit(capacity float64, frozen time.Time) txlimit.Config {
 }
 
 // TestLeaseAheadHotKeyExact: 32 goroutines, each on a connection of its
-// own, call BeginFunc on one key through one Limiter; a third of the
+// own, call Commit on one key through one Limiter; a third of the
 // calls' work fails after its insert (rolled back: the token goes back).
 // First 12 calls each, fewer than the capacity: every grant has its
 // business row, and the limit's value with the tokens parked adds up to the
@@ -74,15 +74,15 @@ func TestLeaseAheadHotKeyExact(t *testing.T) {
 	g := int(grants.Load())
 	require.Equal(t, goroutines*calls, g+int(failures.Load()))
 	require.Equal(t, g, e.rows(t, ""), "a business row per grant, none of a failed call")
-	// Value waits for a take ahead still in flight.
+	// Check waits for a take ahead still in flight.
 	s := snapshot(t, l, name)
-	require.Equal(t, float64(capacity-g), s.Value+s.Leased, "value + leased is the capacity less the grants")
+	require.Equal(t, float64(capacity-g), s.Remaining+s.Leased, "value + leased is the capacity less the grants")
 	require.LessOrEqual(t, s.Leased, 2*cfg.Lease,
 		"a lease held and one taken ahead: at most Lease each, counting the tokens failed calls gave back")
 	require.NoError(t, l.ReturnLeases(ctx))
 	s = snapshot(t, l, name)
 	require.Zero(t, s.Leased)
-	require.Equal(t, float64(capacity-g), s.Value, "ReturnLeases gave back every token not granted")
+	require.Equal(t, float64(capacity-g), s.Remaining, "ReturnLeases gave back every token not granted")
 
 	round(0)
 	require.Equal(t, int64(goroutines), denials.Load(), "every goroutine called until denied")
@@ -90,7 +90,7 @@ func TestLeaseAheadHotKeyExact(t *testing.T) {
 	require.Equal(t, capacity, e.rows(t, ""))
 	require.NoError(t, l.ReturnLeases(ctx))
 	s = snapshot(t, l, name)
-	require.Zero(t, s.Value+s.Leased)
+	require.Zero(t, s.Remaining+s.Leased)
 	t.Logf("%d grants, %d failures", grants.Load(), failures.Load())
 }
 
@@ -112,13 +112,13 @@ func TestLeaseAheadGivesBackToItsSlice(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, l.ReturnLeases(ctx)) })
 	call := func() {
 		t.Helper()
-		_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "w") }, leaseReq(name))
+		_, err := l.Commit(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "w") }, leaseReq(name))
 		require.NoError(t, err)
 	}
 	state := func(value, leased float64, what string) {
 		t.Helper()
 		s := snapshot(t, l, name)
-		require.Equal(t, value, s.Value, "value: %s", what)
+		require.Equal(t, value, s.Remaining, "value: %s", what)
 		require.Equal(t, leased, s.Leased, "leased: %s", what)
 	}
 
@@ -126,7 +126,7 @@ func TestLeaseAheadGivesBackToItsSlice(t *testing.T) {
 	state(16, 3, "the first slice took 4; A holds one")
 	call()
 	call()
-	state(12, 5, "down to 1 < LeaseAhead: the next slice is taken ahead (Value waits for it)")
+	state(12, 5, "down to 1 < LeaseAhead: the next slice is taken ahead (Check waits for it)")
 	releaseC, doneC := stall(t, l, name, "C", nil)
 	state(12, 4, "C holds the first slice's last token")
 	call()
@@ -180,7 +180,7 @@ func TestLeaseAheadInFlight(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, l.ReturnLeases(ctx)) })
 	begin := func() error {
-		_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "w") }, leaseReq(name))
+		_, err := l.Commit(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "w") }, leaseReq(name))
 		return err
 	}
 	call := func() {
@@ -190,7 +190,7 @@ func TestLeaseAheadInFlight(t *testing.T) {
 	state := func(value, leased float64, what string) {
 		t.Helper()
 		s := snapshot(t, l, name)
-		require.Equal(t, value, s.Value, "value: %s", what)
+		require.Equal(t, value, s.Remaining, "value: %s", what)
 		require.Equal(t, leased, s.Leased, "leased: %s", what)
 	}
 	// holdRow locks the limit's row until the returned rollback.

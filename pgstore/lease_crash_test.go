@@ -65,9 +65,9 @@ func (e *leaseEnv) rows(t *testing.T, who string) int {
 	return n
 }
 
-func snapshot(t *testing.T, l *txlimit.Limiter[pgx.Tx], name string) txlimit.Snapshot {
+func snapshot(t *testing.T, l *txlimit.Limiter[pgx.Tx], name string) txlimit.Result {
 	t.Helper()
-	s, err := l.Value(context.Background(), name, "k")
+	s, err := l.Check(context.Background(), name, "k", txlimit.Count(0))
 	require.NoError(t, err)
 	return s
 }
@@ -112,7 +112,7 @@ func killedLimit(frozen time.Time) txlimit.Config {
 // TestLeaseHolderKilled: a process killed with SIGKILL while it holds a
 // lease loses the lease's unspent tokens (nobody gives them back), and
 // nothing else: the limit admits at most Lease fewer, never more. The
-// child (this test binary run again) calls BeginFunc in a loop on a frozen
+// child (this test binary run again) calls Commit in a loop on a frozen
 // clock, one business row per grant; it is killed once 10 rows are in.
 // The parent, with a Limiter of its own on the same clock, then drains the
 // limit: it gets exactly the limit's value after the child's death, and
@@ -181,7 +181,7 @@ func TestLeaseHolderKilled(t *testing.T) {
 		map[string]txlimit.Config{name: killedLimit(frozen)}, &txlimit.Options{Clock: func() time.Time { return frozen }})
 	require.NoError(t, err)
 	child := e.rows(t, "child")
-	left := snapshot(t, l, name).Value
+	left := snapshot(t, l, name).Remaining
 	// What the child's committed leases took, less what it committed, is
 	// what died with it: the lease's unspent tokens and a token in flight.
 	lost := capacity - int(left) - child
@@ -192,7 +192,7 @@ func TestLeaseHolderKilled(t *testing.T) {
 
 	parent := 0
 	for {
-		_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "parent") }, leaseReq(name))
+		_, err := l.Commit(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "parent") }, leaseReq(name))
 		if errors.Is(err, txlimit.ErrRateLimited) {
 			break
 		}
@@ -209,11 +209,11 @@ func TestLeaseHolderKilled(t *testing.T) {
 
 	require.NoError(t, l.ReturnLeases(ctx))
 	s := snapshot(t, l, name)
-	require.Zero(t, s.Value+s.Leased, "the limit is drained, nothing parked")
+	require.Zero(t, s.Remaining+s.Leased, "the limit is drained, nothing parked")
 	t.Logf("child committed %d, parent %d: %d of %d admitted, %d tokens lost with the killed lease", child, parent, total, capacity, lost)
 }
 
-// leaseChild is the child of TestLeaseHolderKilled: BeginFunc in a loop,
+// leaseChild is the child of TestLeaseHolderKilled: Commit in a loop,
 // one business row per grant, until it is killed (or 30 s pass). The work
 // sleeps in its transaction and between calls, so that a kill lands in
 // either.
@@ -230,7 +230,7 @@ func leaseChild(t *testing.T) {
 		&txlimit.Options{Clock: func() time.Time { return frozen }})
 	require.NoError(t, err)
 	for i := 0; ctx.Err() == nil; i++ {
-		_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error {
+		_, err := l.Commit(ctx, func(tx pgx.Tx) error {
 			if err := insert(ctx, tx, "child"); err != nil {
 				return err
 			}
@@ -272,7 +272,7 @@ func TestLeaseStalledHolder(t *testing.T) {
 	// One lease of 4, with 2 left; or, when B came more than LeaseFor
 	// after A (a loaded machine), a second lease of 4 with 3 left, the
 	// first one's 3 given back.
-	require.Equal(t, float64(capacity-2), s.Value+s.Leased, "all but A's and B's tokens in the limit or the lease")
+	require.Equal(t, float64(capacity-2), s.Remaining+s.Leased, "all but A's and B's tokens in the limit or the lease")
 	require.Contains(t, []float64{2, 3}, s.Leased)
 
 	// The lease ends (LeaseFor) while A and B hold its tokens.
@@ -287,7 +287,7 @@ func TestLeaseStalledHolder(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for {
-				_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "other") }, leaseReq(name))
+				_, err := l.Commit(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "other") }, leaseReq(name))
 				if errors.Is(err, txlimit.ErrRateLimited) {
 					return
 				}
@@ -302,35 +302,35 @@ func TestLeaseStalledHolder(t *testing.T) {
 	require.Equal(t, int64(capacity-2), others.Load(), "the others get all but A's and B's tokens")
 	require.Equal(t, capacity-2, e.rows(t, "other"))
 	s = snapshot(t, l, name)
-	require.Zero(t, s.Value)
+	require.Zero(t, s.Remaining)
 	require.Zero(t, s.Leased)
 
 	releaseA()
 	require.NoError(t, <-doneA, "A commits with the token of a lease that has ended")
 	require.Equal(t, 1, e.rows(t, "A"))
 	s = snapshot(t, l, name)
-	require.Zero(t, s.Value+s.Leased, "A's token was spent once")
+	require.Zero(t, s.Remaining+s.Leased, "A's token was spent once")
 
 	releaseB()
 	require.ErrorIs(t, <-doneB, errFailed)
 	require.Zero(t, e.rows(t, "B"))
 	s = snapshot(t, l, name)
-	require.Equal(t, float64(1), s.Value, "B's token goes back to the limit: its lease has ended")
+	require.Equal(t, float64(1), s.Remaining, "B's token goes back to the limit: its lease has ended")
 	require.Zero(t, s.Leased, "not to the lease that replaced B's")
 
 	// That token is the last one.
-	_, err = l.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "last") }, leaseReq(name))
+	_, err = l.Commit(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "last") }, leaseReq(name))
 	require.NoError(t, err)
-	_, err = l.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "last") }, leaseReq(name))
+	_, err = l.Commit(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "last") }, leaseReq(name))
 	require.ErrorIs(t, err, txlimit.ErrRateLimited)
 	require.Equal(t, capacity, e.rows(t, ""), "exactly the capacity committed")
 
 	require.NoError(t, l.ReturnLeases(ctx))
 	s = snapshot(t, l, name)
-	require.Zero(t, s.Value+s.Leased)
+	require.Zero(t, s.Remaining+s.Leased)
 }
 
-// stall runs a BeginFunc on name's key "k" whose work blocks, after its
+// stall runs a Commit on name's key "k" whose work blocks, after its
 // insert of who, until release is called, and then returns fail. A test
 // that fails before releases it at cleanup, before the pool's (which waits
 // for the connection).
@@ -342,7 +342,7 @@ func stall(t *testing.T, l *txlimit.Limiter[pgx.Tx], name, who string, fail erro
 	release = func() { once.Do(func() { close(ch) }) }
 	t.Cleanup(release)
 	go func() {
-		_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error {
+		_, err := l.Commit(ctx, func(tx pgx.Tx) error {
 			if err := insert(ctx, tx, who); err != nil {
 				return err
 			}
@@ -390,7 +390,7 @@ func TestLeaseClockJump(t *testing.T) {
 	granted := 0
 	call := func(want bool) {
 		t.Helper()
-		_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "w") }, leaseReq(name))
+		_, err := l.Commit(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "w") }, leaseReq(name))
 		if want {
 			require.NoError(t, err, "call %d at %v", granted+1, clk.Now())
 			granted++
@@ -402,7 +402,7 @@ func TestLeaseClockJump(t *testing.T) {
 	state := func(value, leased float64, what string) {
 		t.Helper()
 		s := snapshot(t, l, name)
-		require.Equal(t, value, s.Value, "value: %s", what)
+		require.Equal(t, value, s.Remaining, "value: %s", what)
 		require.Equal(t, leased, s.Leased, "leased: %s", what)
 	}
 
@@ -455,7 +455,7 @@ func TestLeaseClockJump(t *testing.T) {
 }
 
 // TestLeaseManyLimiters: four Limiters (four processes) on one pool lease
-// one hot key, 4 goroutines each, 30 BeginFunc calls per goroutine; a
+// one hot key, 4 goroutines each, 30 Commit calls per goroutine; a
 // third of the calls' work fails after its insert (rolled back: the token
 // goes back to its lease, or to the limit when that lease has ended).
 // Afterwards every grant has its business row and no other row committed;
@@ -501,11 +501,11 @@ func TestLeaseManyLimiters(t *testing.T) {
 	require.Equal(t, g, e.rows(t, ""), "a business row per grant, none of a failed or denied call")
 	require.LessOrEqual(t, g, capacity, "never over-admission")
 
-	value := snapshot(t, ls[0], name).Value
+	value := snapshot(t, ls[0], name).Remaining
 	leased := 0.0
 	for i, l := range ls {
 		s := snapshot(t, l, name)
-		require.Equal(t, value, s.Value)
+		require.Equal(t, value, s.Remaining)
 		require.LessOrEqual(t, s.Leased, float64(lease), "limiter %d parks at most Lease", i)
 		leased += s.Leased
 	}
@@ -522,13 +522,13 @@ func TestLeaseManyLimiters(t *testing.T) {
 	}
 	for i, l := range ls {
 		s := snapshot(t, l, name)
-		require.Equal(t, float64(capacity-g), s.Value, "limiter %d: the leases came back", i)
+		require.Equal(t, float64(capacity-g), s.Remaining, "limiter %d: the leases came back", i)
 		require.Zero(t, s.Leased)
 	}
 	// One more round, every Limiter until denied: the rest, exactly.
 	for _, l := range ls {
 		for {
-			_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "w") }, leaseReq(name))
+			_, err := l.Commit(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "w") }, leaseReq(name))
 			if errors.Is(err, txlimit.ErrRateLimited) {
 				break
 			}
@@ -542,7 +542,7 @@ func TestLeaseManyLimiters(t *testing.T) {
 	for _, l := range ls {
 		require.NoError(t, l.ReturnLeases(ctx))
 		s := snapshot(t, l, name)
-		require.Zero(t, s.Value+s.Leased)
+		require.Zero(t, s.Remaining+s.Leased)
 	}
 }
 
@@ -601,7 +601,7 @@ func TestLeaseDeniedTakeRacesACredit(t *testing.T) {
 
 	grants := 0
 	call := func(l *txlimit.Limiter[pgx.Tx], who string) bool {
-		_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, who) }, leaseReq(name))
+		_, err := l.Commit(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, who) }, leaseReq(name))
 		if errors.Is(err, txlimit.ErrRateLimited) {
 			return false
 		}
@@ -612,7 +612,7 @@ func TestLeaseDeniedTakeRacesACredit(t *testing.T) {
 	require.True(t, call(a, "a"))
 	require.True(t, call(a, "a"))
 	s := snapshot(t, a, name)
-	require.Zero(t, s.Value+s.Leased, "A's lease of 2 is handed out")
+	require.Zero(t, s.Remaining+s.Leased, "A's lease of 2 is handed out")
 
 	// A's next call: its empty lease ends, the take of a new one finds
 	// nothing, and B credits a token before the denial's Check.
@@ -622,7 +622,7 @@ func TestLeaseDeniedTakeRacesACredit(t *testing.T) {
 	s = snapshot(t, a, name)
 	// Not fatal, so that the over-admission below shows too.
 	assert.GreaterOrEqual(t, s.Leased, float64(0), "A's lease never holds fewer than 0 tokens")
-	assert.Equal(t, float64(3), float64(grants)+s.Value+max(s.Leased, 0), "the ledger: capacity 2 + 1 credited")
+	assert.Equal(t, float64(3), float64(grants)+s.Remaining+max(s.Leased, 0), "the ledger: capacity 2 + 1 credited")
 
 	for call(b, "b") {
 	}
@@ -663,7 +663,7 @@ func TestLeaseWindowEndCreditsTheNextWindow(t *testing.T) {
 	drain := func(l *txlimit.Limiter[pgx.Tx], who string) int {
 		n := 0
 		for {
-			_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, who) }, leaseReq(name))
+			_, err := l.Commit(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, who) }, leaseReq(name))
 			if errors.Is(err, txlimit.ErrRateLimited) {
 				return n
 			}
@@ -674,7 +674,7 @@ func TestLeaseWindowEndCreditsTheNextWindow(t *testing.T) {
 	}
 
 	// Window W: A takes a lease of 4 and hands out 1.
-	_, err := a.BeginFunc(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "W") }, leaseReq(name))
+	_, err := a.Commit(ctx, func(tx pgx.Tx) error { return insert(ctx, tx, "W") }, leaseReq(name))
 	require.NoError(t, err)
 	require.Equal(t, float64(3), snapshot(t, a, name).Leased)
 
@@ -697,14 +697,14 @@ type leaseTally struct {
 	seq                       atomic.Int64
 }
 
-// call is one BeginFunc of l on name's key whose work inserts a business
+// call is one Commit of l on name's key whose work inserts a business
 // row and, every third call of the tally, then fails (rolled back: the
 // token goes back to its lease, or to the limit once that lease has
 // ended). It counts the outcome; denied says the limit denied the call,
 // and ok is false after an unexpected error, which fails t.
 func (c *leaseTally) call(ctx context.Context, t *testing.T, l *txlimit.Limiter[pgx.Tx], name string) (denied, ok bool) {
 	fail := c.seq.Add(1)%3 == 0
-	_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error {
+	_, err := l.Commit(ctx, func(tx pgx.Tx) error {
 		if err := insert(ctx, tx, "w"); err != nil {
 			return err
 		}

@@ -55,9 +55,9 @@ func TestPostgresLockIsHeldUntilCommit(t *testing.T) {
 	res, err = l.Limit(ctx, name, "k")
 	require.NoError(t, err)
 	require.True(t, res.OK)
-	snap, err := l.Value(ctx, name, "k")
+	snap, err := l.Check(ctx, name, "k", txlimit.Count(0))
 	require.NoError(t, err)
-	require.InDelta(t, 8, snap.Value, 0.5, "two spent, a little refilled")
+	require.InDelta(t, 8, snap.Remaining, 0.5, "two spent, a little refilled")
 }
 
 // Under REPEATABLE READ and SERIALIZABLE a concurrent update of the same
@@ -125,7 +125,7 @@ func TestPostgresPoolErrors(t *testing.T) {
 	l, err := txlimit.New(pgstore.New(nil), limits, nil)
 	require.NoError(t, err)
 	_, err = l.Limit(ctx, name, "k")
-	require.ErrorIs(t, err, txlimit.ErrNoPool)
+	storetest.RequireNoPool(t, err)
 	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 2)
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -141,7 +141,7 @@ func TestPostgresPoolErrors(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.Limit(ctx, name, "k")
 	require.Error(t, err)
-	_, err = l.Value(ctx, name, "k")
+	_, err = l.Check(ctx, name, "k", txlimit.Count(0))
 	require.Error(t, err)
 }
 
@@ -165,14 +165,14 @@ func TestMultiOwnTransaction(t *testing.T) {
 	require.False(t, res.OK)
 	require.Len(t, storetest.Denied(res), 1)
 	require.Equal(t, b, storetest.Denied(res)[0].Name)
-	snap, err := l.Value(ctx, a, "k")
+	snap, err := l.Check(ctx, a, "k", txlimit.Count(0))
 	require.NoError(t, err)
-	require.InDelta(t, 1, snap.Value, 0.01, "the denied call took nothing from a")
+	require.InDelta(t, 1, snap.Remaining, 0.01, "the denied call took nothing from a")
 
 	noPool, err := txlimit.New(pgstore.New(nil), limits, nil)
 	require.NoError(t, err)
 	_, err = noPool.LimitAll(ctx, txlimit.Request{Name: a, Key: "k"})
-	require.ErrorIs(t, err, txlimit.ErrNoPool)
+	storetest.RequireNoPool(t, err)
 }
 
 // pgx's default exec mode caches prepared statements per connection; behind

@@ -1,6 +1,6 @@
 package pgstore_test
 
-// The take at commit (BeginFunc, CommitTx) and in the caller's batch
+// The take at commit (Commit, CommitTx) and in the caller's batch
 // (SendBatch) through a real PgBouncer in transaction mode, in every pgx
 // exec mode docs/scale-out.md lists as working there: the outcomes are the
 // ones a direct connection gives (a grant commits, a denial is a
@@ -93,8 +93,8 @@ type bouncerForm struct {
 const insertOrder = `INSERT INTO orders (cell, id) VALUES ($1, $2)`
 
 var bouncerForms = []bouncerForm{
-	{"BeginFunc", func(ctx context.Context, _ *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], cell string, id int64, reqs ...txlimit.Request) (txlimit.MultiResult, error) {
-		return l.BeginFunc(ctx, func(tx pgx.Tx) error {
+	{"Commit", func(ctx context.Context, _ *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], cell string, id int64, reqs ...txlimit.Request) (txlimit.MultiResult, error) {
+		return l.Commit(ctx, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, insertOrder, cell, id)
 			return err
 		}, reqs...)
@@ -122,7 +122,7 @@ var bouncerForms = []bouncerForm{
 			ran = true
 			return nil
 		})
-		res, err := txlimit.SendBatch(ctx, l, tx, b, reqs...)
+		res, err := pgstore.SendBatch(ctx, l, tx, b, reqs...)
 		if err != nil {
 			return res, err
 		}
@@ -209,9 +209,9 @@ func twoLimitsThroughPgBouncer(t *testing.T, e *bouncerEnv) {
 				}
 			}
 			for name, left := range map[string]float64{wide: 97, narrow: 0} {
-				snap, err := reader.Value(ctx, name, "k")
+				snap, err := reader.Check(ctx, name, "k", txlimit.Count(0))
 				require.NoError(t, err)
-				require.Equal(t, left, snap.Value, name)
+				require.Equal(t, left, snap.Remaining, name)
 			}
 			require.Len(t, e.orders(t, cell), len(bouncerForms), "the grants' orders alone")
 		})
@@ -219,8 +219,8 @@ func twoLimitsThroughPgBouncer(t *testing.T, e *bouncerEnv) {
 }
 
 // exactCommitThroughPgBouncer: for each exec mode, each limit shape
-// (unsharded, Shards 8, Lease 16: BeginFunc takes from leases, CommitTx and
-// SendBatch from the row) and each form (BeginFunc, CommitTx, SendBatch),
+// (unsharded, Shards 8, Lease 16: Commit takes from leases, CommitTx and
+// SendBatch from the row) and each form (Commit, CommitTx, SendBatch),
 // 32 callers × 4 calls on one hot key of capacity 100, the clock frozen:
 // exactly 100 grants, whose 100 orders alone commit, the limit then empty
 // (tokens consumed = 100); every other call (28) a *RateLimitedError with
@@ -248,9 +248,9 @@ func exactCommitThroughPgBouncer(t *testing.T, e *bouncerEnv) {
 							return form.call(ctx, pool, l, cell, id, commitReq(name, "k"))
 						})
 						require.NoError(t, l.ReturnLeases(context.Background()))
-						snap, err := reader.Value(context.Background(), name, "k")
+						snap, err := reader.Check(context.Background(), name, "k", txlimit.Count(0))
 						require.NoError(t, err)
-						require.Zero(t, snap.Value, "tokens consumed = capacity")
+						require.Zero(t, snap.Remaining, "tokens consumed = capacity")
 					})
 				}
 			}
@@ -307,9 +307,9 @@ func (e *bouncerEnv) exact(t *testing.T, cell string, callers, calls, capacity i
 // callerErrorThroughPgBouncer: in each exec mode, a failure of the
 // caller's own statements is returned as it is by each form (not a
 // denial, not the store's error), takes nothing, and leaves the pool's
-// connections fit for the next call: fn's statement (BeginFunc), a
+// connections fit for the next call: fn's statement (Commit), a
 // deferred constraint that fails at the COMMIT that rides with the take
-// (BeginFunc, CommitTx), and a statement or callback of the caller's batch
+// (Commit, CommitTx), and a statement or callback of the caller's batch
 // (SendBatch). The exec modes run at once.
 func callerErrorThroughPgBouncer(t *testing.T, e *bouncerEnv) {
 	ctx := context.Background()
@@ -332,15 +332,15 @@ func callerErrorThroughPgBouncer(t *testing.T, e *bouncerEnv) {
 		call  func(ctx context.Context, pool *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], req txlimit.Request) error
 		check func(t *testing.T, err error)
 	}{
-		{"BeginFunc, fn's statement", func(ctx context.Context, _ *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], req txlimit.Request) error {
-			_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error {
+		{"Commit, fn's statement", func(ctx context.Context, _ *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], req txlimit.Request) error {
+			_, err := l.Commit(ctx, func(tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, insertOrder, "taken", 1)
 				return err
 			}, req)
 			return err
 		}, code("23505")},
-		{"BeginFunc, a deferred constraint at COMMIT", func(ctx context.Context, _ *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], req txlimit.Request) error {
-			_, err := l.BeginFunc(ctx, func(tx pgx.Tx) error {
+		{"Commit, a deferred constraint at COMMIT", func(ctx context.Context, _ *pgxpool.Pool, l *txlimit.Limiter[pgx.Tx], req txlimit.Request) error {
+			_, err := l.Commit(ctx, func(tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, `INSERT INTO deferred VALUES ($1)`, 1)
 				return err
 			}, req)
@@ -383,12 +383,12 @@ func callerErrorThroughPgBouncer(t *testing.T, e *bouncerEnv) {
 			reader, err := txlimit.New(pgstore.New(e.admin), limits, opts)
 			require.NoError(t, err)
 			value := func() float64 {
-				snap, err := reader.Value(ctx, name, "k")
+				snap, err := reader.Check(ctx, name, "k", txlimit.Count(0))
 				require.NoError(t, err)
-				return snap.Value
+				return snap.Remaining
 			}
 			// A grant first, so that each case finds the key's row.
-			_, err = l.BeginFunc(ctx, func(pgx.Tx) error { return nil }, commitReq(name, "k"))
+			_, err = l.Commit(ctx, func(pgx.Tx) error { return nil }, commitReq(name, "k"))
 			require.NoError(t, err)
 			for _, tc := range cases {
 				for range 3 { // on each connection of the pool, and again
@@ -424,6 +424,6 @@ func sendThenRollback(ctx context.Context, pool *pgxpool.Pool, l *txlimit.Limite
 	defer func() { _ = tx.Rollback(ctx) }()
 	b := &pgx.Batch{}
 	queue(b)
-	_, err = txlimit.SendBatch(ctx, l, tx, b, req)
+	_, err = pgstore.SendBatch(ctx, l, tx, b, req)
 	return err
 }

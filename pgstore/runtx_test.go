@@ -73,9 +73,9 @@ func TestRunTx(t *testing.T) {
 		require.Equal(t, 2, attempts)
 		require.Len(t, errs, 1)
 		require.Equal(t, "40001", sqlState(errs[0]), "%v", errs[0])
-		snap, err := l.Value(ctx, "runtx", "k")
+		snap, err := l.Check(ctx, "runtx", "k", txlimit.Count(0))
 		require.NoError(t, err)
-		require.InDelta(t, 7.0, snap.Value, 0.01, "three tokens taken: before, by B and by A's second run")
+		require.InDelta(t, 7.0, snap.Remaining, 0.01, "three tokens taken: before, by B and by A's second run")
 	})
 
 	t.Run("RetriesADeadlock", func(t *testing.T) {

@@ -514,8 +514,8 @@ func TestInTx(t *testing.T) {
 	require.Equal(t, 1, count(), "a panic rolls back")
 
 	err = ops(sqlitestore.New(nil)).InTx(ctx, false, func(*sql.Tx) error { t.Fatal("fn called without a database"); return nil })
-	require.ErrorIs(t, err, txlimit.ErrNoPool)
-	require.ErrorIs(t, ops(sqlitestore.New(nil)).Ping(ctx), txlimit.ErrNoPool)
+	require.ErrorIs(t, err, driver.ErrNoPool)
+	require.ErrorIs(t, ops(sqlitestore.New(nil)).Ping(ctx), driver.ErrNoPool)
 }
 
 // TestNotMigrated: on a database where migrations.Up did not run (or the
@@ -820,9 +820,9 @@ func hammer(t *testing.T, params string, shards, perTx int) (ok, denied int, err
 		t.Fatalf("errors with %d calls per transaction: %v", perTx, errs)
 	}
 
-	snap, err := l.Value(ctx, "l", "hot")
+	snap, err := l.Check(ctx, "l", "hot", txlimit.Count(0))
 	require.NoError(t, err)
-	require.InDelta(t, float64(10-ok), snap.Value, 1e-9, "stored value agrees with the admissions")
+	require.InDelta(t, float64(10-ok), snap.Remaining, 1e-9, "stored value agrees with the admissions")
 	return ok, denied, errs
 }
 

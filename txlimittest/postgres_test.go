@@ -129,7 +129,7 @@ func TestPostgres(t *testing.T) {
 			txlimittest.RequireAdmittedTx(tb, l, tx, "send", "carol")
 			_, _ = tx.Exec(ctx, "SELECT 1/0") // the code under test fails: the transaction is aborted
 		})
-	}, "ValueTx in the transaction", "25P02")
+	}, "CheckTx in the transaction", "25P02")
 	mustFail(t, func(tb testing.TB) {
 		tx, err := p.Begin(ctx)
 		if err != nil {

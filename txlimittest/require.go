@@ -109,7 +109,7 @@ func requireDenied(t testing.TB, c string, retryAfter time.Duration, res txlimit
 		t.Fatalf("%s: want %s, got error: %v", c, want, explain(err))
 	case res.FailedOpen:
 		t.Fatalf("%s: want %s, got a grant by Options.FailOpen: the store failed (the error went to Options.Observer)", c, want)
-	case res.Reserved():
+	case res.OK && res.RetryAfter > 0:
 		t.Fatalf("%s: want %s, got a reservation with RetryAfter %v%s at %s", c, want, res.RetryAfter, counts(res), at(res.At))
 	case res.OK:
 		t.Fatalf("%s: want %s, got admitted%s at %s", c, want, counts(res), at(res.At))
@@ -118,45 +118,57 @@ func requireDenied(t testing.TB, c string, retryAfter time.Duration, res txlimit
 	}
 }
 
-// RequireRemaining reads l.Value(name, key, opts...), the tokens the limit
-// holds now, summed over its shards, as last committed, and ends the test
-// unless it is want, to within a relative 1e-9 (an absolute 1e-9 below one
-// token): refills are computed in float64, so a limit that has refilled one
-// token may hold 0.9999999999999999. It returns the Snapshot it read. Only
-// Inline is used among opts. While reservations are outstanding the
-// value is negative.
-func RequireRemaining[TTx any](t testing.TB, l *txlimit.Limiter[TTx], name, key string, want float64, opts ...txlimit.Option) txlimit.Snapshot {
+// RequireRemaining reads l.Check(name, key, opts...) asking for no token
+// (Count(0)): Result.Remaining, the tokens the limit holds now, summed over
+// its shards, as last committed; and ends the test unless it is want, to
+// within a relative 1e-9 (an absolute 1e-9 below one token): refills are
+// computed in float64, so a limit that has refilled one token may hold
+// 0.9999999999999999. It returns the Result it read (Remaining, Leased,
+// At). Only Inline is used among opts. While reservations are outstanding
+// the value is negative. A grant by Options.FailOpen reads nothing: it ends
+// the test, since it means that the store failed.
+func RequireRemaining[TTx any](t testing.TB, l *txlimit.Limiter[TTx], name, key string, want float64, opts ...txlimit.Option) txlimit.Result {
 	t.Helper()
 	ctx, cancel := callContext()
 	defer cancel()
-	s, err := l.Value(ctx, name, key, opts...)
-	requireRemaining(t, call("Value", name, key), want, s, err)
-	return s
+	res, err := l.Check(ctx, name, key, reading(opts)...)
+	requireRemaining(t, call("Check", name, key), want, res, err)
+	return res
 }
 
-// RequireRemainingTx is RequireRemaining with l.ValueTx in tx: it sees what
+// RequireRemainingTx is RequireRemaining with l.CheckTx in tx: it sees what
 // tx has taken and not committed yet.
-func RequireRemainingTx[TTx any](t testing.TB, l *txlimit.Limiter[TTx], tx TTx, name, key string, want float64, opts ...txlimit.Option) txlimit.Snapshot {
+func RequireRemainingTx[TTx any](t testing.TB, l *txlimit.Limiter[TTx], tx TTx, name, key string, want float64, opts ...txlimit.Option) txlimit.Result {
 	t.Helper()
 	ctx, cancel := callContext()
 	defer cancel()
-	s, err := l.ValueTx(ctx, tx, name, key, opts...)
-	requireRemaining(t, call("ValueTx", name, key), want, s, err)
-	return s
+	res, err := l.CheckTx(ctx, tx, name, key, reading(opts)...)
+	requireRemaining(t, call("CheckTx", name, key), want, res, err)
+	return res
 }
 
-func requireRemaining(t testing.TB, c string, want float64, s txlimit.Snapshot, err error) {
+// reading is opts for a Check that reads a limit: Count(0) last, which asks
+// for no token, so that a limit of any Capacity is read and a Count among
+// opts is not used.
+func reading(opts []txlimit.Option) []txlimit.Option {
+	return append(opts[:len(opts):len(opts)], txlimit.Count(0))
+}
+
+func requireRemaining(t testing.TB, c string, want float64, res txlimit.Result, err error) {
 	t.Helper()
 	switch {
 	case err != nil:
 		t.Fatalf("%s: want %v tokens, got error: %v", c, want, explain(err))
-	case !equal(s.Value, want):
-		t.Fatalf("%s: want %v tokens, got %v at %s", c, want, s.Value, at(s.At))
+	case res.FailedOpen:
+		t.Fatalf("%s: want %v tokens, got a grant by Options.FailOpen: the store failed (the error went to Options.Observer)", c, want)
+	case !equal(res.Remaining, want):
+		t.Fatalf("%s: want %v tokens, got %v at %s", c, want, res.Remaining, at(res.At))
 	}
 }
 
 // RequireRollbackRestores checks txlimit's promise that a transaction that
-// rolls back spends nothing. It reads l.Value(name, key), begins a
+// rolls back spends nothing. It reads the limit (l.Check with Count(0), as
+// RequireRemaining does), begins a
 // transaction with begin, calls fn with it (fn runs the code under test,
 // which takes from the limit in the transaction: LimitTx, LimitAllTx,
 // CreditTx, ResetTx, or the application's own function that calls them),
@@ -182,15 +194,18 @@ func requireRemaining(t testing.TB, c string, want float64, s txlimit.Snapshot, 
 func RequireRollbackRestores[TTx any](t testing.TB, l *txlimit.Limiter[TTx], begin func() (TTx, error), name, key string, fn func(tx TTx), opts ...txlimit.Option) {
 	t.Helper()
 	c := fmt.Sprintf("txlimittest: RequireRollbackRestores(%q, %q)", name, key)
-	value := func(when string) txlimit.Snapshot {
+	value := func(when string) txlimit.Result {
 		t.Helper()
 		ctx, cancel := callContext()
 		defer cancel()
-		s, err := l.Value(ctx, name, key, opts...)
-		if err != nil {
-			t.Fatalf("%s: Value %s: %v", c, when, explain(err))
+		res, err := l.Check(ctx, name, key, reading(opts)...)
+		switch {
+		case err != nil:
+			t.Fatalf("%s: Check %s: %v", c, when, explain(err))
+		case res.FailedOpen:
+			t.Fatalf("%s: Check %s: a grant by Options.FailOpen: the store failed (the error went to Options.Observer)", c, when)
 		}
-		return s
+		return res
 	}
 	before := value("before the transaction")
 	tx, err := begin()
@@ -209,30 +224,30 @@ func RequireRollbackRestores[TTx any](t testing.TB, l *txlimit.Limiter[TTx], beg
 	}()
 	fn(tx)
 	ctx, cancel := callContext()
-	inside, err := l.ValueTx(ctx, tx, name, key, opts...)
+	inside, err := l.CheckTx(ctx, tx, name, key, reading(opts)...)
 	cancel()
 	if err != nil {
-		t.Fatalf("%s: ValueTx in the transaction, after fn: %v (fn must leave the transaction open and usable; on PostgreSQL a statement that fails aborts it)", c, explain(err))
+		t.Fatalf("%s: CheckTx in the transaction, after fn: %v (fn must leave the transaction open and usable; on PostgreSQL a statement that fails aborts it)", c, explain(err))
 	}
-	if equal(inside.Value, before.Value) {
+	if equal(inside.Remaining, before.Remaining) {
 		t.Fatalf("%s: fn changed nothing in the transaction: the limit holds %v tokens before it and in it, so a rollback proves nothing; "+
-			"fn should take from the limit in the transaction it is given (LimitTx)", c, before.Value)
+			"fn should take from the limit in the transaction it is given (LimitTx)", c, before.Remaining)
 	}
 	rolledBack = true
 	if err := rollback(); err != nil {
 		t.Fatalf("%s: rollback: %v", c, err)
 	}
 	after := value("after the rollback")
-	if equal(after.Value, before.Value) {
+	if equal(after.Remaining, before.Remaining) {
 		return
 	}
 	if !after.At.Equal(before.At) {
 		t.Fatalf("%s: the limit holds %v tokens after the rollback and held %v before the transaction (%v in it), "+
 			"but the clock moved between the readings, from %s to %s: give the limiter a txlimittest.Clock (Options.Clock) that fn does not move",
-			c, after.Value, before.Value, inside.Value, at(before.At), at(after.At))
+			c, after.Remaining, before.Remaining, inside.Remaining, at(before.At), at(after.At))
 	}
 	t.Fatalf("%s: the rollback did not restore the limit: it holds %v tokens after the rollback, %v before the transaction and %v in it, at %s",
-		c, after.Value, before.Value, inside.Value, at(after.At))
+		c, after.Remaining, before.Remaining, inside.Remaining, at(after.At))
 }
 
 // rollbackFunc returns the rollback of tx: the transaction types of

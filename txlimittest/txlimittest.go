@@ -75,7 +75,7 @@ import (
 // server's clock (clock_timestamp() on PostgreSQL; the process's clock on
 // SQLite, which has no server), and hands that reading to the store, whose
 // SQL computes with it: so a Clock drives the database side's "now" as well,
-// and every refill, window boundary, RetryAfter, Result.At, Value and Prune
+// and every refill, window boundary, RetryAfter, Result.At, Remaining and Prune
 // follows it. State is kept at microsecond precision, so a limiter uses
 // only the whole microseconds of the reading.
 //

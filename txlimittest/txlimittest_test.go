@@ -295,7 +295,7 @@ func TestRequireAdmitted(t *testing.T) {
 	// A reservation is admitted.
 	mustPass(t, func(tb testing.TB) {
 		res := txlimittest.RequireAdmitted(tb, l, "send", "carol", txlimit.Reserve())
-		if !res.Reserved() || res.RetryAfter != 20*time.Second {
+		if !res.OK || res.RetryAfter != 20*time.Second {
 			t.Errorf("returned %+v, want a reservation with RetryAfter 20s", res)
 		}
 	})
@@ -359,8 +359,8 @@ func TestRequireRemaining(t *testing.T) {
 
 	mustPass(t, func(tb testing.TB) {
 		s := txlimittest.RequireRemaining(tb, l, "send", "alice", 0.5)
-		if s.Value != 0.5 || !s.At.Equal(t0.Add(10*time.Second)) || s.Config.Rate != 3 {
-			t.Errorf("returned %+v, want the Snapshot", s)
+		if s.Remaining != 0.5 || !s.At.Equal(t0.Add(10*time.Second)) || s.Name != "send" || s.Key != "alice" || s.Leased != 0 {
+			t.Errorf("returned %+v, want the Result", s)
 		}
 		txlimittest.RequireRemaining(tb, l, "send", "bob", 3)
 		// Within the documented tolerance.
@@ -368,6 +368,10 @@ func TestRequireRemaining(t *testing.T) {
 		txlimittest.RequireRemaining(tb, l, "send", "bob", 3*(1-1e-10))
 		// Inline, for a limit New was not given.
 		txlimittest.RequireRemaining(tb, l, "other", "bob", 7, txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 7, Period: time.Hour}))
+		// Only Inline is used among opts: a Count above Capacity reads the
+		// limit all the same, and so does a Capacity below one token.
+		txlimittest.RequireRemaining(tb, l, "send", "bob", 3, txlimit.Count(5))
+		txlimittest.RequireRemaining(tb, l, "tiny", "bob", 0.5, txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 0.5, Period: time.Hour}))
 
 		tx := begin(tb, db)
 		defer tx.Rollback()
@@ -377,16 +381,16 @@ func TestRequireRemaining(t *testing.T) {
 	})
 
 	mustFail(t, func(tb testing.TB) { txlimittest.RequireRemaining(tb, l, "send", "alice", 1) },
-		`txlimittest: Value("send", "alice")`, "want 1 tokens, got 0.5 at 2026-03-01T12:00:10Z")
+		`txlimittest: Check("send", "alice")`, "want 1 tokens, got 0.5 at 2026-03-01T12:00:10Z")
 	mustFail(t, func(tb testing.TB) { txlimittest.RequireRemaining(tb, l, "send", "alice", 0.5+1e-8) },
 		"got 0.5")
 	mustFail(t, func(tb testing.TB) {
 		tx := begin(tb, db)
 		defer tx.Rollback()
 		txlimittest.RequireRemainingTx(tb, l, tx, "send", "alice", 0)
-	}, `txlimittest: ValueTx("send", "alice")`, "want 0 tokens, got 0.5")
+	}, `txlimittest: CheckTx("send", "alice")`, "want 0 tokens, got 0.5")
 	mustFail(t, func(tb testing.TB) { txlimittest.RequireRemaining(tb, l, "nope", "alice", 0) },
-		`Value("nope", "alice")`, "got error")
+		`Check("nope", "alice")`, "got error")
 }
 
 func TestRequireRollbackRestores(t *testing.T) {
@@ -464,7 +468,7 @@ func TestRequireRollbackRestores(t *testing.T) {
 			tb.Fatal("fn gives up")
 		})
 	}, "fn gives up")
-	txlimittest.RequireRemaining(t, l, "send", "frank", before.Value)
+	txlimittest.RequireRemaining(t, l, "send", "frank", before.Remaining)
 	txlimittest.RequireAdmitted(t, l, "send", "frank")
 
 	// Errors.
@@ -473,13 +477,13 @@ func TestRequireRollbackRestores(t *testing.T) {
 	}, `RequireRollbackRestores("send", "gina")`, "begin: no connection")
 	mustFail(t, func(tb testing.TB) {
 		txlimittest.RequireRollbackRestores(tb, l, db.Begin, "nope", "gina", func(tx *sql.Tx) {})
-	}, `RequireRollbackRestores("nope", "gina")`, "Value before the transaction")
+	}, `RequireRollbackRestores("nope", "gina")`, "Check before the transaction")
 	mustFail(t, func(tb testing.TB) {
 		txlimittest.RequireRollbackRestores(tb, l, db.Begin, "send", "gina", func(tx *sql.Tx) {
 			txlimittest.RequireAdmittedTx(tb, l, tx, "send", "gina")
 			_ = tx.Commit() // the code under test must not end the transaction it is given
 		})
-	}, "ValueTx in the transaction", "already been committed")
+	}, "CheckTx in the transaction", "already been committed")
 }
 
 func TestPrune(t *testing.T) {

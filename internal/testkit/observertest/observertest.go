@@ -29,11 +29,12 @@ import (
 // whose outcomes are known exactly (the clock stands still): see
 // WantDecisions and WantErrors. unmigrated is a store on a database without
 // txlimit's table; unreachable is one on a closed database, for the store's
-// errors.
-func RunScenario[TTx any](t *testing.T, store, unmigrated, unreachable driver.Store[TTx], obs txlimit.Observer) {
+// errors. obs is an Observer such as otelobserver's and promobserver's,
+// whose Observe method the Limiters are given as Options.Observer.
+func RunScenario[TTx any](t *testing.T, store, unmigrated, unreachable driver.Store[TTx], obs Observer) {
 	t.Helper()
 	ctx := context.Background()
-	opts := &txlimit.Options{Clock: Frozen(), Observer: obs}
+	opts := &txlimit.Options{Clock: Frozen(), Observer: obs.Observe}
 	l, err := txlimit.New(store, map[string]txlimit.Config{
 		"send":  {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour, MaxReserved: 1},
 		"burst": {Kind: txlimit.FixedWindow, Rate: 10, Period: time.Hour, Shards: 2},
@@ -47,7 +48,7 @@ func RunScenario[TTx any](t *testing.T, store, unmigrated, unreachable driver.St
 		require.NoError(t, err)
 		got := "denied"
 		switch {
-		case res.Reserved():
+		case res.OK && res.RetryAfter > 0:
 			got = "reserved"
 		case res.OK:
 			got = "allowed"
@@ -63,7 +64,7 @@ func RunScenario[TTx any](t *testing.T, store, unmigrated, unreachable driver.St
 
 	// Errors: bad input twice, a cancelled context.
 	_, err = l.Limit(ctx, "send", "alice", txlimit.Count(-1))
-	require.ErrorIs(t, err, txlimit.ErrInvalid)
+	require.ErrorAs(t, err, new(*txlimit.InvalidError))
 	_, err = l.Limit(ctx, "nope", "alice")
 	storetest.RequireUnknownLimit(t, err)
 	cancelled, cancel := context.WithCancel(ctx)
@@ -75,19 +76,19 @@ func RunScenario[TTx any](t *testing.T, store, unmigrated, unreachable driver.St
 	// never grants on a setup mistake.
 	bare := map[string]txlimit.Config{"bare": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}
 	for _, failOpen := range []bool{false, true} {
-		l, err := txlimit.New(unmigrated, bare, &txlimit.Options{Observer: obs, FailOpen: failOpen})
+		l, err := txlimit.New(unmigrated, bare, &txlimit.Options{Observer: obs.Observe, FailOpen: failOpen})
 		require.NoError(t, err)
 		_, err = l.Limit(ctx, "bare", "")
 		require.ErrorIs(t, err, txlimit.ErrNotMigrated)
 	}
 	// A database that cannot be reached: once failing closed, once open.
 	down := map[string]txlimit.Config{"down": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second}}
-	closed, err := txlimit.New(unreachable, down, &txlimit.Options{Observer: obs})
+	closed, err := txlimit.New(unreachable, down, &txlimit.Options{Observer: obs.Observe})
 	require.NoError(t, err)
 	_, err = closed.Limit(ctx, "down", "")
 	require.Error(t, err)
 	require.NotErrorIs(t, err, txlimit.ErrNotMigrated)
-	open, err := txlimit.New(unreachable, down, &txlimit.Options{Observer: obs, FailOpen: true})
+	open, err := txlimit.New(unreachable, down, &txlimit.Options{Observer: obs.Observe, FailOpen: true})
 	require.NoError(t, err)
 	res, err = open.Limit(ctx, "down", "")
 	require.NoError(t, err)
@@ -181,7 +182,14 @@ func ClosedPostgres(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
-// Recorder is an Observer that keeps every Event.
+// Observer is what RunScenario observes with: a value whose Observe is
+// passed as txlimit.Options.Observer.
+type Observer interface {
+	Observe(ctx context.Context, e txlimit.Event)
+}
+
+// Recorder is an Observer that keeps every Event: pass its Observe as
+// txlimit.Options.Observer.
 type Recorder struct {
 	mu     sync.Mutex
 	events []txlimit.Event

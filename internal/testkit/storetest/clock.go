@@ -6,6 +6,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/algo"
 )
 
 // T0 is the instant a Clock starts at.
@@ -42,3 +45,34 @@ var limitSeq atomic.Int64
 func UniqueName(t testing.TB, base string) string {
 	return fmt.Sprintf("%s#%d/%s", t.Name(), limitSeq.Add(1), base)
 }
+
+// KindName is kind as Go spells it ("TokenBucket", "Daily"), for the names
+// of subtests and keys.
+func KindName(kind txlimit.Kind) string {
+	switch kind {
+	case txlimit.TokenBucket:
+		return "TokenBucket"
+	case txlimit.FixedWindow:
+		return "FixedWindow"
+	case txlimit.SlidingWindow:
+		return "SlidingWindow"
+	case txlimit.Daily:
+		return "Daily"
+	case txlimit.Weekly:
+		return "Weekly"
+	case txlimit.Monthly:
+		return "Monthly"
+	case txlimit.Yearly:
+		return "Yearly"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(kind))
+}
+
+// MaxWait is the longest wait a Result reports (txlimit's own is
+// unexported; its docs say "about 146 years"): 2^62 ns in whole
+// microseconds.
+const MaxWait = time.Duration(algo.MaxWait) * time.Microsecond
+
+// MaxKeyLen is the longest key in bytes every store takes (txlimit's
+// bound, unexported; its docs say 2048 bytes).
+const MaxKeyLen = 2048

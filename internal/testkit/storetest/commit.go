@@ -17,7 +17,7 @@ import (
 )
 
 // runCommit is the suite's topic for the takes that end the transaction
-// (CommitTx, BeginFunc): the work of a denied transaction is gone with it,
+// (CommitTx, Commit): the work of a denied transaction is gone with it,
 // a granted one commits its work and its tokens together, all or none over
 // several limits, under concurrency exactly. The work is a take from a
 // limit of its own ("work", one key per transaction), whose rows say
@@ -56,12 +56,12 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 		return txlimit.Request{Name: name, Key: key, Options: opts}
 	}
 
-	t.Run("BeginFunc", func(t *testing.T) {
+	t.Run("Commit", func(t *testing.T) {
 		name := UniqueName(t, "send")
 		l := newLimiter(t, map[string]txlimit.Config{name: bucket})
 		for i := range 3 {
 			var key string
-			res, err := l.BeginFunc(ctx, doWork(l, &key), req(name, "k"))
+			res, err := l.Commit(ctx, doWork(l, &key), req(name, "k"))
 			require.NoError(t, err)
 			require.True(t, res.OK)
 			require.Equal(t, float64(2-i), res.Results[0].Remaining)
@@ -69,7 +69,7 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 		}
 		before := h.Rows(t, name, "k")
 		var key string
-		res, err := l.BeginFunc(ctx, doWork(l, &key), req(name, "k"))
+		res, err := l.Commit(ctx, doWork(l, &key), req(name, "k"))
 		var rl *txlimit.RateLimitedError
 		require.ErrorAs(t, err, &rl, "a denial is the error of the commit")
 		require.Equal(t, 20*time.Minute, rl.RetryAfter)
@@ -80,7 +80,7 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 		require.Equal(t, before, h.Rows(t, name, "k"), "a denial writes nothing")
 
 		clk.Advance(20 * time.Minute)
-		res, err = l.BeginFunc(ctx, doWork(l, &key), req(name, "k"))
+		res, err = l.Commit(ctx, doWork(l, &key), req(name, "k"))
 		require.NoError(t, err)
 		require.True(t, res.OK, "granted at RetryAfter")
 		require.True(t, committed(t, key))
@@ -106,10 +106,10 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("AllOrNone", func(t *testing.T) {
 		a, b := UniqueName(t, "a"), UniqueName(t, "b")
 		l := newLimiter(t, map[string]txlimit.Config{a: bucket, b: {Kind: txlimit.FixedWindow, Rate: 2, Period: hour}})
-		_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(b, "k", txlimit.Count(2)))
+		_, err := l.Commit(ctx, func(TTx) error { return nil }, req(b, "k", txlimit.Count(2)))
 		require.NoError(t, err)
 		var key string
-		res, err := l.BeginFunc(ctx, doWork(l, &key), req(a, "k"), req(b, "k"))
+		res, err := l.Commit(ctx, doWork(l, &key), req(a, "k"), req(b, "k"))
 		require.ErrorIs(t, err, txlimit.ErrRateLimited)
 		require.False(t, committed(t, key))
 		require.Equal(t, []bool{true, false}, []bool{res.Results[0].OK, res.Results[1].OK}, "each limit's own decision")
@@ -122,7 +122,7 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 		l := newLimiter(t, map[string]txlimit.Config{name: bucket})
 		boom := errors.New("boom")
 		var key string
-		_, err := l.BeginFunc(ctx, func(tx TTx) error {
+		_, err := l.Commit(ctx, func(tx TTx) error {
 			require.NoError(t, doWork(l, &key)(tx))
 			return boom
 		}, req(name, "k"))
@@ -135,12 +135,12 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 		name := UniqueName(t, "send")
 		l := newLimiter(t, map[string]txlimit.Config{name: bucket})
 		ran := false
-		_, err := l.BeginFunc(ctx, func(TTx) error { ran = true; return nil }, req(name, "k", txlimit.Count(4)))
+		_, err := l.Commit(ctx, func(TTx) error { ran = true; return nil }, req(name, "k", txlimit.Count(4)))
 		var inv *txlimit.InvalidError
 		require.ErrorAs(t, err, &inv)
 		require.Equal(t, "Count", inv.Field)
 		require.False(t, ran, "requests are validated before the transaction begins")
-		_, err = l.BeginFunc(ctx, func(TTx) error { ran = true; return nil })
+		_, err = l.Commit(ctx, func(TTx) error { ran = true; return nil })
 		require.ErrorAs(t, err, &inv)
 		require.Equal(t, "reqs", inv.Field)
 
@@ -161,11 +161,11 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 			window:  {Kind: txlimit.SlidingWindow, Rate: 2, Period: hour},
 		})
 		for i := range 9 {
-			_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(sharded, "k"))
+			_, err := l.Commit(ctx, func(TTx) error { return nil }, req(sharded, "k"))
 			require.Equal(t, i < 8, err == nil, "call %d: %v", i, err)
 		}
 		for i := range 3 {
-			_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(window, "k"))
+			_, err := l.Commit(ctx, func(TTx) error { return nil }, req(window, "k"))
 			require.Equal(t, i < 2, err == nil, "sliding window call %d: %v", i, err)
 		}
 	})
@@ -175,7 +175,7 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 		l := newLimiter(t, map[string]txlimit.Config{name: bucket})
 		for field, opt := range map[string]txlimit.Option{"Reserve": txlimit.Reserve(), "UpTo": txlimit.UpTo(2)} {
 			ran := false
-			_, err := l.BeginFunc(ctx, func(TTx) error { ran = true; return nil }, req(name, "k", opt))
+			_, err := l.Commit(ctx, func(TTx) error { ran = true; return nil }, req(name, "k", opt))
 			var inv *txlimit.InvalidError
 			require.ErrorAs(t, err, &inv, field)
 			require.Equal(t, field, inv.Field)
@@ -199,7 +199,7 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 		one.Shards = 1
 		granted, retried := 0, 0
 		for granted < 4 && retried <= 1 {
-			res, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(name, "k", txlimit.Inline(one)))
+			res, err := l.Commit(ctx, func(TTx) error { return nil }, req(name, "k", txlimit.Inline(one)))
 			if err == nil {
 				granted++
 				continue
@@ -209,7 +209,7 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 			retried++
 		}
 		require.Equal(t, 4, granted)
-		_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(name, "k", txlimit.Inline(one)))
+		_, err := l.Commit(ctx, func(TTx) error { return nil }, req(name, "k", txlimit.Inline(one)))
 		require.ErrorIs(t, err, txlimit.ErrRateLimited)
 		require.Len(t, h.Rows(t, name, "k"), 1)
 	})
@@ -221,7 +221,7 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 		var keys sync.Map
 		RequireExactAdmission(t, l, name, h.Conns-1, 6, capacity, func() (txlimit.Result, error) {
 			var key string
-			res, err := l.BeginFunc(ctx, doWork(l, &key), req(name, "k"))
+			res, err := l.Commit(ctx, doWork(l, &key), req(name, "k"))
 			if errors.Is(err, txlimit.ErrRateLimited) {
 				err = nil
 			}
@@ -245,7 +245,7 @@ func runCommit[TTx any](t *testing.T, h Harness[TTx]) {
 		mu.Lock()
 		events = nil
 		mu.Unlock()
-		_, err := l.BeginFunc(ctx, func(TTx) error { return nil }, req(name, "k"))
+		_, err := l.Commit(ctx, func(TTx) error { return nil }, req(name, "k"))
 		require.NoError(t, err)
 		mu.Lock()
 		defer mu.Unlock()
@@ -271,30 +271,26 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		clk := NewClock()
 		name := UniqueName(t, "leased")
 		l := e.limiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 10, Period: hour, Lease: 4, LeaseFor: hour}}, clk)
-		snap := func() txlimit.Snapshot {
-			s, err := l.Value(ctx, name, "k")
-			require.NoError(t, err)
-			return s
-		}
-		res, err := l.BeginFunc(ctx, nothing, req(name))
+		snap := func() txlimit.Result { return snapshot(t, l, name) }
+		res, err := l.Commit(ctx, nothing, req(name))
 		require.NoError(t, err)
 		require.True(t, res.OK)
 		require.Equal(t, float64(1), res.Results[0].Taken)
-		require.Equal(t, float64(6), snap().Value, "the lease took 4")
+		require.Equal(t, float64(6), snap().Remaining, "the lease took 4")
 		require.Equal(t, float64(3), snap().Leased, "and handed out 1")
 
 		boom := errors.New("boom")
-		_, err = l.BeginFunc(ctx, func(TTx) error { return boom }, req(name))
+		_, err = l.Commit(ctx, func(TTx) error { return boom }, req(name))
 		require.ErrorIs(t, err, boom)
 		require.Equal(t, float64(3), snap().Leased, "a transaction that failed gave its token back to the lease")
 
 		require.NoError(t, l.ReturnLeases(ctx))
-		require.Equal(t, float64(9), snap().Value, "ReturnLeases gives the unused tokens back")
+		require.Equal(t, float64(9), snap().Remaining, "ReturnLeases gives the unused tokens back")
 		require.Equal(t, float64(0), snap().Leased)
 
 		// 9 tokens left: 9 grants, then a denial with the limit's own wait.
 		for i := range 10 {
-			res, err := l.BeginFunc(ctx, nothing, req(name))
+			res, err := l.Commit(ctx, nothing, req(name))
 			if i < 9 {
 				require.NoError(t, err, "call %d", i)
 				continue
@@ -302,7 +298,7 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 			require.ErrorIs(t, err, txlimit.ErrRateLimited)
 			require.Equal(t, 6*time.Minute, res.RetryAfter, "a token comes every 6 minutes")
 		}
-		require.Equal(t, float64(0), snap().Value+snap().Leased)
+		require.Equal(t, float64(0), snap().Remaining+snap().Leased)
 	})
 
 	t.Run("Invalid", func(t *testing.T) {
@@ -312,6 +308,8 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 			"Lease ":   func(c *txlimit.Config) { c.Lease = -1 },
 			"Lease  ":  func(c *txlimit.Config) { c.Lease, c.Kind = 2, txlimit.SlidingWindow },
 			"LeaseFor": func(c *txlimit.Config) { c.Lease, c.LeaseFor = 2, -time.Second },
+			// LeaseFor without a Lease.
+			"LeaseFor ": func(c *txlimit.Config) { c.LeaseFor = time.Second },
 			// LeaseAhead: not a finite count >= 0, without a Lease, above
 			// the Lease.
 			"LeaseAhead":    func(c *txlimit.Config) { c.Lease, c.LeaseAhead = 2, -1 },
@@ -326,6 +324,24 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 			require.ErrorAs(t, err, &inv, field)
 			require.Equal(t, strings.TrimSpace(field), inv.Field, "%v", err)
 		}
+	})
+
+	t.Run("LeaseForOnlyWithLease", func(t *testing.T) {
+		// The normalized Config holds LeaseFor's default only when Lease
+		// is set; LeaseFor without Lease names the fix.
+		plain, leased := UniqueName(t, "plain"), UniqueName(t, "leased")
+		l := e.limiter(t, map[string]txlimit.Config{
+			plain:  {Kind: txlimit.TokenBucket, Rate: 10, Period: hour},
+			leased: {Kind: txlimit.TokenBucket, Rate: 10, Period: hour, Lease: 4},
+		}, NewClock())
+		c, ok := l.Config(plain)
+		require.True(t, ok)
+		require.Zero(t, c.LeaseFor, "no Lease: no LeaseFor")
+		c, ok = l.Config(leased)
+		require.True(t, ok)
+		require.Equal(t, time.Second, c.LeaseFor, "LeaseFor defaults to one second with a Lease")
+		_, err := txlimit.New(h.Store, map[string]txlimit.Config{"x": {Kind: txlimit.TokenBucket, Rate: 10, Period: hour, LeaseFor: time.Minute}}, nil)
+		require.ErrorContains(t, err, "set Lease too, or leave LeaseFor 0")
 	})
 
 	t.Run("AheadNamesTheFix", func(t *testing.T) {
@@ -356,14 +372,14 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		name := UniqueName(t, "ahead")
 		l := aheadLimiter(t, e, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 10, Period: hour,
 			Lease: 4, LeaseAhead: 2, LeaseFor: time.Minute}}, clk)
-		snap := func() txlimit.Snapshot { return snapshot(t, l, name) }
+		snap := func() txlimit.Result { return snapshot(t, l, name) }
 		call := func(fn func(TTx) error) error {
-			_, err := l.BeginFunc(ctx, fn, req(name))
+			_, err := l.Commit(ctx, fn, req(name))
 			return err
 		}
 		require.NoError(t, call(nothing))
 		require.NoError(t, call(nothing))
-		require.Equal(t, float64(6), snap().Value, "the first lease took 4")
+		require.Equal(t, float64(6), snap().Remaining, "the first lease took 4")
 		require.Equal(t, float64(2), snap().Leased, "and handed out 2: not below LeaseAhead")
 
 		// 30 s on, the third call leaves 1 < LeaseAhead: the next lease,
@@ -372,8 +388,8 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		clk.Advance(30 * time.Second)
 		require.NoError(t, call(nothing))
 		require.Equal(t, float64(5), snap().Leased,
-			"the lease taken ahead lands beside the one held (Value waits for it): Leased counts both")
-		require.InDelta(t, 2+1.0/12, snap().Value, 1e-9)
+			"the lease taken ahead lands beside the one held (Check waits for it): Leased counts both")
+		require.InDelta(t, 2+1.0/12, snap().Remaining, 1e-9)
 
 		// A minute after the first take: its last token is over and dropped
 		// (a credit now could add what the Capacity cut), while the one
@@ -381,7 +397,7 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		clk.Advance(30 * time.Second)
 		require.NoError(t, call(nothing))
 		require.Equal(t, float64(3), snap().Leased)
-		require.InDelta(t, 2+2.0/12, snap().Value, 1e-9, "the over lease's token was dropped, not credited")
+		require.InDelta(t, 2+2.0/12, snap().Remaining, 1e-9, "the over lease's token was dropped, not credited")
 
 		boom := errors.New("boom")
 		require.ErrorIs(t, call(func(TTx) error { return boom }), boom)
@@ -390,7 +406,7 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		require.NoError(t, l.ReturnLeases(ctx))
 		s := snapshot(t, l, name)
 		require.Zero(t, s.Leased)
-		require.InDelta(t, 10+2.0/12-4-1, s.Value, 1e-9, "10 + a minute's refill - 4 granted - 1 dropped")
+		require.InDelta(t, 10+2.0/12-4-1, s.Remaining, 1e-9, "10 + a minute's refill - 4 granted - 1 dropped")
 	})
 
 	t.Run("AheadStaysInItsWindow", func(t *testing.T) {
@@ -403,7 +419,7 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		clk.Advance(start.Add(hour - time.Minute).Sub(clk.Now()))
 		l := aheadLimiter(t, e, map[string]txlimit.Config{name: {Kind: txlimit.FixedWindow, Rate: 10, Period: hour, Start: start,
 			Lease: 4, LeaseAhead: 4, LeaseFor: 2 * hour}}, clk)
-		_, err := l.BeginFunc(ctx, nothing, req(name))
+		_, err := l.Commit(ctx, nothing, req(name))
 		require.NoError(t, err)
 		require.Equal(t, float64(7), snapshot(t, l, name).Leased,
 			"LeaseAhead = Lease: the next lease is taken at the first call")
@@ -413,7 +429,7 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		require.Equal(t, 10, granted, "neither lease of the last window served this one")
 		require.NoError(t, l.ReturnLeases(ctx))
 		s := snapshot(t, l, name)
-		require.Zero(t, s.Value+s.Leased)
+		require.Zero(t, s.Remaining+s.Leased)
 	})
 
 	t.Run("CommitTxTakesTheRow", func(t *testing.T) {
@@ -425,9 +441,8 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		tx := h.Begin(t)
 		_, err := l.CommitTx(ctx, tx, req(name))
 		require.NoError(t, err)
-		s, err := l.Value(ctx, name, "k")
-		require.NoError(t, err)
-		require.Equal(t, float64(9), s.Value)
+		s := snapshot(t, l, name)
+		require.Equal(t, float64(9), s.Remaining)
 		require.Zero(t, s.Leased)
 	})
 
@@ -435,18 +450,17 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		clk := NewClock()
 		name := UniqueName(t, "short")
 		l := e.limiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 10, Period: hour, Lease: 5, LeaseFor: time.Minute}}, clk)
-		_, err := l.BeginFunc(ctx, nothing, req(name))
+		_, err := l.Commit(ctx, nothing, req(name))
 		require.NoError(t, err)
 		clk.Advance(time.Minute)
-		_, err = l.BeginFunc(ctx, nothing, req(name))
+		_, err = l.Commit(ctx, nothing, req(name))
 		require.NoError(t, err)
-		s, err := l.Value(ctx, name, "k")
-		require.NoError(t, err)
+		s := snapshot(t, l, name)
 		// The first lease ended unspent: a token bucket's lease gives its
 		// tokens back within LeaseFor or drops them (a later credit could
 		// add tokens the Capacity cut meanwhile), so its 4 are gone; a
 		// minute refilled 1/6; the new lease took 5 and handed out 1.
-		require.InDelta(t, 10-5-5+1.0/6, s.Value, 1e-9)
+		require.InDelta(t, 10-5-5+1.0/6, s.Remaining, 1e-9)
 		require.Equal(t, float64(4), s.Leased)
 	})
 
@@ -456,7 +470,7 @@ func runLeases[TTx any](t *testing.T, h Harness[TTx]) {
 		start := T0.Truncate(hour)
 		l := e.limiter(t, map[string]txlimit.Config{name: {Kind: txlimit.FixedWindow, Rate: 10, Period: hour, Start: start, Lease: 4, LeaseFor: 2 * hour}}, clk)
 		for range 3 {
-			_, err := l.BeginFunc(ctx, nothing, req(name))
+			_, err := l.Commit(ctx, nothing, req(name))
 			require.NoError(t, err)
 		}
 		// The next window: the lease taken in the last one is over, and
@@ -492,7 +506,7 @@ func exactLeases[TTx any](t *testing.T, e env[TTx], ahead float64) {
 			// the token goes back to the lease and another call
 			// gets it.
 			fail := attempt == 0 && seq.Load()%3 == 0
-			res, err := l.BeginFunc(ctx, func(tx TTx) error {
+			res, err := l.Commit(ctx, func(tx TTx) error {
 				if _, err := l.LimitTx(ctx, tx, work, key); err != nil {
 					return err
 				}
@@ -525,7 +539,7 @@ func exactLeases[TTx any](t *testing.T, e env[TTx], ahead float64) {
 	require.Zero(t, snapshot(t, l, name).Leased, "every leased token handed out")
 	require.NoError(t, l.ReturnLeases(ctx))
 	s := snapshot(t, l, name)
-	require.Zero(t, s.Value+s.Leased, "and none left in the limit")
+	require.Zero(t, s.Remaining+s.Leased, "and none left in the limit")
 }
 
 // aheadLimiter is env.limiter for limits with leases: the test ends by
@@ -536,12 +550,12 @@ func aheadLimiter[TTx any](t *testing.T, e env[TTx], limits map[string]txlimit.C
 	return l
 }
 
-// grants makes n BeginFunc calls of r with no work and counts the grants;
+// grants makes n Commit calls of r with no work and counts the grants;
 // every other call must be denied.
 func grants[TTx any](ctx context.Context, t *testing.T, l *txlimit.Limiter[TTx], r txlimit.Request, n int) int {
 	granted := 0
 	for range n {
-		if _, err := l.BeginFunc(ctx, func(TTx) error { return nil }, r); err == nil {
+		if _, err := l.Commit(ctx, func(TTx) error { return nil }, r); err == nil {
 			granted++
 		} else {
 			require.ErrorIs(t, err, txlimit.ErrRateLimited)
@@ -550,10 +564,11 @@ func grants[TTx any](ctx context.Context, t *testing.T, l *txlimit.Limiter[TTx],
 	return granted
 }
 
-// snapshot is l's Value of name's key "k".
-func snapshot[TTx any](t *testing.T, l *txlimit.Limiter[TTx], name string) txlimit.Snapshot {
+// snapshot is l's Check of name's key "k", asking for no token: Remaining
+// and Leased.
+func snapshot[TTx any](t *testing.T, l *txlimit.Limiter[TTx], name string) txlimit.Result {
 	t.Helper()
-	s, err := l.Value(context.Background(), name, "k")
+	s, err := l.Check(context.Background(), name, "k", txlimit.Count(0))
 	require.NoError(t, err)
 	return s
 }

@@ -25,7 +25,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		require.NoError(t, err)
 		cfg := txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour})
 		name := UniqueName(t, "long")
-		longest := strings.Repeat("0123456789abcdef", txlimit.MaxKeyLen/16)
+		longest := strings.Repeat("0123456789abcdef", MaxKeyLen/16)
 		res, err := l.Limit(ctx, name, longest, cfg)
 		require.NoError(t, err, "a key of MaxKeyLen bytes works on every store")
 		require.True(t, res.OK)
@@ -62,9 +62,9 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			require.True(t, res.OK)
 			require.Len(t, h.Rows(t, name, "k"), tc.from)
 
-			snap, err := l.Value(ctx, name, "k", cfg(tc.to))
+			snap, err := l.Check(ctx, name, "k", cfg(tc.to), txlimit.Count(0))
 			require.NoError(t, err)
-			require.InDelta(t, 5, snap.Value, 1e-9, "%d -> %d shards: Value reads the same total", tc.from, tc.to)
+			require.InDelta(t, 5, snap.Remaining, 1e-9, "%d -> %d shards: Check reads the same total", tc.from, tc.to)
 			res, err = l.Limit(ctx, name, "k", cfg(tc.to), txlimit.Count(6))
 			require.NoError(t, err)
 			require.False(t, res.OK, "%d -> %d shards: no tokens appear", tc.from, tc.to)
@@ -77,7 +77,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			// And back, through LimitAll, in debt.
 			res, err = l.Limit(ctx, name, "k", cfg(tc.to), txlimit.Count(2), txlimit.Reserve())
 			require.NoError(t, err)
-			require.True(t, res.Reserved(), "%d -> %d: %+v", tc.from, tc.to, res)
+			require.True(t, Reserved(res), "%d -> %d: %+v", tc.from, tc.to, res)
 			m, err := l.LimitAll(ctx, txlimit.Request{Name: name, Key: "k", Options: []txlimit.Option{cfg(tc.from), txlimit.Count(0), txlimit.Reserve()}})
 			require.NoError(t, err)
 			require.True(t, m.OK)
@@ -117,21 +117,21 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 				c.Advance(-time.Second)
 				res, err = l.Limit(ctx, name, "k", txlimit.Count(2))
 				require.NoError(t, err)
-				require.True(t, res.OK, "%v, %d shards: the limit holds 3 (as of T0+2s)", kind, shards)
+				require.True(t, res.OK, "%v, %d shards: the limit holds 3 (as of T0+2s)", KindName(kind), shards)
 				c.Advance(time.Second)
-				snap, err := l.Value(ctx, name, "k")
+				snap, err := l.Check(ctx, name, "k", txlimit.Count(0))
 				require.NoError(t, err)
-				holds[shards] = snap.Value
+				holds[shards] = snap.Remaining
 				// And it admits exactly that.
 				res, err = l.Limit(ctx, name, "k", txlimit.Count(1))
 				require.NoError(t, err)
-				require.True(t, res.OK, "%v, %d shards", kind, shards)
+				require.True(t, res.OK, "%v, %d shards", KindName(kind), shards)
 				res, err = l.Limit(ctx, name, "k", txlimit.Count(0.5))
 				require.NoError(t, err)
-				require.False(t, res.OK, "%v, %d shards", kind, shards)
+				require.False(t, res.OK, "%v, %d shards", KindName(kind), shards)
 			}
-			require.InDelta(t, 1, holds[1], 1e-9, "%v: unsharded", kind)
-			require.InDelta(t, holds[1], holds[2], 1e-9, "%v: the sharded limit holds what the unsharded one holds", kind)
+			require.InDelta(t, 1, holds[1], 1e-9, "%v: unsharded", KindName(kind))
+			require.InDelta(t, holds[1], holds[2], 1e-9, "%v: the sharded limit holds what the unsharded one holds", KindName(kind))
 		}
 	})
 
@@ -177,7 +177,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		// With the limit in use, the refusal leaves its rows alone.
 		res, err := l.Limit(ctx, name, "k", hourly, txlimit.Count(3), txlimit.Reserve())
 		require.NoError(t, err)
-		require.True(t, res.Reserved())
+		require.True(t, Reserved(res))
 		require.Equal(t, 2*time.Hour, res.RetryAfter)
 		before := h.Rows(t, name, "k")
 		_, err = l.Limit(ctx, name, "k", far...)
@@ -202,30 +202,30 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			require.NoError(t, err)
 			require.True(t, res.OK)
 			require.Positive(t, res.NextToken, "%+v", cfg)
-			require.LessOrEqual(t, res.NextToken, txlimit.MaxWait, "%+v", cfg)
+			require.LessOrEqual(t, res.NextToken, MaxWait, "%+v", cfg)
 			res, err = l.Limit(ctx, name, "k", opt, count)
 			require.NoError(t, err)
 			require.False(t, res.OK)
-			require.Equal(t, txlimit.MaxWait, res.RetryAfter, "%+v", cfg)
+			require.Equal(t, MaxWait, res.RetryAfter, "%+v", cfg)
 			require.True(t, res.At.Add(res.RetryAfter).After(res.At))
 			if cfg.Rate < 1 {
-				require.Equal(t, txlimit.MaxWait, res.NextToken)
+				require.Equal(t, MaxWait, res.NextToken)
 			}
 			res, err = l.Check(ctx, name, "k", opt, count)
 			require.NoError(t, err)
-			require.Equal(t, txlimit.MaxWait, res.RetryAfter)
+			require.Equal(t, MaxWait, res.RetryAfter)
 			m, err := l.LimitAll(ctx, txlimit.Request{Name: name, Key: "k", Options: []txlimit.Option{opt, count}})
 			require.NoError(t, err)
 			require.False(t, m.OK)
-			require.Equal(t, txlimit.MaxWait, m.RetryAfter)
-			require.Equal(t, txlimit.MaxWait, m.Err().(*txlimit.RateLimitedError).RetryAfter)
+			require.Equal(t, MaxWait, m.RetryAfter)
+			require.Equal(t, MaxWait, m.Err().(*txlimit.RateLimitedError).RetryAfter)
 			// Wait with a deadline gives up at once.
 			wctx, cancel := context.WithTimeout(ctx, time.Minute)
 			res, err = l.Wait(wctx, name, "k", opt, count)
 			cancel()
 			require.ErrorIs(t, err, context.DeadlineExceeded)
 			require.ErrorIs(t, err, txlimit.ErrRateLimited)
-			require.Equal(t, txlimit.MaxWait, res.RetryAfter)
+			require.Equal(t, MaxWait, res.RetryAfter)
 			// A reservation that needs more than MaxWait is refused.
 			_, err = l.Limit(ctx, name, "k", opt, count, txlimit.Reserve())
 			require.ErrorAs(t, err, &invalid, "%+v", cfg)
@@ -253,7 +253,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			name := UniqueName(t, "huge")
 			res, err := l.Limit(ctx, name, "k", opt, txlimit.Count(1e308), txlimit.Reserve())
 			require.NoError(t, err)
-			require.True(t, res.Reserved(), "%+v", res)
+			require.True(t, Reserved(res), "%+v", res)
 			require.Equal(t, 100*time.Second, res.RetryAfter)
 			before := h.Rows(t, name, "k")
 			_, err = l.Limit(ctx, name, "k", opt, txlimit.Count(1e308), txlimit.Reserve())
@@ -261,16 +261,16 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			require.Equal(t, "Count", invalid.Field)
 			require.Equal(t, before, h.Rows(t, name, "k"), "nothing written")
 			finite(t, name)
-			snap, err := l.Value(ctx, name, "k", opt)
+			snap, err := l.Check(ctx, name, "k", opt, txlimit.Count(0))
 			require.NoError(t, err)
-			require.InDelta(t, -1e308, snap.Value, 1e293)
+			require.InDelta(t, -1e308, snap.Remaining, 1e293)
 
 			// Credits cap at Capacity and stay finite.
 			require.NoError(t, l.Credit(ctx, name, "k", 1e308, opt))
 			require.NoError(t, l.Credit(ctx, name, "k", 1e308, opt))
-			snap, err = l.Value(ctx, name, "k", opt)
+			snap, err = l.Check(ctx, name, "k", opt, txlimit.Count(0))
 			require.NoError(t, err)
-			require.InDelta(t, 1, snap.Value, 1e-9)
+			require.InDelta(t, 1, snap.Remaining, 1e-9)
 			finite(t, name)
 		}
 		// With an hourly rate, the Count(1e308) is refused at once:
@@ -289,7 +289,7 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 			mu.Lock()
 			defer mu.Unlock()
 			outcome := e.Outcome
-			if e.Op == "value" || e.Op == "credit" || e.Op == "reset" || e.Op == "prune" {
+			if e.Op == "credit" || e.Op == "reset" || e.Op == "prune" {
 				outcome = "ok"
 				if e.Err != nil {
 					outcome = "error"
@@ -304,15 +304,15 @@ func runEdges[TTx any](t *testing.T, h Harness[TTx]) {
 		require.NoError(t, err)
 		_, err = l.Limit(ctx, name, "k")
 		require.NoError(t, err)
-		_, err = l.Value(ctx, name, "k")
+		_, err = l.Check(ctx, name, "k", txlimit.Count(0))
 		require.NoError(t, err)
 		require.NoError(t, l.Credit(ctx, name, "k", 1))
 		require.NoError(t, l.Reset(ctx, name, "k"))
-		_, err = l.Value(ctx, "no such limit", "k")
+		_, err = l.Check(ctx, "no such limit", "k", txlimit.Count(0))
 		RequireUnknownLimit(t, err)
 		_, err = l.Prune(ctx, &txlimit.PruneOptions{MaxBatches: 1})
 		require.NoError(t, err)
-		require.Equal(t, []string{"limit:allowed", "value:ok", "credit:ok", "reset:ok", "value:error", "prune:ok"}, ops)
+		require.Equal(t, []string{"limit:allowed", "check:allowed", "credit:ok", "reset:ok", "check:error", "prune:ok"}, ops)
 	})
 }
 

@@ -2,7 +2,6 @@ package storetest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -82,12 +81,12 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 
 		// A long idle refills to Capacity and no further.
 		clk.Advance(time.Hour)
-		snap, err := l.Value(ctx, name, "u1")
-		if errors.Is(err, txlimit.ErrNoPool) {
-			inTx(t, func(tx TTx) { snap, err = l.ValueTx(ctx, tx, name, "u1") })
+		snap, err := l.Check(ctx, name, "u1", txlimit.Count(0))
+		if noPool(err) {
+			inTx(t, func(tx TTx) { snap, err = l.CheckTx(ctx, tx, name, "u1", txlimit.Count(0)) })
 		}
 		require.NoError(t, err)
-		require.Equal(t, 10.0, snap.Value)
+		require.Equal(t, 10.0, snap.Remaining)
 		require.WithinDuration(t, clk.Now(), snap.At, 0)
 		require.True(t, limitTx(t, l, name, "u1", txlimit.Count(10)).OK)
 		require.False(t, limitTx(t, l, name, "u1", txlimit.Count(0.5)).OK)
@@ -212,7 +211,7 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 			require.True(t, res.OK)
 			require.NoError(t, res.Err(), "a reservation is never an error")
 			require.Equal(t, time.Duration(i)*time.Second, res.RetryAfter)
-			require.Equal(t, i > 0, res.Reserved())
+			require.Equal(t, i > 0, Reserved(res))
 		}
 		// MaxReserved refuses the reservation that goes too deep, writing
 		// nothing.
@@ -245,24 +244,24 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 			key := fmt.Sprint("shards", shards)
 			require.True(t, limitTx(t, l, name, key, txlimit.Count(8)).OK)
 			inTx(t, func(tx TTx) { require.NoError(t, l.CreditTx(ctx, tx, name, key, 3)) })
-			var snap txlimit.Snapshot
+			var snap txlimit.Result
 			inTx(t, func(tx TTx) {
 				var err error
-				snap, err = l.ValueTx(ctx, tx, name, key)
+				snap, err = l.CheckTx(ctx, tx, name, key, txlimit.Count(0))
 				require.NoError(t, err)
 			})
-			require.InDelta(t, 3.0, snap.Value, 1e-9)
+			require.InDelta(t, 3.0, snap.Remaining, 1e-9)
 			inTx(t, func(tx TTx) { require.NoError(t, l.CreditTx(ctx, tx, name, key, 100)) })
 			inTx(t, func(tx TTx) {
 				var err error
-				snap, err = l.ValueTx(ctx, tx, name, key)
+				snap, err = l.CheckTx(ctx, tx, name, key, txlimit.Count(0))
 				require.NoError(t, err)
 			})
-			require.InDelta(t, 8.0, snap.Value, 1e-9)
+			require.InDelta(t, 8.0, snap.Remaining, 1e-9)
 			// Exactly 8, not 11: taking 8.25 leaves a debt of 0.25, which
 			// refills in 0.25/(8/h) = 112.5s.
 			res := limitTx(t, l, name, key, txlimit.Count(8.25), txlimit.Reserve())
-			require.True(t, res.Reserved())
+			require.True(t, Reserved(res))
 			require.Equal(t, 112500*time.Millisecond, res.RetryAfter)
 		}
 	})
@@ -272,33 +271,35 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 		clk := NewClock()
 		cfg := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 60, Period: time.Minute, Capacity: 64, Shards: 16}
 		l := newLimiter(t, map[string]txlimit.Config{name: cfg}, clk)
-		var snap txlimit.Snapshot
+		var snap txlimit.Result
 		read := func() {
 			inTx(t, func(tx TTx) {
 				var err error
-				snap, err = l.ValueTx(ctx, tx, name, "k")
+				snap, err = l.CheckTx(ctx, tx, name, "k", txlimit.Count(0))
 				require.NoError(t, err)
 			})
 		}
 		read()
-		require.Equal(t, 64.0, snap.Value, "a limit never used is full")
-		require.Equal(t, 16, snap.Config.Shards)
+		require.Equal(t, 64.0, snap.Remaining, "a limit never used is full")
+		c, ok := l.Config(name)
+		require.True(t, ok)
+		require.Equal(t, 16, c.Shards)
 		require.WithinDuration(t, clk.Now(), snap.At, 0)
 		for range 10 {
 			require.True(t, limitTx(t, l, name, "k", txlimit.Count(3)).OK)
 		}
 		read()
-		require.InDelta(t, 34.0, snap.Value, 1e-9)
+		require.InDelta(t, 34.0, snap.Remaining, 1e-9)
 		// Each shard refills on its own up to its capacity (4), so 10s adds
 		// up to 10 tokens: all 10 when the shards are balanced, fewer when
 		// some were full and could not take their share.
 		clk.Advance(10 * time.Second)
 		read()
-		require.Greater(t, snap.Value, 34.0)
-		require.LessOrEqual(t, snap.Value, 44.0+1e-9)
+		require.Greater(t, snap.Remaining, 34.0)
+		require.LessOrEqual(t, snap.Remaining, 44.0+1e-9)
 		clk.Advance(time.Hour)
 		read()
-		require.InDelta(t, 64.0, snap.Value, 1e-9)
+		require.InDelta(t, 64.0, snap.Remaining, 1e-9)
 	})
 
 	t.Run("ResetDeletesAllShards", func(t *testing.T) {
@@ -389,12 +390,17 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 			{"negative capacity", name, "k", "Capacity", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Capacity: -1})}},
 			{"too many shards", name, "k", "Shards", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Shards: 1024 + 1})}},
 			{"unknown kind", name, "k", "Kind", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: 9, Rate: 1, Period: time.Second})}},
-			{"calendar on a token bucket", name, "k", "Calendar", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Calendar: txlimit.Day})}},
-			{"calendar with a period", name, "k", "Period", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Period: time.Hour, Calendar: txlimit.Day})}},
-			{"unknown calendar unit", name, "k", "Calendar", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Calendar: 9})}},
-			{"unknown zone", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Calendar: txlimit.Month, Zone: "Mars/Olympus_Mons"})}},
-			{"local zone", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Calendar: txlimit.Month, Zone: "Local"})}},
-			{"week start on a month", name, "k", "WeekStart", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Calendar: txlimit.Month, WeekStart: time.Monday})}},
+			{"zone on a token bucket", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Zone: "UTC"})}},
+			{"zone on a fixed window", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Period: time.Hour, Zone: "Europe/Berlin"})}},
+			{"week start on a sliding window", name, "k", "WeekStart", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.SlidingWindow, Rate: 1, Period: time.Hour, WeekStart: time.Monday})}},
+			{"calendar with a period", name, "k", "Period", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.Daily, Rate: 1, Period: time.Hour, Zone: "UTC"})}},
+			{"kind past the calendar kinds", name, "k", "Kind", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.Yearly + 1, Rate: 1, Zone: "UTC"})}},
+			{"calendar without a zone", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.Daily, Rate: 1})}},
+			{"unknown zone", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.Monthly, Rate: 1, Zone: "Mars/Olympus_Mons"})}},
+			{"local zone", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.Monthly, Rate: 1, Zone: "Local"})}},
+			{"week start on a month", name, "k", "WeekStart", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.Monthly, Rate: 1, Zone: "UTC", WeekStart: time.Monday})}},
+			{"report remaining unsharded", name, "k", "ReportRemaining", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, ReportRemaining: true})}},
+			{"lease for without lease", name, "k", "LeaseFor", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, LeaseFor: time.Second})}},
 			{"no kind", name, "k", "Kind", []txlimit.Option{txlimit.Inline(txlimit.Config{Rate: 1, Period: time.Second})}},
 			{"start on a token bucket", name, "k", "Start", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second, Start: T0})}},
 		}
@@ -402,13 +408,12 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 			t.Run(tc.desc, func(t *testing.T) {
 				inTx(t, func(tx TTx) {
 					_, err := l.LimitTx(ctx, tx, tc.name, tc.key, tc.opts...)
-					require.ErrorIs(t, err, txlimit.ErrInvalid)
 					var inv *txlimit.InvalidError
 					require.ErrorAs(t, err, &inv)
 					require.Equal(t, tc.field, inv.Field)
 					require.Contains(t, err.Error(), tc.field)
 					_, err = l.CheckTx(ctx, tx, tc.name, tc.key, tc.opts...)
-					require.ErrorIs(t, err, txlimit.ErrInvalid)
+					require.ErrorAs(t, err, new(*txlimit.InvalidError))
 				})
 				if utf8.ValidString(tc.key) && !strings.ContainsRune(tc.key, 0) {
 					require.Empty(t, h.Rows(t, tc.name, tc.key))
@@ -422,6 +427,17 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 		require.ErrorAs(t, err, &inv)
 		require.Equal(t, "x", inv.Limit)
 		require.Equal(t, "Period", inv.Field)
+		// A calendar kind says its zone, UTC included: the error names the
+		// field and the fix.
+		for _, kind := range []txlimit.Kind{txlimit.Daily, txlimit.Weekly, txlimit.Monthly, txlimit.Yearly} {
+			_, err = txlimit.New(h.Store, map[string]txlimit.Config{"x": {Kind: kind, Rate: 1}}, nil)
+			require.ErrorAs(t, err, &inv, KindName(kind))
+			require.Equal(t, "x", inv.Limit)
+			require.Equal(t, "Zone", inv.Field, KindName(kind))
+			require.Contains(t, inv.Problem, `"UTC"`, KindName(kind))
+			_, err = txlimit.New(h.Store, map[string]txlimit.Config{"x": {Kind: kind, Rate: 1, Zone: "UTC"}}, nil)
+			require.NoError(t, err, KindName(kind))
+		}
 	})
 
 	t.Run("CancelledContextLeavesStateAlone", func(t *testing.T) {
@@ -448,7 +464,7 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 			{txlimit.TokenBucket, 1}, {txlimit.FixedWindow, 1},
 			{txlimit.TokenBucket, 4}, {txlimit.FixedWindow, 8},
 		} {
-			t.Run(fmt.Sprintf("%v/shards=%d", tc.kind, tc.shards), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%v/shards=%d", KindName(tc.kind), tc.shards), func(t *testing.T) {
 				name := UniqueName(t, "hot")
 				clk := NewClock()
 				const capacity = 40
@@ -494,13 +510,13 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 				}
 				require.EqualValues(t, capacity, admitted.Load())
 				require.EqualValues(t, workers*callsEach-capacity, denied.Load())
-				var snap txlimit.Snapshot
+				var snap txlimit.Result
 				inTx(t, func(tx TTx) {
 					var err error
-					snap, err = l.ValueTx(ctx, tx, name, "hot")
+					snap, err = l.CheckTx(ctx, tx, name, "hot", txlimit.Count(0))
 					require.NoError(t, err)
 				})
-				require.InDelta(t, 0, snap.Value, 1e-9)
+				require.InDelta(t, 0, snap.Remaining, 1e-9)
 			})
 		}
 	})

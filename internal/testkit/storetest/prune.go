@@ -127,6 +127,6 @@ func runPrune[TTx any](t *testing.T, h Harness[TTx]) {
 		{Limits: map[string]txlimit.Config{"x": {Kind: txlimit.TokenBucket}}},
 	} {
 		_, err := l.Prune(ctx, bad)
-		require.ErrorIs(t, err, txlimit.ErrInvalid)
+		require.ErrorAs(t, err, new(*txlimit.InvalidError))
 	}
 }

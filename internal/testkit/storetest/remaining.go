@@ -15,12 +15,17 @@ import (
 // of every shard, a denial from the unlocked read, Check, a reservation.
 func runRemaining[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := context.Background()
-	one, sharded, fw := UniqueName(t, "one"), UniqueName(t, "sharded"), UniqueName(t, "fw")
+	one, sharded, reported, fw := UniqueName(t, "one"), UniqueName(t, "sharded"), UniqueName(t, "reported"), UniqueName(t, "fw")
+	shardedCfg := txlimit.Config{Kind: txlimit.TokenBucket, Rate: 16, Period: 16 * time.Second, Shards: 4}
+	// The same limit, told to report Remaining on every call.
+	reporting := shardedCfg
+	reporting.ReportRemaining = true
 	clk := NewClock()
 	l, err := txlimit.New(h.Store, map[string]txlimit.Config{
-		one:     {Kind: txlimit.TokenBucket, Rate: 10, Period: 10 * time.Second},
-		sharded: {Kind: txlimit.TokenBucket, Rate: 16, Period: 16 * time.Second, Shards: 4},
-		fw:      {Kind: txlimit.FixedWindow, Rate: 5, Period: time.Minute, Start: T0.Add(-20 * time.Second)},
+		one:      {Kind: txlimit.TokenBucket, Rate: 10, Period: 10 * time.Second},
+		sharded:  shardedCfg,
+		reported: reporting,
+		fw:       {Kind: txlimit.FixedWindow, Rate: 5, Period: time.Minute, Start: T0.Add(-20 * time.Second)},
 	}, &txlimit.Options{Clock: clk.Now})
 	require.NoError(t, err)
 	callKey := func(check bool, name, key string, opts ...txlimit.Option) txlimit.Result {
@@ -56,9 +61,14 @@ func runRemaining[TTx any](t *testing.T, h Harness[TTx]) {
 
 	// 16 tokens in 4 shards of 4, a token a second.
 	require.Equal(t, want{true, 15, time.Second}, got(call(false, sharded)), "first call: every shard created")
-	require.Equal(t, want{true, 14, time.Second}, got(call(false, sharded, txlimit.ReportRemaining())),
-		"one free shard on PostgreSQL, the others read in the same statement")
-	res := call(false, sharded)
+	require.Equal(t, want{true, 14, time.Second}, got(call(false, sharded, txlimit.Inline(reporting))),
+		"Config.ReportRemaining: one free shard on PostgreSQL, the others read in the same statement")
+	// Given to New, it holds for every call of the limit.
+	require.Equal(t, want{true, 15, time.Second}, got(call(false, reported)))
+	res := call(false, reported)
+	require.Equal(t, want{true, 14, time.Second}, got(res))
+	require.False(t, res.Partial)
+	res = call(false, sharded)
 	if h.SkipsLocked {
 		// Every shard holds at least 2.75: the one free shard grants, and
 		// without ReportRemaining the others are not read.

@@ -67,9 +67,9 @@ func runReservations[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	value := func(t *testing.T, l *txlimit.Limiter[TTx], name, key string) float64 {
 		t.Helper()
-		snap, err := l.Value(ctx, name, key)
+		res, err := l.Check(ctx, name, key, txlimit.Count(0))
 		require.NoError(t, err)
-		return snap.Value
+		return res.Remaining
 	}
 	perShards := func(t *testing.T, fn func(t *testing.T, shards int)) {
 		for _, shards := range []int{1, 4} {
@@ -100,7 +100,7 @@ func runReservations[TTx any](t *testing.T, h Harness[TTx]) {
 			res := limit(t, l, name, "k", txlimit.Count(tbRate))
 			require.True(t, res.OK)
 			require.Zero(t, res.RetryAfter, "an ordinary grant is not a reservation")
-			require.False(t, res.Reserved())
+			require.False(t, Reserved(res))
 
 			// Each reservation waits one token longer than the one before.
 			var prev time.Duration
@@ -126,7 +126,7 @@ func runReservations[TTx any](t *testing.T, h Harness[TTx]) {
 			chk, err := l.CheckTx(ctx, tx, name, "k", txlimit.Reserve())
 			require.NoError(t, err)
 			require.NoError(t, h.Commit(tx))
-			require.True(t, chk.Reserved())
+			require.True(t, Reserved(chk))
 			require.Equal(t, tbWait(8.5), chk.RetryAfter)
 			require.Equal(t, before, h.Rows(t, name, "k"))
 			require.Equal(t, tbWait(8.5), reserve(t, l, name, "k", 1))
@@ -202,7 +202,7 @@ func runReservations[TTx any](t *testing.T, h Harness[TTx]) {
 			// input, not a denial.
 			tx := h.Begin(t)
 			_, err := l.LimitTx(ctx, tx, name, "k", txlimit.Reserve(), txlimit.Count(tbRate+3))
-			require.ErrorIs(t, err, txlimit.ErrInvalid)
+			require.ErrorAs(t, err, new(*txlimit.InvalidError))
 			require.ErrorContains(t, err, "MaxReserved")
 			h.Rollback(tx)
 			require.Equal(t, before, h.Rows(t, name, "k"))
@@ -225,7 +225,7 @@ func runReservations[TTx any](t *testing.T, h Harness[TTx]) {
 			tx := h.Begin(t)
 			res, err := l.LimitTx(ctx, tx, name, "k", txlimit.Reserve(), txlimit.Count(3))
 			require.NoError(t, err)
-			require.True(t, res.Reserved())
+			require.True(t, Reserved(res))
 			require.Equal(t, tbWait(4), res.RetryAfter)
 			h.Rollback(tx)
 			require.Equal(t, before, h.Rows(t, name, "k"))

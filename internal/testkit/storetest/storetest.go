@@ -7,7 +7,7 @@
 // the public Limiter only, on a real database, in topics that run one after
 // another: prune, limits (and their concurrency), limit_all, remaining,
 // reservations, edges, windows (sliding and calendar windows, UpTo, and the
-// calls that must write nothing), commit (CommitTx and BeginFunc).
+// calls that must write nothing), commit (CommitTx and Commit).
 //
 // The suite imports no database driver: a Harness gives it the store and
 // the few things it cannot do through a Limiter (open and end a

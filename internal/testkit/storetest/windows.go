@@ -2,7 +2,6 @@ package storetest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -48,14 +47,15 @@ func (e env[TTx]) limit(t *testing.T, l *txlimit.Limiter[TTx], name, key string,
 	return res
 }
 
-// value is ValueTx's tokens.
+// value is the tokens (name, key) holds: CheckTx's Remaining, asking for
+// no token.
 func (e env[TTx]) value(t *testing.T, l *txlimit.Limiter[TTx], name, key string) float64 {
 	t.Helper()
 	var v float64
 	e.inTx(t, func(tx TTx) {
-		s, err := l.ValueTx(e.ctx, tx, name, key)
+		res, err := l.CheckTx(e.ctx, tx, name, key, txlimit.Count(0))
 		require.NoError(t, err)
-		v = s.Value
+		v = res.Remaining
 	})
 	return v
 }
@@ -106,7 +106,7 @@ func runWindows[TTx any](t *testing.T, h Harness[TTx]) {
 		clk := NewClock()
 		l := e.limiter(t, map[string]txlimit.Config{name: {Kind: txlimit.SlidingWindow, Rate: 10, Period: time.Minute, Start: minute}}, clk)
 		res := e.limit(t, l, name, "k", txlimit.Count(25), txlimit.Reserve())
-		require.True(t, res.Reserved())
+		require.True(t, Reserved(res))
 		require.Equal(t, 150*time.Second, res.RetryAfter)
 		require.Equal(t, 25.0, res.Taken)
 		clk.Advance(150 * time.Second)
@@ -160,7 +160,7 @@ func runWindows[TTx any](t *testing.T, h Harness[TTx]) {
 		name := UniqueName(t, "month")
 		clk := NewClock()
 		clk.Advance(time.Date(2026, 3, 31, 21, 0, 0, 0, time.UTC).Sub(clk.Now()))
-		l := e.limiter(t, map[string]txlimit.Config{name: {Kind: txlimit.FixedWindow, Rate: 3, Calendar: txlimit.Month, Zone: "Europe/Berlin"}}, clk)
+		l := e.limiter(t, map[string]txlimit.Config{name: {Kind: txlimit.Monthly, Rate: 3, Zone: "Europe/Berlin"}}, clk)
 		for i := range 3 {
 			require.True(t, e.limit(t, l, name, "k").OK, "call %d", i)
 		}
@@ -173,7 +173,7 @@ func runWindows[TTx any](t *testing.T, h Harness[TTx]) {
 		name := UniqueName(t, "day")
 		clk := NewClock()
 		clk.Advance(time.Date(2026, 3, 8, 5, 0, 0, 0, time.UTC).Sub(clk.Now())) // local midnight
-		l := e.limiter(t, map[string]txlimit.Config{name: {Kind: txlimit.FixedWindow, Rate: 1, Calendar: txlimit.Day, Zone: "America/New_York"}}, clk)
+		l := e.limiter(t, map[string]txlimit.Config{name: {Kind: txlimit.Daily, Rate: 1, Zone: "America/New_York"}}, clk)
 		require.True(t, e.limit(t, l, name, "k").OK)
 		e.requireRetryAfter(t, l, clk, e.limit(t, l, name, "k"), 23*time.Hour, name, "k")
 	})
@@ -183,7 +183,7 @@ func runWindows[TTx any](t *testing.T, h Harness[TTx]) {
 		clk := NewClock()
 		for _, kind := range []txlimit.Kind{txlimit.TokenBucket, txlimit.FixedWindow, txlimit.SlidingWindow} {
 			for _, shards := range []int{1, 4} {
-				key := fmt.Sprint(kind, shards)
+				key := fmt.Sprint(KindName(kind), shards)
 				l := e.limiter(t, map[string]txlimit.Config{name: {Kind: kind, Rate: 10, Period: time.Minute, Shards: shards}}, clk)
 				res := e.limit(t, l, name, key, txlimit.UpTo(7))
 				require.True(t, res.OK, key)
@@ -314,17 +314,16 @@ func runWindows[TTx any](t *testing.T, h Harness[TTx]) {
 				requireClock(err)
 				_, err = l.CheckTx(e.ctx, tx, name, "k")
 				requireClock(err)
-				_, err = l.ValueTx(e.ctx, tx, name, "k")
+				_, err = l.CheckTx(e.ctx, tx, name, "k", txlimit.Count(0))
 				requireClock(err)
 				requireClock(l.CreditTx(e.ctx, tx, name, "k", 1))
 				_, err = l.LimitAllTx(e.ctx, tx, txlimit.Request{Name: name, Key: "k"})
 				requireClock(err)
 			})
+			// Options.Clock's error, or a store without a pool's: both
+			// bad input.
 			_, err := l.Prune(e.ctx, nil)
-			if !errors.Is(err, txlimit.ErrNoPool) {
-				var inv *txlimit.InvalidError
-				require.ErrorAs(t, err, &inv)
-			}
+			require.ErrorAs(t, err, new(*txlimit.InvalidError))
 			require.Empty(t, h.Rows(t, name, "k"))
 		}
 		for i, at := range in {
