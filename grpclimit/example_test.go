@@ -159,11 +159,11 @@ func ExampleNewAll() {
 		_, err = client.List(ctx, &healthpb.HealthListRequest{})
 		fmt.Printf("List %d: %s\n", i, status.Code(err))
 	}
-	snap, err := limiter.Value(context.Background(), "perTenant", "acme")
+	state, err := limiter.Check(context.Background(), "perTenant", "acme", txlimit.Count(0))
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("perTenant: %g of 100 left (the denied Check took nothing)\n", snap.Value)
+	fmt.Printf("perTenant: %g of 100 left (the denied Check took nothing)\n", state.Remaining)
 	// Output:
 	// Check 1: OK
 	// List 1: OK

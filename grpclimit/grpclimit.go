@@ -399,8 +399,7 @@ func defaultError(logger *slog.Logger) func(ctx context.Context, fullMethod stri
 			// The client has gone, or its deadline has passed: nothing to
 			// log (the limiter's Observer counts it).
 			return status.FromContextError(err).Err()
-		case !isKey && !errors.Is(err, txlimit.ErrInvalid) && !errors.Is(err, txlimit.ErrNoPool) &&
-			!errors.Is(err, txlimit.ErrNotMigrated):
+		case !isKey && !errors.As(err, new(*txlimit.InvalidError)) && !errors.Is(err, txlimit.ErrNotMigrated):
 			code, msg = codes.Unavailable, "the rate limit is unavailable; retry later"
 		default:
 			code, msg = codes.Internal, "the rate limit could not be applied"

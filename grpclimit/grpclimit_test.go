@@ -23,7 +23,6 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/grpclimit"
-	"github.com/txlimit/txlimit/internal/testkit/storetest"
 )
 
 const (
@@ -144,9 +143,9 @@ func testUnaryConcurrent[TTx any](t *testing.T, open opener[TTx]) {
 	require.Equal(t, map[string]int{"acme": 10, "globex": 10}, admitted)
 	require.Equal(t, admitted, handled, "calls that reached the handler")
 	for _, who := range []string{"acme", "globex"} {
-		snap, err := limiter.Value(context.Background(), "api", who)
+		read, err := limiter.Check(context.Background(), "api", who, txlimit.Count(0))
 		require.NoError(t, err)
-		require.InDelta(t, 0, snap.Value, 1e-9)
+		require.InDelta(t, 0, read.Remaining, 1e-9)
 	}
 }
 
@@ -230,9 +229,9 @@ func testAllOrNone[TTx any](t *testing.T, open opener[TTx]) {
 		}
 		requireDenied(t, err, trailer, 20*time.Second, "perTenant")
 	}
-	global, err := limiter.Value(ctx, "global", "")
+	global, err := limiter.Check(ctx, "global", "", txlimit.Count(0))
 	require.NoError(t, err)
-	require.InDelta(t, 2, global.Value, 1e-9, "acme's denied calls took from the global limit")
+	require.InDelta(t, 2, global.Remaining, 1e-9, "acme's denied calls took from the global limit")
 
 	// globex: 2 granted, then denied by the global limit (12s a token),
 	// which took nothing from globex's own.
@@ -244,9 +243,9 @@ func testAllOrNone[TTx any](t *testing.T, open opener[TTx]) {
 		}
 		requireDenied(t, err, trailer, 12*time.Second, "global")
 	}
-	own, err := limiter.Value(ctx, "perTenant", "globex")
+	own, err := limiter.Check(ctx, "perTenant", "globex", txlimit.Count(0))
 	require.NoError(t, err)
-	require.InDelta(t, 1, own.Value, 1e-9, "globex's denied calls took from its own limit")
+	require.InDelta(t, 1, own.Remaining, 1e-9, "globex's denied calls took from its own limit")
 
 	// Both limits denied: the delay is the longer one, both are named.
 	for range 3 {
@@ -468,11 +467,11 @@ func testStoreErrors[TTx any](t *testing.T, open opener[TTx]) {
 	// FailOpen: the call goes through, the Observer sees the error, nothing is logged.
 	var mu sync.Mutex
 	var events []txlimit.Event
-	obs := storetest.ObserverFunc(func(_ context.Context, e txlimit.Event) {
+	obs := func(_ context.Context, e txlimit.Event) {
 		mu.Lock()
 		events = append(events, e)
 		mu.Unlock()
-	})
+	}
 	logs := &logBuffer{}
 	lim, err := grpclimit.New(open(t, closed, limits, &txlimit.Options{FailOpen: true, Observer: obs}), "api",
 		grpclimit.MetadataKey("x-tenant"), &grpclimit.Options{Logger: logs.logger()})
@@ -545,16 +544,16 @@ func TestKeyErrors(t *testing.T) {
 		{metadata.MD{}, `missing metadata "x-tenant"`},
 		{metadata.Pairs("x-tenant", ""), `missing metadata "x-tenant"`},
 		{metadata.Pairs("x-tenant", "acme", "x-tenant", "globex"), `metadata "x-tenant" is given 2 times`},
-		{metadata.Pairs("x-tenant", strings.Repeat("a", txlimit.MaxKeyLen+1)), `is 2049 bytes long`},
+		{metadata.Pairs("x-tenant", strings.Repeat("a", 2048+1)), `is 2049 bytes long`},
 	} {
 		_, err = client.Check(metadata.NewOutgoingContext(ctx, tc.md), &healthpb.HealthCheckRequest{})
 		require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", tc.md)
 		require.Contains(t, status.Convert(err).Message(), tc.want)
 	}
 	require.Empty(t, logs.records(t))
-	snap, err := limiter.Value(ctx, "api", "acme")
+	read, err := limiter.Check(ctx, "api", "acme", txlimit.Count(0))
 	require.NoError(t, err)
-	require.InDelta(t, 5, snap.Value, 1e-9)
+	require.InDelta(t, 5, read.Remaining, 1e-9)
 }
 
 // TestNewErrors: invalid arguments are errors that name the fix.
@@ -723,7 +722,7 @@ func TestContextErrors(t *testing.T) {
 		require.Empty(t, trailer.Get(grpclimit.RetryAfterKey))
 	}
 	require.Empty(t, logs.records(t))
-	snap, err := limiter.Value(context.Background(), "api", "acme")
+	read, err := limiter.Check(context.Background(), "api", "acme", txlimit.Count(0))
 	require.NoError(t, err)
-	require.InDelta(t, 5, snap.Value, 1e-9)
+	require.InDelta(t, 5, read.Remaining, 1e-9)
 }

@@ -13,9 +13,11 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/clientip"
 )
+
+// maxKeyLen is the longest key, in bytes, a txlimit limit takes.
+const maxKeyLen = 2048
 
 // PeerKey keys a call by the IP address of its peer (the other end of the
 // connection) and trusts no metadata. An IPv4 address is its own key (an
@@ -125,7 +127,7 @@ func peerAddr(addr net.Addr) (netip.Addr, error) {
 //
 // A call without the key, with an empty value, with more than one value (the
 // value to check would be ambiguous) or with a value that is no valid limit
-// key (longer than txlimit.MaxKeyLen bytes, not UTF-8, holding a NUL) ends
+// key (longer than maxKeyLen, 2048 bytes, not UTF-8, holding a NUL) ends
 // with codes.InvalidArgument, naming the key.
 func MetadataKey(name string) KeyFunc {
 	name = strings.ToLower(name)
@@ -137,8 +139,8 @@ func MetadataKey(name string) KeyFunc {
 			return "", status.Errorf(codes.InvalidArgument, "missing metadata %q, which the rate limit is keyed by", name)
 		case len(vals) > 1:
 			return "", status.Errorf(codes.InvalidArgument, "metadata %q is given %d times; the rate limit is keyed by one value", name, len(vals))
-		case len(vals[0]) > txlimit.MaxKeyLen:
-			return "", status.Errorf(codes.InvalidArgument, "metadata %q is %d bytes long; the rate limit takes at most %d", name, len(vals[0]), txlimit.MaxKeyLen)
+		case len(vals[0]) > maxKeyLen:
+			return "", status.Errorf(codes.InvalidArgument, "metadata %q is %d bytes long; the rate limit takes at most %d", name, len(vals[0]), maxKeyLen)
 		case !utf8.ValidString(vals[0]) || strings.IndexByte(vals[0], 0) >= 0:
 			return "", status.Errorf(codes.InvalidArgument, "metadata %q is not valid UTF-8 text", name)
 		}

@@ -38,9 +38,9 @@ func runDeployments[TTx any](t *testing.T, b backend[TTx]) {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok")) })
 	value := func(name, key string) float64 {
 		t.Helper()
-		snap, err := limiter.Value(ctx, name, key)
+		res, err := limiter.Check(ctx, name, key, txlimit.Count(0))
 		require.NoError(t, err)
-		return snap.Value
+		return res.Remaining
 	}
 	global := func(*http.Request) (string, error) { return "", nil }
 
@@ -136,7 +136,7 @@ func runDeployments[TTx any](t *testing.T, b backend[TTx]) {
 	})
 
 	t.Run("WaitBeyondMaxWait", func(t *testing.T) {
-		// A wait no Duration holds is txlimit.MaxWait (2^62 ns), and
+		// A wait no Duration holds is the limiter's most (2^62 ns), and
 		// Retry-After says so in whole seconds, rounded up: never 1.
 		lim, err := httplimit.New(limiter, "glacial", userKey, nil)
 		require.NoError(t, err)

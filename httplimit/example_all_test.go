@@ -77,8 +77,8 @@ func ExampleNewAll() {
 		}
 		fmt.Println()
 	}
-	perUser, _ := limiter.Value(ctx, "perUser", "carol")
-	fmt.Println("carol's own limit, untouched by the denial:", perUser.Value)
+	perUser, _ := limiter.Check(ctx, "perUser", "carol", txlimit.Count(0))
+	fmt.Println("carol's own limit, untouched by the denial:", perUser.Remaining)
 	// Output:
 	// alice 200 RateLimit: "perUser";r=1;t=30
 	// alice 200 RateLimit: "perUser";r=0;t=30

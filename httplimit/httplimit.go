@@ -33,17 +33,19 @@
 //	RateLimit-Policy: "P";q=<Rate per w, rounded down>;w=<Period in seconds, rounded up>
 //	RateLimit: "P";r=<whole tokens left>;t=<seconds before another token>
 //
-// A calendar window (txlimit.Config.Calendar) has no fixed period: its
-// policy is "P";q=<Rate, rounded down>, without w.
+// A calendar window (txlimit.Daily, Weekly, Monthly, Yearly) has no fixed
+// period: its policy is "P";q=<Rate, rounded down>, without w.
 //
 // r is Result.Remaining rounded down (never below 0) and t is
 // Result.NextToken rounded down, omitted when the limit is full; both err on
 // the side of telling a client less than it has, never more. A denied
 // request gets 429 Too Many Requests with Retry-After: Result.RetryAfter in
 // whole seconds rounded up (1.2s → 2), so a client that waits that long is
-// never early. The values are those of the call, which asks for them with
-// txlimit.ReportRemaining: on a sharded limit served from one free shard, the
-// other shards count as last committed (Result.Remaining says more).
+// never early. The values are those of the call. A sharded limit
+// (txlimit.Config.Shards > 1) must have Config.ReportRemaining set, which New
+// and NewAll check: without it a call served from one free shard does not
+// know r. With it, the other shards count as last committed
+// (Result.Remaining says more).
 package httplimit
 
 import (
@@ -125,7 +127,8 @@ type Limit[TTx any] struct {
 }
 
 // New returns a Limit that applies the limit name of l, which l must have
-// been given (txlimit.New), keyed by key. opts may be nil.
+// been given (txlimit.New), keyed by key. A sharded limit needs
+// Config.ReportRemaining (see Header fields). opts may be nil.
 func New[TTx any](l *txlimit.Limiter[TTx], name string, key KeyFunc, opts *Options) (*Limit[TTx], error) {
 	var o Options
 	if opts != nil {
@@ -173,6 +176,9 @@ func newLimit[TTx any](l *txlimit.Limiter[TTx], rules []Rule, o Options) (*Limit
 		if err != nil {
 			return nil, err
 		}
+		if cfg.Shards > 1 && !cfg.ReportRemaining {
+			return nil, fmt.Errorf("httplimit: limit %q has %d shards but not ReportRemaining, so a call served from one free shard cannot tell the RateLimit field how many tokens are left; set ReportRemaining: true in its txlimit.Config", r.Name, cfg.Shards)
+		}
 		if r.Policy == "" {
 			r.Policy = r.Name
 		}
@@ -190,7 +196,7 @@ func newLimit[TTx any](l *txlimit.Limiter[TTx], rules []Rule, o Options) (*Limit
 		// A calendar window's windows are days to years of varying length:
 		// its policy gives the quota of one, and no w.
 		header := fmt.Sprintf("%s;q=%d", policy, sfInteger(math.Floor(cfg.Rate)))
-		if cfg.Calendar == 0 {
+		if _, calendar := calendarNames[cfg.Kind]; !calendar {
 			w := max(1, int64(math.Ceil(cfg.Period.Seconds())))
 			q := math.Floor(cfg.Rate * float64(time.Duration(w)*time.Second) / float64(cfg.Period))
 			header = fmt.Sprintf("%s;q=%d;w=%d", policy, sfInteger(q), w)
@@ -268,8 +274,7 @@ func (m *Limit[TTx]) Tx(w http.ResponseWriter, r *http.Request, tx TTx) (bool, e
 	return m.respond(w, r, res), nil
 }
 
-// requests returns the limits of r's call. ReportRemaining: the header
-// fields need Remaining on every path, sharded limits included.
+// requests returns the limits of r's call.
 func (m *Limit[TTx]) requests(r *http.Request) ([]txlimit.Request, error) {
 	reqs := make([]txlimit.Request, len(m.rules))
 	for i, ru := range m.rules {
@@ -277,9 +282,9 @@ func (m *Limit[TTx]) requests(r *http.Request) ([]txlimit.Request, error) {
 		if err != nil {
 			return nil, err
 		}
-		opts := []txlimit.Option{txlimit.ReportRemaining()}
+		var opts []txlimit.Option
 		if ru.Count != nil {
-			opts = append(opts, txlimit.Count(ru.Count(r)))
+			opts = []txlimit.Option{txlimit.Count(ru.Count(r))}
 		}
 		reqs[i] = txlimit.Request{Name: ru.Name, Key: key, Options: opts}
 	}
@@ -437,13 +442,19 @@ func sfInteger(f float64) int64 {
 	return int64(min(max(f, 0), most))
 }
 
+// errFailedOpen is ValueHandler's error for a read the limiter answered
+// without the database (txlimit.Options.FailOpen): it has no value to show.
+var errFailedOpen = errors.New("httplimit: the limiter failed open (txlimit.Options.FailOpen), so the limit's value is unknown; the store's error went to txlimit.Options.Observer")
+
 // Value is the JSON document ValueHandler serves.
 type Value struct {
 	Name string `json:"name"`
-	// Kind is "tokenBucket", "fixedWindow" or "slidingWindow".
+	// Kind is "tokenBucket", "fixedWindow" or "slidingWindow"; a calendar
+	// window (txlimit.Daily to Yearly) is a "fixedWindow" with Calendar set.
 	Kind string `json:"kind"`
 	// Calendar is "day", "week", "month" or "year" for a calendar window
-	// (whose PeriodMs is 0), in the time zone Zone (UTC when empty).
+	// (txlimit.Daily, Weekly, Monthly, Yearly; its PeriodMs is 0), in the
+	// time zone Zone, the limit's Config.Zone.
 	Calendar string `json:"calendar,omitempty"`
 	Zone     string `json:"zone,omitempty"`
 	// Value is the tokens the limit holds at ServerTime, summed over all
@@ -460,14 +471,15 @@ type Value struct {
 	Shards     int    `json:"shards"`
 }
 
-// kindNames and calendarNames are Value's names of the kinds and calendar
-// units.
+// kindNames and calendarNames are Value's names of the kinds: a calendar
+// Kind is a "fixedWindow" of a calendar unit.
 var (
 	kindNames = map[txlimit.Kind]string{
 		txlimit.TokenBucket: "tokenBucket", txlimit.FixedWindow: "fixedWindow", txlimit.SlidingWindow: "slidingWindow",
+		txlimit.Daily: "fixedWindow", txlimit.Weekly: "fixedWindow", txlimit.Monthly: "fixedWindow", txlimit.Yearly: "fixedWindow",
 	}
-	calendarNames = map[txlimit.CalendarUnit]string{
-		txlimit.Day: "day", txlimit.Week: "week", txlimit.Month: "month", txlimit.Year: "year",
+	calendarNames = map[txlimit.Kind]string{
+		txlimit.Daily: "day", txlimit.Weekly: "week", txlimit.Monthly: "month", txlimit.Yearly: "year",
 	}
 )
 
@@ -476,9 +488,14 @@ var (
 // to show the limit and count it down. The key comes from key, on the
 // server, never from the request's parameters, so that one caller cannot
 // read another's limit. Only opts.Error and opts.Logger are used (for key
-// and database errors); opts may be nil.
+// and database errors, and for a read that txlimit.Options.FailOpen answered
+// without the database, which has no value to show); opts may be nil.
+//
+// The value is read with Check (txlimit.Count(0)), which sums every shard, so
+// a sharded limit needs no Config.ReportRemaining here.
 func ValueHandler[TTx any](l *txlimit.Limiter[TTx], name string, key KeyFunc, opts *Options) (http.Handler, error) {
-	if _, err := config(l, name, key); err != nil {
+	cfg, err := config(l, name, key)
+	if err != nil {
 		return nil, err
 	}
 	fail := logError(nil, []string{name})
@@ -494,21 +511,23 @@ func ValueHandler[TTx any](l *txlimit.Limiter[TTx], name string, key KeyFunc, op
 			return
 		}
 		k, err := key(r)
-		var snap txlimit.Snapshot
+		var res txlimit.Result
 		if err == nil {
-			snap, err = l.Value(r.Context(), name, k)
+			res, err = l.Check(r.Context(), name, k, txlimit.Count(0))
+		}
+		if err == nil && res.FailedOpen {
+			err = errFailedOpen
 		}
 		if err != nil {
 			fail(w, r, err)
 			return
 		}
-		c := snap.Config
 		body, err := json.Marshal(Value{
-			Name: name, Kind: kindNames[c.Kind], Calendar: calendarNames[c.Calendar], Zone: c.Zone, Value: snap.Value,
-			Capacity: snap.Config.Capacity, Rate: snap.Config.Rate,
-			PeriodMs:   float64(snap.Config.Period) / float64(time.Millisecond),
-			ServerTime: snap.At.UTC().Format(time.RFC3339Nano),
-			Shards:     snap.Config.Shards,
+			Name: name, Kind: kindNames[cfg.Kind], Calendar: calendarNames[cfg.Kind], Zone: cfg.Zone, Value: res.Remaining,
+			Capacity: cfg.Capacity, Rate: cfg.Rate,
+			PeriodMs:   float64(cfg.Period) / float64(time.Millisecond),
+			ServerTime: res.At.UTC().Format(time.RFC3339Nano),
+			Shards:     cfg.Shards,
 		})
 		if err != nil {
 			fail(w, r, err)

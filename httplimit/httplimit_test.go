@@ -118,8 +118,9 @@ func run[TTx any](t *testing.T, b backend[TTx]) {
 		"slow":    {Kind: txlimit.TokenBucket, Rate: 1, Period: 3 * time.Second},
 		"fw":      {Kind: txlimit.FixedWindow, Rate: 10, Period: time.Minute, Start: t0.Add(-15 * time.Second)},
 		"tx":      {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Hour},
-		"ui":      {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Minute, Shards: 2},
-		"month":   {Kind: txlimit.FixedWindow, Rate: 100, Calendar: txlimit.Month, Zone: "Europe/Berlin"},
+		"ui":      {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Minute, Shards: 2, ReportRemaining: true},
+		"sharded": {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Minute, Shards: 2},
+		"month":   {Kind: txlimit.Monthly, Rate: 100, Zone: "Europe/Berlin"},
 		"sliding": {Kind: txlimit.SlidingWindow, Rate: 10, Period: time.Minute, Start: t0},
 	}, &txlimit.Options{Clock: clk.Now})
 	require.NoError(t, err)
@@ -234,9 +235,9 @@ func run[TTx any](t *testing.T, b backend[TTx]) {
 			}
 		})
 		value := func(user string) float64 {
-			snap, err := limiter.Value(ctx, "tx", user)
+			res, err := limiter.Check(ctx, "tx", user, txlimit.Count(0))
 			require.NoError(t, err)
-			return snap.Value
+			return res.Remaining
 		}
 		for range 3 {
 			w := get(t, h, "/?fail=1", "carol")
@@ -368,6 +369,17 @@ func run[TTx any](t *testing.T, b backend[TTx]) {
 		require.ErrorContains(t, err, "printable ASCII")
 		_, err = httplimit.ValueHandler(limiter, "nope", userKey, nil)
 		require.Error(t, err)
+
+		// A sharded limit without ReportRemaining could not fill in r on
+		// PostgreSQL's one-free-shard path: refused, naming the fix, by
+		// New and by NewAll. Its value needs no such thing.
+		_, err = httplimit.New(limiter, "sharded", userKey, nil)
+		require.ErrorContains(t, err, `limit "sharded" has 2 shards but not ReportRemaining`)
+		require.ErrorContains(t, err, "set ReportRemaining: true in its txlimit.Config")
+		_, err = httplimit.NewAll(limiter, []httplimit.Rule{{Name: "api", Key: userKey}, {Name: "sharded", Key: userKey}}, nil)
+		require.ErrorContains(t, err, "set ReportRemaining: true")
+		_, err = httplimit.ValueHandler(limiter, "sharded", userKey, nil)
+		require.NoError(t, err)
 	})
 }
 
@@ -400,4 +412,31 @@ func TestRemoteAddrKey(t *testing.T) {
 		_, err := httplimit.RemoteAddrKey(req)
 		require.Error(t, err, bad)
 	}
+}
+
+// A read that the limiter answered without the database has no value to
+// show: ValueHandler answers it as an error rather than a value of 0.
+func TestValueHandlerFailedOpen(t *testing.T) {
+	db, err := sql.Open("sqlite", "file:"+testdb.SQLitePath(t))
+	require.NoError(t, err)
+	require.NoError(t, migrations.Up(context.Background(), db, migrations.SQLite))
+	var observed error
+	limiter, err := txlimit.New(sqlitestore.New(db), map[string]txlimit.Config{
+		"ui": {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Minute},
+	}, &txlimit.Options{FailOpen: true, Observer: func(_ context.Context, e txlimit.Event) { observed = e.Err }})
+	require.NoError(t, err)
+	var got error
+	vh, err := httplimit.ValueHandler(limiter, "ui", userKey, &httplimit.Options{
+		Error: func(w http.ResponseWriter, r *http.Request, err error) {
+			got = err
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+		},
+	})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, get(t, vh, "/", "alice").Code)
+	require.NoError(t, db.Close()) // the database goes away
+	w := get(t, vh, "/", "alice")
+	require.Equal(t, http.StatusServiceUnavailable, w.Code)
+	require.Error(t, observed, "the store failed")
+	require.ErrorContains(t, got, "failed open")
 }

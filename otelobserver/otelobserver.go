@@ -5,11 +5,12 @@
 //
 //	obs, err := otelobserver.New() // the global MeterProvider; see the options
 //	if err != nil { … }
-//	limiter, err := txlimit.New(pgstore.New(pool), limits, &txlimit.Options{Observer: obs})
+//	limiter, err := txlimit.New(pgstore.New(pool), limits, &txlimit.Options{Observer: obs.Observe})
 //
 // # Metrics
 //
-// Every call of Limit, Check and LimitAll (and their Tx forms) records:
+// Every Event of the Limiter (every call of Limit, Check, LimitAll, Commit
+// and the others, with their Tx forms; Event.Op names it) records:
 //
 //   - txlimit.decisions (counter, {call}): one per Event, by txlimit.limit,
 //     txlimit.op and txlimit.outcome. The outcome is Event.Outcome:
@@ -23,8 +24,9 @@
 //     the sign that it needs Shards.
 //   - txlimit.errors (counter, {error}): one per Event with an error,
 //     including those Options.FailOpen turned into grants, by limit, op and
-//     error.type, which is txlimit.Event.ErrorKind: invalid,
-//     not_migrated, no_pool, canceled, deadline_exceeded or database.
+//     error.type, which is txlimit.Event.ErrorKind: invalid (bad input, an
+//     unknown limit, a store without a pool), not_migrated, canceled,
+//     deadline_exceeded or database.
 //
 // Both histograms use the boundaries in DurationBuckets (0.5 ms to 10 s),
 // given to the SDK as advice: a View in the application's MeterProvider
@@ -112,8 +114,9 @@ func WithKeys() Option {
 	return func(c *config) { c.keys = true }
 }
 
-// Observer is a txlimit.Observer that records metrics and, optionally,
-// spans. It is safe for concurrent use.
+// Observer records metrics and, optionally, spans of the Events its Observe
+// method is given: pass obs.Observe as txlimit.Options.Observer. It is safe
+// for concurrent use.
 type Observer struct {
 	keys      bool
 	tracer    trace.Tracer // nil: no spans
@@ -124,10 +127,8 @@ type Observer struct {
 	cache     sync.Map // attrKey → *attrSets, without keys
 }
 
-var _ txlimit.Observer = (*Observer)(nil)
-
 // New returns an Observer whose instruments are created on the configured
-// MeterProvider. Pass it as txlimit.Options.Observer.
+// MeterProvider. Pass its Observe method as txlimit.Options.Observer.
 func New(opts ...Option) (*Observer, error) {
 	var c config
 	for _, o := range opts {
@@ -167,7 +168,7 @@ func New(opts ...Option) (*Observer, error) {
 	return o, nil
 }
 
-// Observe implements txlimit.Observer.
+// Observe records e. Its signature is txlimit.Options.Observer's.
 func (o *Observer) Observe(ctx context.Context, e txlimit.Event) {
 	end := time.Now()
 	outcome := e.Outcome

@@ -136,13 +136,13 @@ func histogramCounts(t *testing.T, m metricdata.Metrics, last attribute.Key) map
 
 // tee records the Events it passes on.
 type tee struct {
-	next   txlimit.Observer
+	next   func(context.Context, txlimit.Event)
 	mu     sync.Mutex
 	events []txlimit.Event
 }
 
 func (o *tee) Observe(ctx context.Context, e txlimit.Event) {
-	o.next.Observe(ctx, e)
+	o.next(ctx, e)
 	o.mu.Lock()
 	o.events = append(o.events, e)
 	o.mu.Unlock()
@@ -155,10 +155,10 @@ func TestSpansPostgres(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	obs, reader := newObserver(t, otelobserver.WithTracerProvider(tp), otelobserver.WithKeys())
-	rec := &tee{next: obs}
+	rec := &tee{next: obs.Observe}
 	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
 		"send": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour},
-	}, &txlimit.Options{Observer: rec})
+	}, &txlimit.Options{Observer: rec.Observe})
 	require.NoError(t, err)
 
 	ctx, parent := tp.Tracer("test").Start(ctx, "handler")
@@ -170,7 +170,7 @@ func TestSpansPostgres(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, res.OK)
 		_, err = l.LimitTx(ctx, tx, "send", "bad\x00key")
-		require.ErrorIs(t, err, txlimit.ErrInvalid)
+		require.ErrorAs(t, err, new(*txlimit.InvalidError))
 		return nil
 	})
 	require.NoError(t, err)

@@ -47,7 +47,7 @@ func Example() {
 	}
 	limiter, err := txlimit.New(sqlitestore.New(db), map[string]txlimit.Config{
 		"sendMessage": {Kind: txlimit.TokenBucket, Rate: 2, Period: time.Minute},
-	}, &txlimit.Options{Observer: obs})
+	}, &txlimit.Options{Observer: obs.Observe})
 	if err != nil {
 		log.Fatal(err)
 	}

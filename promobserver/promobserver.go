@@ -5,16 +5,17 @@
 //
 //	obs, err := promobserver.New(prometheus.DefaultRegisterer, nil)
 //	if err != nil { … }
-//	limiter, err := txlimit.New(pgstore.New(pool), limits, &txlimit.Options{Observer: obs})
+//	limiter, err := txlimit.New(pgstore.New(pool), limits, &txlimit.Options{Observer: obs.Observe})
 //
 // # Metrics
 //
-// With the default namespace, txlimit, every call of Limit, Check and
-// LimitAll (and their Tx forms) records:
+// With the default namespace, txlimit, every Event of the Limiter (every
+// call of Limit, Check, LimitAll, Commit and the others, with their Tx
+// forms) records:
 //
 //   - txlimit_decisions_total{limit, op, outcome}: one per Event. The
 //     outcome is Event.Outcome: allowed, reserved, denied, failed_open or
-//     error; op is limit, check or limit_all. A LimitAll call counts once per
+//     error; op is Event.Op: limit, check, limit_all, commit and so on. A LimitAll call counts once per
 //     limit it names (once in all when it failed before deciding).
 //   - txlimit_call_duration_seconds{limit, op, outcome} (histogram):
 //     Event.Duration, how long the caller waited.
@@ -24,8 +25,9 @@
 //     it needs Shards.
 //   - txlimit_errors_total{limit, op, kind}: one per Event with an error,
 //     including those Options.FailOpen turned into grants; kind is
-//     txlimit.Event.ErrorKind: invalid, not_migrated, no_pool, canceled,
-//     deadline_exceeded or database.
+//     txlimit.Event.ErrorKind: invalid (bad input, an unknown limit, a
+//     store without a pool), not_migrated, canceled, deadline_exceeded or
+//     database.
 //
 // The histograms' buckets are DurationBuckets (0.5 ms to 10 s) unless
 // Options.Buckets says otherwise.
@@ -64,8 +66,9 @@ type Options struct {
 	Keys bool
 }
 
-// Observer is a txlimit.Observer that updates Prometheus collectors. It is
-// safe for concurrent use.
+// Observer updates Prometheus collectors with the Events its Observe method
+// is given: pass obs.Observe as txlimit.Options.Observer. It is safe for
+// concurrent use.
 type Observer struct {
 	keys      bool
 	decisions *prometheus.CounterVec
@@ -73,8 +76,6 @@ type Observer struct {
 	lockWait  *prometheus.HistogramVec
 	errors    *prometheus.CounterVec
 }
-
-var _ txlimit.Observer = (*Observer)(nil)
 
 // New returns an Observer whose collectors are registered on reg (nil means
 // prometheus.DefaultRegisterer). It returns the registration error, for
@@ -116,7 +117,7 @@ func New(reg prometheus.Registerer, opts *Options) (*Observer, error) {
 		}, labels),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: o.Namespace, Name: "errors_total", ConstLabels: o.ConstLabels,
-			Help: "Errors of txlimit calls, failed-open ones included, by kind (invalid, no_pool, canceled, deadline_exceeded, database).",
+			Help: "Errors of txlimit calls, failed-open ones included, by kind (invalid, not_migrated, canceled, deadline_exceeded, database).",
 		}, with("kind")),
 	}
 	collectors := []prometheus.Collector{obs.decisions, obs.duration, obs.lockWait, obs.errors}
@@ -131,7 +132,7 @@ func New(reg prometheus.Registerer, opts *Options) (*Observer, error) {
 	return obs, nil
 }
 
-// Observe implements txlimit.Observer.
+// Observe records e. Its signature is txlimit.Options.Observer's.
 func (o *Observer) Observe(_ context.Context, e txlimit.Event) {
 	var buf [4]string
 	values := append(buf[:0], e.Name, e.Op)

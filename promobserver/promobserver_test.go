@@ -48,7 +48,7 @@ func checkMetrics(t *testing.T, reg *prometheus.Registry, ns string) {
 		f := strings.Fields(l)
 		fmt.Fprintf(&want, "%s_decisions_total{limit=%q,op=%q,outcome=%q} %d\n", ns, f[0], f[1], f[2], observertest.WantDecisions[l])
 	}
-	fmt.Fprintf(&want, "# HELP %s_errors_total Errors of txlimit calls, failed-open ones included, by kind (invalid, no_pool, canceled, deadline_exceeded, database).\n# TYPE %[1]s_errors_total counter\n", ns)
+	fmt.Fprintf(&want, "# HELP %s_errors_total Errors of txlimit calls, failed-open ones included, by kind (invalid, not_migrated, canceled, deadline_exceeded, database).\n# TYPE %[1]s_errors_total counter\n", ns)
 	for _, l := range sortedKeys(observertest.WantErrors) {
 		f := strings.Fields(l)
 		fmt.Fprintf(&want, "%s_errors_total{kind=%q,limit=%q,op=%q} %d\n", ns, f[2], f[0], f[1], observertest.WantErrors[l])
@@ -119,7 +119,7 @@ func TestKeysAndRegistration(t *testing.T) {
 	require.NoError(t, err)
 	l, err := txlimit.New(sqlitestore.New(observertest.SQLite(t, true)), map[string]txlimit.Config{
 		"send": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour},
-	}, &txlimit.Options{Clock: observertest.Frozen(), Observer: obs})
+	}, &txlimit.Options{Clock: observertest.Frozen(), Observer: obs.Observe})
 	require.NoError(t, err)
 	for _, key := range []string{"alice", "alice", "bob"} {
 		_, err := l.Limit(ctx, "send", key)
@@ -148,7 +148,7 @@ txlimit_decisions_total{db="main",key="bob",limit="send",op="limit",outcome="all
 	reg2 := prometheus.NewRegistry()
 	taken := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "txlimit_errors_total",
-		Help: "Errors of txlimit calls, failed-open ones included, by kind (invalid, no_pool, canceled, deadline_exceeded, database).",
+		Help: "Errors of txlimit calls, failed-open ones included, by kind (invalid, not_migrated, canceled, deadline_exceeded, database).",
 	}, []string{"limit", "op", "kind"})
 	require.NoError(t, reg2.Register(taken))
 	_, err = promobserver.New(reg2, nil)

@@ -20,13 +20,13 @@ import (
 // The subjects of the take at commit and of the peer it is measured
 // against.
 const (
-	// txlimit's take at commit (Limiter.BeginFunc on pgstore): the
+	// txlimit's take at commit (Limiter.Commit on pgstore): the
 	// business transaction whose COMMIT carries the take.
 	implCommit = "txlimit/commit"
 	// The same with Config.Lease: the setup docs/commit.md recommends for
 	// a hot key.
 	implCommitLease = "txlimit/commit+lease"
-	// txlimit's take in the caller's batch (txlimit.SendBatch on pgstore):
+	// txlimit's take in the caller's batch (pgstore.SendBatch):
 	// the business transaction whose INSERT is queued after the take.
 	implBatch = "txlimit/batch"
 	// github.com/go-redis/redis_rate/v10 (GCRA, one EVALSHA) beside the
@@ -34,9 +34,9 @@ const (
 	implRedisRate = "redis_rate"
 )
 
-// pgCommit is the business transaction through Limiter.BeginFunc: BEGIN,
+// pgCommit is the business transaction through Limiter.Commit: BEGIN,
 // the INSERT of an order, and the take sent with the COMMIT in one
-// pipeline. Each call acquires its connection from the pool, as BeginFunc
+// pipeline. Each call acquires its connection from the pool, as Commit
 // does, where the other subjects' clients hold one for the run; the pool
 // has one a client (a lease taken ahead waits for one). With lease set the
 // limit has Config.Lease (leaseSize, or a quarter of a smaller capacity)
@@ -100,8 +100,8 @@ func (s pgCommit) value(ctx context.Context, spec limitSpec, key string) (float6
 	if err != nil {
 		return 0, err
 	}
-	snap, err := l.Value(ctx, spec.Name, key)
-	return snap.Value + snap.Leased, err
+	read, err := l.Check(ctx, spec.Name, key, txlimit.Count(0))
+	return read.Remaining + read.Leased, err
 }
 
 type commitClient struct {
@@ -111,11 +111,11 @@ type commitClient struct {
 }
 
 // take is one business transaction. Its step is the time from the end of
-// the work to BeginFunc's return: the takes and the COMMIT, in one round
+// the work to Commit's return: the takes and the COMMIT, in one round
 // trip, where the other subjects' step leaves the COMMIT out.
 func (c *commitClient) take(ctx context.Context) (call, error) {
 	var workDone time.Time
-	_, err := c.l.BeginFunc(ctx, func(tx pgx.Tx) error {
+	_, err := c.l.Commit(ctx, func(tx pgx.Tx) error {
 		if c.business {
 			if _, err := tx.Exec(ctx, benchfloor.PGBusinessInsert, c.req.Key, 1); err != nil {
 				return err
@@ -133,7 +133,7 @@ func (c *commitClient) take(ctx context.Context) (call, error) {
 
 func (c *commitClient) close() {}
 
-// pgBatch is the business transaction through txlimit.SendBatch: BEGIN,
+// pgBatch is the business transaction through pgstore.SendBatch: BEGIN,
 // one batch of the take and the INSERT of an order, COMMIT (a denial has
 // rolled the transaction back). Each client holds a connection of its own
 // for the run, as LimitTx's do.
@@ -176,7 +176,7 @@ func (c *batchClient) take(ctx context.Context) (call, error) {
 		b.Queue(benchfloor.PGBusinessInsert, c.req.Key, 1)
 	}
 	start := time.Now()
-	_, err = txlimit.SendBatch(ctx, c.l, tx, b, c.req)
+	_, err = pgstore.SendBatch(ctx, c.l, tx, b, c.req)
 	r := call{ok: err == nil, step: time.Since(start)}
 	switch {
 	case errors.Is(err, txlimit.ErrRateLimited):

@@ -144,7 +144,7 @@ func pgImpls(withRedis bool) []impl[*pgConns] {
 		open: func(c *pgConns) subject {
 			return pgLimit{p: c.pg, store: pgstore.New(c.pg.pool), tune: func(c *txlimit.Config) { c.Shards = 16 }}
 		}})
-	// The take at commit: BeginFunc, the take riding the COMMIT.
+	// The take at commit: Commit, the take riding the COMMIT.
 	impls = append(impls, impl[*pgConns]{name: implCommit, runs: inBusiness, checks: businessChecks,
 		open: func(c *pgConns) subject { return newPgCommit(c.pg, false) }},
 		impl[*pgConns]{name: implCommitLease, runs: inBusiness, checks: businessChecks,

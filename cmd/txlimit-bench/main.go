@@ -28,11 +28,11 @@
 //     Redis (seed 003's fixed-window Lua script: server TIME, INCR, EXPIRE
 //     on the first call of a window, in one EVALSHA), redis_rate
 //     (github.com/go-redis/redis_rate/v10, GCRA, one EVALSHA), both beside
-//     the transaction, txlimit/commit (Limiter.BeginFunc: BEGIN; INSERT;
+//     the transaction, txlimit/commit (Limiter.Commit: BEGIN; INSERT;
 //     the take and COMMIT in one pipeline), txlimit/commit+lease (the same
 //     with Config.Lease 64 and LeaseAhead 32, the clients of a limit
 //     sharing one Limiter as one process's goroutines do), txlimit/batch
-//     (txlimit.SendBatch: BEGIN; the take and the INSERT in one batch;
+//     (pgstore.SendBatch: BEGIN; the take and the INSERT in one batch;
 //     COMMIT) and none (no limit at all: the ceiling);
 //   - business-hot: the same business transaction with every client on one
 //     key, measured for the floor (on that one row), txlimit,

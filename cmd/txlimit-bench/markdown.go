@@ -38,8 +38,8 @@ func (r *Report) markdown() string {
 	p("Each call is one transaction that takes one token. *business*: each client its own key, and every transaction " +
 		"inserts an order beside its limit step (`BEGIN; INSERT …; step; COMMIT`); *none* is that transaction with no " +
 		"limit, the ceiling; *redis* is seed 003's fixed-window Lua script (`TIME`, `INCR`, `EXPIRE` in one `EVALSHA`) as the step, " +
-		"*redis_rate* github.com/go-redis/redis_rate/v10 (GCRA, one `EVALSHA`); *txlimit/commit* is `Limiter.BeginFunc`, the take " +
-		"sent with the COMMIT in one pipeline (its step: the takes and the COMMIT); *txlimit/batch* is `txlimit.SendBatch`, " +
+		"*redis_rate* github.com/go-redis/redis_rate/v10 (GCRA, one `EVALSHA`); *txlimit/commit* is `Limiter.Commit`, the take " +
+		"sent with the COMMIT in one pipeline (its step: the takes and the COMMIT); *txlimit/batch* is `pgstore.SendBatch`, " +
 		"the take queued ahead of the INSERT in one batch (its step: the take and the INSERT).\n\n")
 	p("| db | scenario | impl | clients | ops/s | spread | p50 ms | p99 ms | vs floor | vs Redis | vs redis_rate | vs none | vs hot floor | vs distinct | round trips |\n")
 	p("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")

@@ -166,8 +166,8 @@ func writeTable(w io.Writer, rep *Report) {
 	fmt.Fprintln(w, "none: that transaction with no limit at all, the ceiling. redis: seed 003's fixed-window Lua script (EVALSHA) as the step.")
 	fmt.Fprintln(w, "vs floor: this / the hand-written floor, same scenario (for hot-shards a sharded floor that does not pool) and clients.")
 	fmt.Fprintln(w, "vs redis: this / the business transaction with the Redis limiter, same clients. vs redis_rate: the same with redis_rate (GCRA) beside it.")
-	fmt.Fprintln(w, "vs none: this / the business transaction with no limit, same clients. txlimit/commit: Limiter.BeginFunc, the take riding the COMMIT.")
-	fmt.Fprintln(w, "txlimit/batch: txlimit.SendBatch, the take queued ahead of the INSERT in one batch (its step: the take and the INSERT).")
+	fmt.Fprintln(w, "vs none: this / the business transaction with no limit, same clients. txlimit/commit: Limiter.Commit, the take riding the COMMIT.")
+	fmt.Fprintln(w, "txlimit/batch: pgstore.SendBatch, the take queued ahead of the INSERT in one batch (its step: the take and the INSERT).")
 	fmt.Fprintln(w, "vs hot floor: txlimit on a sharded hot key / the floor on the same key unsharded (one row), same clients;")
 	fmt.Fprintln(w, "  in business-hot (one hot key inside the business transaction): this / the floor on that one row in the same transaction.")
 	fmt.Fprintln(w, "vs distinct: on the hot key / on distinct keys, same implementation, transaction and clients.")
@@ -323,14 +323,6 @@ func (r *Report) csv(w io.Writer) error {
 	}
 	cw.Flush()
 	return cw.Error()
-}
-
-// count is n in a CSV cell, "" for 0.
-func count(n int64) string {
-	if n == 0 {
-		return ""
-	}
-	return strconv.FormatInt(n, 10)
 }
 
 // The chart: one panel per database, a group of bars per scenario and

@@ -340,8 +340,8 @@ func (s pgLimit) value(ctx context.Context, spec limitSpec, key string) (float64
 	if err != nil {
 		return 0, err
 	}
-	snap, err := l.Value(ctx, spec.Name, key)
-	return snap.Value, err
+	read, err := l.Check(ctx, spec.Name, key, txlimit.Count(0))
+	return read.Remaining, err
 }
 
 // pgNone is the business transaction with no limit at all (BEGIN; INSERT;
@@ -567,8 +567,8 @@ func (s sqlLimit) value(ctx context.Context, spec limitSpec, key string) (float6
 	if err != nil {
 		return 0, err
 	}
-	snap, err := l.Value(ctx, spec.Name, key)
-	return snap.Value, err
+	read, err := l.Check(ctx, spec.Name, key, txlimit.Count(0))
+	return read.Remaining, err
 }
 
 // sqliteFloor is the hand-written floor on SQLite: BEGIN IMMEDIATE (from the

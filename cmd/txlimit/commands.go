@@ -76,7 +76,7 @@ func dispatch[TTx any](ctx context.Context, inv *invocation, db *database[TTx], 
 // error, which the store's Ping turns into txlimit.ErrNotMigrated.
 func unmigrated[TTx any](ctx context.Context, db *database[TTx], err error) error {
 	var usage usageError
-	if errors.As(err, &usage) || errors.Is(err, txlimit.ErrInvalid) || ctx.Err() != nil {
+	if errors.As(err, &usage) || errors.As(err, new(*txlimit.InvalidError)) || ctx.Err() != nil {
 		return err
 	}
 	if !errors.Is(err, txlimit.ErrNotMigrated) {
@@ -123,10 +123,13 @@ func limiter[TTx any](inv *invocation, db *database[TTx]) (*txlimit.Limiter[TTx]
 // storedConfig is c, a config txlimit.New normalized, as the Limiter hands
 // it to its store (the root keeps that conversion, and the calendar's
 // *time.Location, unexported): the whole limit's Rate, Capacity and
-// MaxReserved, which driver.Limit.Shard divides among the shards.
+// MaxReserved, which driver.Limit.Shard divides among the shards, and a
+// calendar kind as the FixedWindow of a calendar unit that algo computes.
 func storedConfig(c txlimit.Config) (driver.LimitConfig, error) {
+	kind, unit := algo.Kind(c.Kind), kindOf(c.Kind).unit
 	var loc *time.Location
-	if c.Calendar != 0 {
+	if unit != 0 {
+		kind = algo.FixedWindow
 		var err error
 		// txlimit.New loaded it too: it is there.
 		if loc, err = time.LoadLocation(c.Zone); err != nil {
@@ -135,9 +138,9 @@ func storedConfig(c txlimit.Config) (driver.LimitConfig, error) {
 	}
 	return driver.LimitConfig{
 		Config: algo.Config{
-			Kind: algo.Kind(c.Kind), Rate: c.Rate, Period: c.Period.Microseconds(),
+			Kind: kind, Rate: c.Rate, Period: c.Period.Microseconds(),
 			Capacity: c.Capacity, MaxReserved: c.MaxReserved,
-			Calendar: algo.Calendar{Unit: algo.CalendarUnit(c.Calendar), Weekday: c.WeekStart, Location: loc},
+			Calendar: algo.Calendar{Unit: unit, Weekday: c.WeekStart, Location: loc},
 		},
 		Shards: c.Shards, Start: c.Start.UnixMicro(), Aligned: !c.Start.IsZero(),
 	}, nil
@@ -197,7 +200,7 @@ func migrate[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w
 }
 
 // project returns the tokens of each of l's shards at now, and their total
-// (what Limiter.Value says), from every row of l's key, read as the Limiter
+// (Remaining, as Limiter.Check says), from every row of l's key, read as the Limiter
 // reads them (driver.Limit.States): a missing shard is full, and rows
 // written under another number of shards are pooled and spread over l's
 // (resharded is then set). A shard's tokens are algo.Pooled of it alone:
@@ -221,14 +224,15 @@ func project(l driver.Limit, rows []row, now time.Time) (tokens []float64, total
 // describe is c's kind and rate: "token bucket, 10 per 1m0s", "fixed
 // window, 1000 per calendar month in Europe/Berlin".
 func describe(c txlimit.Config) string {
-	if c.Calendar == 0 {
-		return fmt.Sprintf("%s, %s per %v", c.Kind, num(c.Rate), c.Period)
+	k := kindOf(c.Kind)
+	if k.unit == 0 {
+		return fmt.Sprintf("%s, %s per %v", k.text, num(c.Rate), c.Period)
 	}
-	per := "calendar " + calendarName(c.Calendar)
-	if c.Calendar == txlimit.Week {
+	per := "calendar " + k.text
+	if c.Kind == txlimit.Weekly {
 		per += " from " + c.WeekStart.String()
 	}
-	return fmt.Sprintf("%s, %s per %s in %s", c.Kind, num(c.Rate), per, cmp.Or(c.Zone, "UTC"))
+	return fmt.Sprintf("fixed window, %s per %s in %s", num(c.Rate), per, c.Zone)
 }
 
 // valueShard is one shard in value's output.
@@ -270,10 +274,10 @@ func value[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w i
 		return usageError{fmt.Errorf("no config for limit %q: the database keeps none; give -kind, -rate and -period (and -capacity, -shards, … as your application sets them), or -config FILE", name)}
 	}
 	c := lim.config
-	var snap txlimit.Snapshot
+	var read txlimit.Result
 	var rows []row
 	err = db.snapshot(ctx, func(tx TTx) (err error) {
-		if snap, err = l.ValueTx(ctx, tx, name, key); err != nil {
+		if read, err = l.CheckTx(ctx, tx, name, key, txlimit.Count(0)); err != nil {
 			return err
 		}
 		rows, err = db.rows(ctx, tx, name, &key)
@@ -282,8 +286,8 @@ func value[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w i
 	if err != nil {
 		return err
 	}
-	tokens, _, resharded := project(lim.stored.Limit(name, key), rows, snap.At)
-	out := valueOutput{Name: name, Key: key, At: snap.At.UTC(), Total: snap.Value, Capacity: c.Capacity, Resharded: resharded}
+	tokens, _, resharded := project(lim.stored.Limit(name, key), rows, read.At)
+	out := valueOutput{Name: name, Key: key, At: read.At.UTC(), Total: read.Remaining, Capacity: c.Capacity, Resharded: resharded}
 	for i, t := range tokens {
 		out.Shards = append(out.Shards, valueShard{Shard: int32(i), Now: t})
 	}
@@ -377,7 +381,7 @@ func reset[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w i
 		if err != nil {
 			// A key PostgreSQL cannot hold fails the SELECT; ResetTx
 			// checks its arguments before it uses tx, and says why.
-			if invalid := l.ResetTx(ctx, tx, name, key); errors.Is(invalid, txlimit.ErrInvalid) {
+			if invalid := l.ResetTx(ctx, tx, name, key); errors.As(invalid, new(*txlimit.InvalidError)) {
 				return invalid
 			}
 			return err

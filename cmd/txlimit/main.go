@@ -7,7 +7,7 @@
 //	export TXLIMIT_DSN='postgres://app@db.internal/app?search_path=app'
 //	txlimit migrate status
 //	txlimit value sendMessage alice -kind token_bucket -rate 10 -period 1m -capacity 20
-//	txlimit value api acme -kind fixed_window -rate 10000 -calendar month -zone Europe/Berlin
+//	txlimit value api acme -kind monthly -rate 10000 -zone Europe/Berlin
 //	txlimit keys -config limits.json
 //
 // Run txlimit -help for every command and flag. It is a module of its own, so
@@ -68,17 +68,18 @@ from flags, which win over the file:
     "signup": {"kind": "fixed_window", "rate": 1000, "period": "1h", "shards": 16,
                "start": "1970-01-01T00:00:00Z"},
     "login": {"kind": "sliding_window", "rate": 10, "period": "1m"},
-    "api": {"kind": "fixed_window", "rate": 10000, "calendar": "month", "zone": "Europe/Berlin"}
+    "api": {"kind": "monthly", "rate": 10000, "zone": "Europe/Berlin"}
   }
 
-Fields are those of txlimit.Config: kind (token_bucket, fixed_window or sliding_window),
-rate (per period, or per calendar unit), period (a Go duration: 1m, 1h30m; none for a
-calendar window), capacity (defaults to rate), max_reserved, shards (defaults to 1), start
-(RFC 3339: the instant the windows of a fixed or sliding window align to), calendar (day,
-week, month or year: a fixed window of calendar units), zone (the calendar's IANA time
-zone, such as Europe/Berlin; defaults to UTC), week_start (sunday … saturday: the first
-day of a week; defaults to sunday). Give the values your application uses: tokens are
-projected with them, and txlimit.New checks them as it does in your application.
+Fields are those of txlimit.Config: kind (token_bucket, fixed_window, sliding_window, or
+a calendar window: daily, weekly, monthly or yearly), rate (per period, or per calendar
+window), period (a Go duration: 1m, 1h30m; none for a calendar window), capacity
+(defaults to rate), max_reserved, shards (defaults to 1), start (RFC 3339: the instant the
+windows of a fixed or sliding window align to), zone (a calendar window's IANA time zone,
+such as Europe/Berlin, or UTC; required for one), week_start (sunday … saturday: the first
+day of a weekly window; defaults to sunday). Give the values your application uses:
+tokens are projected with them, and txlimit.New checks them as it does in your
+application.
 
 Flags (before or after the arguments):
   -dsn DSN         The database. postgres://user:pass@host:5432/db?sslmode=disable
@@ -86,16 +87,16 @@ Flags (before or after the arguments):
                    SQLite file path or file: URI. Defaults to $TXLIMIT_DSN.
   -config FILE     Limits' configs, JSON as above.
   -kind KIND       One limit's config, for value and keys NAME: token_bucket,
-                   fixed_window or sliding_window.
-  -rate N          tokens per period (per calendar unit)
-  -period D        e.g. 1m, 24h; none with -calendar
+                   fixed_window, sliding_window, daily, weekly, monthly or yearly.
+  -rate N          tokens per period (per calendar window)
+  -period D        e.g. 1m, 24h; none for daily, weekly, monthly and yearly
   -capacity N      defaults to rate
   -max-reserved N  defaults to 0 (no cap)
   -shards N        defaults to 1
   -start T         fixed and sliding windows: RFC 3339 time the windows align to
-  -calendar UNIT   fixed windows of calendar units: day, week, month or year
-  -zone ZONE       the calendar's IANA time zone, e.g. Europe/Berlin (default UTC)
-  -week-start DAY  the first day of a week: sunday … saturday (default sunday)
+  -zone ZONE       a calendar window's IANA time zone, e.g. Europe/Berlin, or UTC
+                   (required for daily, weekly, monthly and yearly)
+  -week-start DAY  the first day of a weekly window: sunday … saturday (default sunday)
   -n N             keys: show at most N keys (default 20; 0 for all)
   -batch N         prune: keys per transaction (default 1000)
   -json            value and keys: print JSON instead of a table
@@ -113,7 +114,7 @@ command or flag, missing argument, invalid config).
 Examples:
   txlimit migrate up -dsn 'postgres://postgres@127.0.0.1:5432/app?sslmode=disable'
   txlimit value sendMessage alice -dsn app.db -kind token_bucket -rate 10 -period 1m -capacity 20
-  txlimit value api acme -dsn app.db -kind fixed_window -rate 10000 -calendar month -zone Europe/Berlin
+  txlimit value api acme -dsn app.db -kind monthly -rate 10000 -zone Europe/Berlin
   txlimit keys sendMessage -dsn app.db -config limits.json -n 50
   txlimit reset sendMessage alice -dsn app.db
   txlimit prune -dsn app.db -config limits.json
@@ -138,7 +139,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := inv.execute(stdout); err != nil {
 		fmt.Fprintf(stderr, "txlimit: %v\n", err)
 		var usage usageError
-		if errors.As(err, &usage) || errors.Is(err, txlimit.ErrInvalid) {
+		if errors.As(err, &usage) || errors.As(err, new(*txlimit.InvalidError)) {
 			fmt.Fprintln(stderr, "Run txlimit -help for usage.")
 			return exitUsage
 		}
@@ -148,6 +149,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // usageError is an error of the command line or the configs, found only
-// once the database or the config file is read. A txlimit.ErrInvalid error
+// once the database or the config file is read. A *txlimit.InvalidError
 // (a name or key the library refuses) is one too.
 type usageError struct{ error }

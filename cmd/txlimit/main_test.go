@@ -103,7 +103,8 @@ func TestUsage(t *testing.T) {
 	}{
 		{[]string{"value", "send", "k"}, "", `no config for limit "send"`},
 		{[]string{"value", "send", "k", "-kind", "token_bucket", "-rate", "3"}, "", "needs at least -kind, -rate and -period"},
-		{[]string{"value", "send", "k", "-kind", "leaky", "-rate", "3", "-period", "1m"}, "", "flag -kind must be token_bucket or fixed_window"},
+		{[]string{"value", "send", "k", "-kind", "leaky", "-rate", "3", "-period", "1m"}, "", "flag -kind must be token_bucket, fixed_window, sliding_window, daily, weekly, monthly or yearly"},
+		{[]string{"value", "send", "k", "-kind", "leaky", "-rate", "3"}, "", "flag -kind must be token_bucket"},
 		{[]string{"value", "send", "k", "-kind", "token_bucket", "-rate", "-3", "-period", "1m"}, "", "Rate"},
 		{[]string{"value", "send", "k", "-kind", "token_bucket", "-rate", "3", "-period", "1m", "-start", "2026-01-01T00:00:00Z"}, "", "Start"},
 		{[]string{"prune"}, "", "prune needs your limits' configs"},
@@ -112,18 +113,24 @@ func TestUsage(t *testing.T) {
 		{[]string{"keys", "-config", bad}, `{"send": {"kind": "fixed_window", "rate": 1, "period": "1m", "shards": 5000}}`, "Shards"},
 		// The window shapes: the command reads the fields, txlimit.New
 		// judges them, and the operator is told which flag or field.
-		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3"}, "", "needs at least -kind, -rate and -period (or -calendar"},
-		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-calendar", "fortnight"}, "", "flag -calendar must be day, week, month or year"},
-		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-calendar", "week", "-week-start", "funday"}, "", "flag -week-start must be a day of the week"},
-		{[]string{"value", "send", "k", "-kind", "sliding_window", "-rate", "3", "-period", "1m", "-calendar", "month"}, "", "flag -calendar: Calendar applies to FixedWindow only, got a sliding window"},
-		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-period", "1m", "-calendar", "month"}, "", "flag -period: Period must be 0 for a calendar window"},
-		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-calendar", "day", "-zone", "Mars/Olympus"}, "", `flag -zone: Zone "Mars/Olympus" is not a time zone`},
-		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-calendar", "day", "-week-start", "monday"}, "", "flag -week-start: WeekStart applies to Week windows only"},
-		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-calendar", "day", "-start", "2026-01-01T00:00:00Z"}, "", "flag -start: Start aligns windows of Period"},
+		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3"}, "", "needs at least -kind, -rate and -period (a calendar kind, daily, weekly, monthly or yearly, takes -zone instead"},
+		{[]string{"value", "send", "k", "-kind", "weekly", "-rate", "3", "-zone", "UTC", "-week-start", "funday"}, "", "flag -week-start must be a day of the week"},
+		{[]string{"value", "send", "k", "-kind", "sliding_window", "-rate", "3", "-period", "1m", "-zone", "UTC"}, "", "flag -zone: Zone applies to the calendar kinds (Daily, Weekly, Monthly, Yearly), not to a SlidingWindow"},
+		{[]string{"value", "send", "k", "-kind", "monthly", "-rate", "3", "-period", "1m", "-zone", "UTC"}, "", "flag -period: Period must be 0 for a Monthly limit"},
+		{[]string{"value", "send", "k", "-kind", "daily", "-rate", "3"}, "", `flag -zone: Zone is required for a Daily limit, whose windows start at midnight in that zone: say "UTC" for UTC`},
+		{[]string{"value", "send", "k", "-kind", "daily", "-rate", "3", "-zone", "Mars/Olympus"}, "", `flag -zone: Zone "Mars/Olympus" is not a time zone`},
+		{[]string{"value", "send", "k", "-kind", "daily", "-rate", "3", "-zone", "UTC", "-week-start", "monday"}, "", "flag -week-start: WeekStart applies to Weekly limits only"},
+		{[]string{"value", "send", "k", "-kind", "daily", "-rate", "3", "-zone", "UTC", "-start", "2026-01-01T00:00:00Z"}, "", "flag -start: Start aligns windows of Period"},
+		// The calendar of a fixed window, before calendar windows were
+		// kinds: refused, naming the kind to give.
+		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-calendar", "month"}, "", "flag -calendar is gone: a calendar window is a kind of its own; give flag -kind monthly and its flag -zone (UTC included)"},
+		{[]string{"value", "send", "k", "-kind", "fixed_window", "-rate", "3", "-calendar", "fortnight"}, "", "give flag -kind daily, weekly, monthly or yearly"},
+		{[]string{"keys", "-config", bad}, `{"api": {"kind": "fixed_window", "rate": 1, "calendar": "week", "zone": "UTC"}}`, `limit "api": calendar is gone: a calendar window is a kind of its own; give`},
 		{[]string{"keys", "-config", bad}, `{"login": {"kind": "sliding-window", "rate": 1}}`, `limit "login": period: Period must be at least 1µs, got 0s`},
-		{[]string{"keys", "-config", bad}, `{"api": {"kind": "fixed_window", "rate": 1, "calendar": "month", "zone": "Local"}}`, `limit "api": zone: Zone must name a zone`},
-		{[]string{"keys", "-config", bad}, `{"w": {"kind": "fixed_window", "rate": 1, "calendar": "week", "week_start": "Funday"}}`, `limit "w": week_start must be a day of the week`},
-		{[]string{"keys", "-config", bad}, `{"x": {"kind": "leaky", "rate": 1, "period": "1m"}}`, `limit "x": kind must be token_bucket or fixed_window or sliding_window`},
+		{[]string{"keys", "-config", bad}, `{"api": {"kind": "monthly", "rate": 1, "zone": "Local"}}`, `limit "api": zone: Zone must name a zone`},
+		{[]string{"keys", "-config", bad}, `{"api": {"kind": "monthly", "rate": 1}}`, `limit "api": zone: Zone is required for a Monthly limit`},
+		{[]string{"keys", "-config", bad}, `{"w": {"kind": "weekly", "rate": 1, "zone": "UTC", "week_start": "Funday"}}`, `limit "w": week_start must be a day of the week`},
+		{[]string{"keys", "-config", bad}, `{"x": {"kind": "leaky", "rate": 1, "period": "1m"}}`, `limit "x": kind must be token_bucket, fixed_window, sliding_window, daily, weekly, monthly or yearly`},
 	} {
 		if c.file != "" {
 			require.NoError(t, os.WriteFile(bad, []byte(c.file), 0o600))
@@ -134,7 +141,7 @@ func TestUsage(t *testing.T) {
 	require.Contains(t, fails(t, exitError, "prune", "-dsn", dsn, "-config", filepath.Join(t.TempDir(), "missing.json")), "no such file")
 
 	// A calendar window by flags, on a key with no row.
-	out := ok(t, "value", "api", "acme", "-dsn", dsn, "-kind", "fixed_window", "-rate", "3", "-calendar", "DAY")
+	out := ok(t, "value", "api", "acme", "-dsn", dsn, "-kind", "Daily", "-rate", "3", "-zone", "UTC")
 	require.Contains(t, out, "limit api, key acme: fixed window, 3 per calendar day in UTC, capacity 3, 1 shard(s)")
 	require.Regexp(t, `(?m)^0\s+3\s+-\s+\(no row: full\)$`, out)
 }
@@ -250,18 +257,20 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	out := ok(t, "migrate", "up", "-dsn", dsn)
 	require.Contains(t, out, "applied 00001_create_txlimit.sql")
 	// Both have the sliding window's prev column; PostgreSQL has escrow
-	// mode's tables and the arithmetic's functions before it, the
-	// function a take at commit raises with, the table's fillfactor and
-	// the shard checks' removal after it.
+	// mode's tables (since dropped) and the arithmetic's functions before
+	// it, the function a take at commit raises with, the table's
+	// fillfactor, the shard checks' removal and the escrow tables' drop
+	// after it.
 	last := 2
 	if strings.HasPrefix(dsn, "postgres") {
-		last = 7
+		last = 8
 		require.Contains(t, out, "applied 00002_create_txlimit_escrow.sql")
 		require.Contains(t, out, "applied 00003_create_txlimit_functions.sql")
 		require.Contains(t, out, "applied 00004_add_txlimit_prev.sql")
 		require.Contains(t, out, "applied 00005_create_txlimit_deny.sql")
 		require.Contains(t, out, "applied 00006_set_txlimit_fillfactor.sql")
 		require.Contains(t, out, "applied 00007_drop_txlimit_shard_checks.sql")
+		require.Contains(t, out, "applied 00008_drop_txlimit_escrow.sql")
 	}
 	require.Contains(t, out, fmt.Sprintf("version %d (recorded in txlimit_goose_version)", last))
 	require.Contains(t, ok(t, "migrate", "up", "-dsn", dsn), "up to date: nothing to apply")
@@ -304,16 +313,16 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 		}
 		require.Positive(t, rows)
 		// The shards, projected by the command, add up to what
-		// Limiter.Value says in the same transaction.
+		// Limiter.CheckTx says in the same transaction.
 		require.InDelta(t, v.Total, sum, 1e-9, "%s %s", name, key)
-		snap, err := l.Value(ctx, name, key)
+		read, err := l.Check(ctx, name, key, txlimit.Count(0))
 		require.NoError(t, err)
 		if name == "send" {
 			require.Equal(t, 7.0, v.Total)
-			require.Equal(t, 7.0, snap.Value)
+			require.Equal(t, 7.0, read.Remaining)
 		} else { // a token bucket refills while the test runs
 			require.InDelta(t, 3, v.Total, 0.01)
-			require.GreaterOrEqual(t, snap.Value, v.Total)
+			require.GreaterOrEqual(t, read.Remaining, v.Total)
 		}
 	}
 
@@ -342,9 +351,9 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	require.Regexp(t, `limit send, key carol: deleted \d row\(s\); the limit is full again`, ok(t, "reset", "send", "carol", "-dsn", dsn))
 	require.Contains(t, ok(t, "reset", "send", "carol", "-dsn", dsn), "had no state: nothing to reset")
 	require.Contains(t, ok(t, "reset", "gone", "x y", "-dsn", dsn), "deleted 1 row(s)")
-	snap, err := l.Value(ctx, "send", "carol")
+	read, err := l.Check(ctx, "send", "carol", txlimit.Count(0))
 	require.NoError(t, err)
-	require.Equal(t, 10.0, snap.Value)
+	require.Equal(t, 10.0, read.Remaining)
 	require.Contains(t, fails(t, exitUsage, "reset", "send", "bad\x00key", "-dsn", dsn), "key")
 
 	// prune: bob is full again once credited; alice and dave are not.

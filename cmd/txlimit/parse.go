@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/algo"
 )
 
 var errHelp = errors.New("help")
@@ -156,13 +156,17 @@ func (f limitFlags) given() bool {
 
 // config returns the limit the flags define.
 func (f limitFlags) config() (txlimit.Config, error) {
-	if !f.set["kind"] || !f.set["rate"] || !f.set["period"] && !f.set["calendar"] {
-		return txlimit.Config{}, errors.New("a limit given by flags needs at least -kind, -rate and -period (or -calendar instead of -period for a calendar window)")
+	if f.set["calendar"] {
+		return txlimit.Config{}, calendarGone(source{}, f.calendar)
+	}
+	// An unknown kind is for fileConfig.config to name.
+	if k, known := kindNamed(f.kind); !f.set["kind"] || !f.set["rate"] || known && k.unit == 0 && !f.set["period"] {
+		return txlimit.Config{}, errors.New("a limit given by flags needs at least -kind, -rate and -period (a calendar kind, daily, weekly, monthly or yearly, takes -zone instead of -period)")
 	}
 	return fileConfig{
 		Kind: f.kind, Rate: f.rate, Period: f.period, Capacity: f.capacity,
 		MaxReserved: f.maxReserved, Shards: f.shards, Start: f.start,
-		Calendar: f.calendar, Zone: f.zone, WeekStart: f.weekStart,
+		Zone: f.zone, WeekStart: f.weekStart,
 	}.config(source{})
 }
 
@@ -191,40 +195,79 @@ type fileConfig struct {
 	MaxReserved float64 `json:"max_reserved"`
 	Shards      int     `json:"shards"`
 	Start       string  `json:"start"`
-	Calendar    string  `json:"calendar"`
 	Zone        string  `json:"zone"`
 	WeekStart   string  `json:"week_start"`
+	// Calendar is the field of a calendar window before calendar windows
+	// were kinds of their own: it is refused with the kind to give instead.
+	Calendar string `json:"calendar"`
 }
 
-// calendarUnits are the values of calendar, in the order of
-// txlimit.CalendarUnit (Day is 1).
-var calendarUnits = []string{"day", "week", "month", "year"}
+// kindName is a txlimit.Kind as the flags and the file name it.
+type kindName struct {
+	name string // -kind and the file's kind: token_bucket, daily, ...
+	kind txlimit.Kind
+	unit algo.CalendarUnit // a calendar kind's window, 0 for the others
+	text string            // how value describes it: "fixed window", "day"
+}
 
-// calendarName returns the name of u as calendar takes it.
-func calendarName(u txlimit.CalendarUnit) string {
-	if u >= txlimit.Day && int(u) <= len(calendarUnits) {
-		return calendarUnits[u-txlimit.Day]
+var kindNames = []kindName{
+	{"token_bucket", txlimit.TokenBucket, 0, "token bucket"},
+	{"fixed_window", txlimit.FixedWindow, 0, "fixed window"},
+	{"sliding_window", txlimit.SlidingWindow, 0, "sliding window"},
+	{"daily", txlimit.Daily, algo.Day, "day"},
+	{"weekly", txlimit.Weekly, algo.Week, "week"},
+	{"monthly", txlimit.Monthly, algo.Month, "month"},
+	{"yearly", txlimit.Yearly, algo.Year, "year"},
+}
+
+// kindNamed returns the kind named s (fixed_window, fixed-window, Daily, ...).
+func kindNamed(s string) (kindName, bool) {
+	for _, k := range kindNames {
+		if strings.EqualFold(strings.ReplaceAll(s, "-", "_"), k.name) {
+			return k, true
+		}
 	}
-	return fmt.Sprintf("CalendarUnit(%d)", u)
+	return kindName{}, false
+}
+
+// kindOf returns k's kindName.
+func kindOf(k txlimit.Kind) kindName {
+	for _, n := range kindNames {
+		if n.kind == k {
+			return n
+		}
+	}
+	return kindName{name: fmt.Sprintf("kind %d", k), kind: k, text: fmt.Sprintf("kind %d", k)}
+}
+
+// calendarGone is the error of the calendar field or flag, given at src:
+// a calendar window is a kind of its own.
+func calendarGone(src source, unit string) error {
+	for _, k := range kindNames {
+		if k.unit != 0 && strings.EqualFold(unit, k.text) {
+			return fmt.Errorf("%s is gone: a calendar window is a kind of its own; give %s %s and its %s (UTC included), and no calendar",
+				src.field("calendar"), src.field("kind"), k.name, src.field("zone"))
+		}
+	}
+	return fmt.Errorf("%s is gone: a calendar window is a kind of its own; give %s daily, weekly, monthly or yearly and its %s (UTC included), and no calendar",
+		src.field("calendar"), src.field("kind"), src.field("zone"))
 }
 
 // config converts c, given at src. It only reads the fields: whether they
-// go together (a Period with a Calendar, a Zone that exists, ...) is for
-// txlimit.New to say.
+// go together (a Period with a calendar kind, a Zone that exists, ...) is
+// for txlimit.New to say.
 func (c fileConfig) config(src source) (txlimit.Config, error) {
 	var out txlimit.Config
-	switch strings.ReplaceAll(c.Kind, "-", "_") {
-	case "token_bucket":
-		out.Kind = txlimit.TokenBucket
-	case "fixed_window":
-		out.Kind = txlimit.FixedWindow
-	case "sliding_window":
-		out.Kind = txlimit.SlidingWindow
-	default:
-		return out, fmt.Errorf("%s must be token_bucket or fixed_window or sliding_window, got %q", src.field("kind"), c.Kind)
+	if c.Calendar != "" {
+		return out, calendarGone(src, c.Calendar)
 	}
+	k, ok := kindNamed(c.Kind)
+	if !ok {
+		return out, fmt.Errorf("%s must be token_bucket, fixed_window, sliding_window, daily, weekly, monthly or yearly, got %q", src.field("kind"), c.Kind)
+	}
+	out.Kind = k.kind
 	var err error
-	if c.Period != "" { // none is Period 0: a calendar window's
+	if c.Period != "" { // none is Period 0: a calendar kind's
 		if out.Period, err = time.ParseDuration(c.Period); err != nil {
 			return out, fmt.Errorf("%s must be a Go duration such as 1m or 24h, got %q", src.field("period"), c.Period)
 		}
@@ -235,13 +278,6 @@ func (c fileConfig) config(src source) (txlimit.Config, error) {
 		if err != nil {
 			return out, fmt.Errorf("%s must be an RFC 3339 time such as 2026-01-01T00:00:00Z, got %q", src.field("start"), c.Start)
 		}
-	}
-	if c.Calendar != "" {
-		i := slices.IndexFunc(calendarUnits, func(u string) bool { return strings.EqualFold(u, c.Calendar) })
-		if i < 0 {
-			return out, fmt.Errorf("%s must be day, week, month or year, got %q", src.field("calendar"), c.Calendar)
-		}
-		out.Calendar = txlimit.Day + txlimit.CalendarUnit(i)
 	}
 	out.Zone = c.Zone
 	if c.WeekStart != "" {
@@ -311,7 +347,7 @@ func (inv *invocation) source(name string) source {
 // the name of the txlimit.Config field an *txlimit.InvalidError reports.
 var configFields = map[string]string{
 	"Kind": "kind", "Rate": "rate", "Period": "period", "Capacity": "capacity", "MaxReserved": "max_reserved",
-	"Shards": "shards", "Start": "start", "Calendar": "calendar", "Zone": "zone", "WeekStart": "week_start",
+	"Shards": "shards", "Start": "start", "Zone": "zone", "WeekStart": "week_start",
 }
 
 // configError is txlimit.New's verdict on a config, told where the operator
@@ -346,5 +382,5 @@ func (e configError) Error() string {
 	return fmt.Sprintf("invalid config: %s%s %s", where, e.invalid.Field, e.invalid.Problem)
 }
 
-// Unwrap makes errors.Is(err, txlimit.ErrInvalid) true.
+// Unwrap makes errors.As(err, new(*txlimit.InvalidError)) true.
 func (e configError) Unwrap() error { return e.invalid }

@@ -23,7 +23,7 @@ import (
 
 // The window shapes of docs/windows.md through the command: a sliding
 // window and calendar windows, given by flags and by -config, their tokens
-// checked against what the application's Limiter.Value says at the instant
+// checked against what the application's Limiter.Check says at the instant
 // the command read them.
 
 func TestSQLiteWindows(t *testing.T) {
@@ -75,19 +75,19 @@ func windows[TTx any](t *testing.T, dsn string, open func(*testing.T, map[string
 	month := time.Date(local.Year(), local.Month(), 1, 0, 0, 0, 0, berlin) // this Berlin month's start
 	limits := map[string]txlimit.Config{
 		"slide": {Kind: txlimit.SlidingWindow, Rate: 10, Period: 24 * time.Hour, Start: slideStart, Shards: 2},
-		"month": {Kind: txlimit.FixedWindow, Rate: 100, Calendar: txlimit.Month, Zone: "Europe/Berlin", Shards: 2},
-		"week":  {Kind: txlimit.FixedWindow, Rate: 7, Calendar: txlimit.Week, WeekStart: time.Monday, Zone: "America/New_York"},
+		"month": {Kind: txlimit.Monthly, Rate: 100, Zone: "Europe/Berlin", Shards: 2},
+		"week":  {Kind: txlimit.Weekly, Rate: 7, WeekStart: time.Monday, Zone: "America/New_York"},
 	}
 	config := filepath.Join(t.TempDir(), "limits.json")
 	require.NoError(t, os.WriteFile(config, []byte(`{
 		"slide": {"kind": "sliding_window", "rate": 10, "period": "24h", "start": "`+slideStart.Format(time.RFC3339Nano)+`", "shards": 2},
-		"month": {"kind": "fixed_window", "rate": 100, "calendar": "month", "zone": "Europe/Berlin", "shards": 2},
-		"week": {"kind": "fixed_window", "rate": 7, "calendar": "week", "week_start": "Monday", "zone": "America/New_York"}
+		"month": {"kind": "monthly", "rate": 100, "zone": "Europe/Berlin", "shards": 2},
+		"week": {"kind": "weekly", "rate": 7, "week_start": "Monday", "zone": "America/New_York"}
 	}`), 0o600))
 	// A flag given twice takes the last value: append "-shards", "3".
 	slideFlags := []string{"-kind", "sliding_window", "-rate", "10", "-period", "24h", "-start", slideStart.Format(time.RFC3339Nano), "-shards", "2"}
-	monthFlags := []string{"-kind", "fixed_window", "-rate", "100", "-calendar", "month", "-zone", "Europe/Berlin", "-shards", "2"}
-	weekFlags := []string{"-kind", "fixed-window", "-rate", "7", "-calendar", "week", "-week-start", "monday", "-zone", "America/New_York"}
+	monthFlags := []string{"-kind", "monthly", "-rate", "100", "-zone", "Europe/Berlin", "-shards", "2"}
+	weekFlags := []string{"-kind", "Weekly", "-rate", "7", "-week-start", "monday", "-zone", "America/New_York"}
 
 	// The application, on a clock the test sets.
 	var clock time.Time
@@ -99,13 +99,13 @@ func windows[TTx any](t *testing.T, dsn string, open func(*testing.T, map[string
 		require.NoError(t, err)
 		require.True(t, res.OK, "%s %s at %v", name, key, at)
 	}
-	// valueAt is what Limiter.Value says at at.
+	// valueAt is what Limiter.Check says the limit holds at at.
 	valueAt := func(name, key string, at time.Time) float64 {
 		t.Helper()
 		clock = at
-		snap, err := app.Value(ctx, name, key)
+		read, err := app.Check(ctx, name, key, txlimit.Count(0))
 		require.NoError(t, err)
-		return snap.Value
+		return read.Remaining
 	}
 	take(now.Add(-13*time.Hour), "slide", "k", 6) // the previous window
 	take(now.Add(-time.Hour), "slide", "k", 2)    // this one
@@ -125,7 +125,7 @@ func windows[TTx any](t *testing.T, dsn string, open func(*testing.T, map[string
 		return v
 	}
 	// valueText runs value and returns its output, requiring that its
-	// TOTAL is what Limiter.Value says at the instant the command read.
+	// TOTAL is what Limiter.Check says at the instant the command read.
 	readAt := regexp.MustCompile(`read at (\S+) `)
 	total := regexp.MustCompile(`(?m)^TOTAL\s+(\S+)\s+of `)
 	valueText := func(args ...string) string {
@@ -227,7 +227,7 @@ func windows[TTx any](t *testing.T, dsn string, open func(*testing.T, map[string
 	require.Contains(t, out, "fixed window, 7 per calendar week from Monday in America/New_York, capacity 7, 1 shard(s)")
 
 	// keys: the shapes side by side, emptiest first, each key's tokens what
-	// Limiter.Value says.
+	// Limiter.Check says.
 	all := keysJSON(t, "-dsn", dsn, "-config", config)
 	require.Equal(t, []string{"slide/k", "week/w", "month/acme"}, names(all))
 	for _, k := range all.Keys {

@@ -248,11 +248,11 @@ func (app *App) Demo(ctx context.Context, out io.Writer) error {
 		if err := app.DB.QueryRowContext(ctx, `SELECT count(*) FROM comments WHERE author = $1`, u.user).Scan(&n); err != nil {
 			return err
 		}
-		snap, err := app.Limiter.Value(ctx, commentLimit, u.user)
+		read, err := app.Limiter.Check(ctx, commentLimit, u.user)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "  stored: %d comments; tokens left: %.0f\n", n, math.Floor(snap.Value))
+		fmt.Fprintf(out, "  stored: %d comments; tokens left: %.0f\n", n, math.Floor(read.Remaining))
 	}
 	return nil
 }

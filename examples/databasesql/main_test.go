@@ -115,9 +115,9 @@ func TestRollbackReturnsTheToken(t *testing.T) {
 		for range 3 { // more than the capacity: each token came back
 			require.ErrorIs(t, post(user), errAbort)
 		}
-		snap, err := app.Limiter.Value(ctx, commentLimit, user)
+		read, err := app.Limiter.Check(ctx, commentLimit, user)
 		require.NoError(t, err)
-		require.Equal(t, 2.0, snap.Value, via)
+		require.Equal(t, 2.0, read.Remaining, via)
 		var n int
 		require.NoError(t, app.DB.QueryRow(`SELECT count(*) FROM comments WHERE author = $1`, user).Scan(&n))
 		require.Zero(t, n, via)

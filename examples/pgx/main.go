@@ -128,12 +128,14 @@ func runInSchema(ctx context.Context, w io.Writer, url, schema string) (err erro
 	}
 
 	fmt.Fprintln(w, "\nbob sends an empty message: LimitTx takes a token, then the insert fails:")
-	before, err := limiter.Value(ctx, limit, "bob")
+	// Check reads the limit without taking anything: Remaining is what it
+	// holds.
+	before, err := limiter.Check(ctx, limit, "bob")
 	if err != nil {
 		return err
 	}
 	// sendMessage, with a look at the tokens inside the transaction.
-	var inside txlimit.Snapshot
+	var inside txlimit.Result
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		res, err := limiter.LimitTx(ctx, tx, limit, "bob")
 		if err != nil {
@@ -142,7 +144,7 @@ func runInSchema(ctx context.Context, w io.Writer, url, schema string) (err erro
 		if err := res.Err(); err != nil {
 			return err
 		}
-		if inside, err = limiter.ValueTx(ctx, tx, limit, "bob"); err != nil {
+		if inside, err = limiter.CheckTx(ctx, tx, limit, "bob"); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, "INSERT INTO messages (sender, body) VALUES ($1, $2)", "bob", "")
@@ -152,13 +154,13 @@ func runInSchema(ctx context.Context, w io.Writer, url, schema string) (err erro
 	if !errors.As(err, &pgErr) {
 		return fmt.Errorf("want the insert to fail a constraint, got %v", err)
 	}
-	after, err := limiter.Value(ctx, limit, "bob")
+	after, err := limiter.Check(ctx, limit, "bob")
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "  before: %s; inside the transaction, after LimitTx: %s\n", tokens(before.Value), tokens(inside.Value))
+	fmt.Fprintf(w, "  before: %s; inside the transaction, after LimitTx: %s\n", tokens(before.Remaining), tokens(inside.Remaining))
 	fmt.Fprintf(w, "  the insert failed: SQLSTATE %s, constraint %s\n", pgErr.Code, pgErr.ConstraintName)
-	fmt.Fprintf(w, "  after: %s; pgx.BeginFunc rolled back, so the token came back\n", tokens(after.Value))
+	fmt.Fprintf(w, "  after: %s; pgx.BeginFunc rolled back, so the token came back\n", tokens(after.Remaining))
 
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM messages").Scan(&n); err != nil {

@@ -81,8 +81,10 @@ func run(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	value := func(user string) (string, error) {
-		snap, err := limiter.Value(ctx, limit, user)
-		return tokens(snap.Value), err
+		// Check says what a call would get now, taking nothing; its
+		// Remaining is the tokens the limit holds.
+		res, err := limiter.Check(ctx, limit, user)
+		return tokens(res.Remaining), err
 	}
 
 	fmt.Fprintf(w, "Limit %q: 3 messages per minute per user, bursts of up to 3 (token bucket).\n", limit)
@@ -179,11 +181,11 @@ func consumeThenRollBack(ctx context.Context, db *sql.DB, limiter *txlimit.Limit
 	if _, err := limiter.LimitTx(ctx, tx, limit, user); err != nil {
 		return 0, err
 	}
-	snap, err := limiter.ValueTx(ctx, tx, limit, user)
+	res, err := limiter.CheckTx(ctx, tx, limit, user)
 	if err != nil {
 		return 0, err
 	}
-	return snap.Value, tx.Rollback()
+	return res.Remaining, tx.Rollback()
 }
 
 // schedule reserves a token for a message to be sent later, at the time

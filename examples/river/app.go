@@ -185,8 +185,8 @@ func (a *App) Close(ctx context.Context) {
 // Sent describes an email that was accepted.
 type Sent struct {
 	JobID int64
-	// Result is the limiter's decision: OK, and Reserved when the email is
-	// scheduled for later.
+	// Result is the limiter's decision: OK, and RetryAfter > 0 when the
+	// tokens were reserved and the email is scheduled for later.
 	Result txlimit.Result
 	// RunAfter is when the limit lets the email go: Result.At +
 	// Result.RetryAfter. The job is scheduled for it.
@@ -220,7 +220,7 @@ func (a *App) SendEmail(ctx context.Context, user, subject, idempotencyKey strin
 	// job with any ScheduledAt, even one in the past, through its scheduler,
 	// which runs every few seconds.
 	var opts river.InsertOpts
-	if res.Reserved() {
+	if res.RetryAfter > 0 { // reserved: OK, and the tokens exist only later
 		opts.ScheduledAt = runAfter
 	}
 	job, err := a.River.InsertTx(ctx, tx, EmailArgs{User: user, Subject: subject, Tokens: tokensPerEmail}, &opts)

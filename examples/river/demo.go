@@ -79,7 +79,7 @@ func (a *App) Demo(ctx context.Context, out io.Writer) (*Report, error) {
 		}
 		r.Sent = append(r.Sent, s)
 		how := "sent now"
-		if s.Result.Reserved() {
+		if s.Result.RetryAfter > 0 {
 			how = fmt.Sprintf("reserved, runs after %v", s.Result.RetryAfter.Round(time.Millisecond))
 		}
 		fmt.Fprintf(out, "  %-9s job %-2d  at %s  %s\n", subject, s.JobID, offset(s.Result.At), how)
@@ -123,7 +123,7 @@ func (a *App) Demo(ctx context.Context, out io.Writer) (*Report, error) {
 
 	// alice takes her last email back before it runs.
 	last := r.Sent[len(r.Sent)-2] // alice's last; bob's is after it
-	before, err := a.Limiter.Value(ctx, emailLimit, "alice")
+	before, err := a.Limiter.Check(ctx, emailLimit, "alice")
 	if err != nil {
 		return r, err
 	}
@@ -134,13 +134,13 @@ func (a *App) Demo(ctx context.Context, out io.Writer) (*Report, error) {
 	if !credited {
 		return r, fmt.Errorf("job %d ran before it could be cancelled", last.JobID)
 	}
-	after, err := a.Limiter.Value(ctx, emailLimit, "alice")
+	after, err := a.Limiter.Check(ctx, emailLimit, "alice")
 	if err != nil {
 		return r, err
 	}
 	r.Cancelled = append(r.Cancelled, last.JobID)
 	fmt.Fprintf(out, "\nalice cancels job %d before it runs: its token comes back, alice's tokens %.3f → %.3f\n",
-		last.JobID, before.Value, after.Value)
+		last.JobID, before.Remaining, after.Remaining)
 
 	want := len(r.Sent) - len(r.Cancelled)
 	fmt.Fprintf(out, "\nwaiting for %d jobs to run...\n", want)

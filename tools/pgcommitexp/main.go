@@ -1,5 +1,5 @@
 // Command pgcommitexp measures where a business transaction's CPU goes
-// when its take rides the COMMIT (Limiter.BeginFunc), against the same
+// when its take rides the COMMIT (Limiter.Commit), against the same
 // transaction with no limit and with redis_rate beside it, and what the
 // take statement itself costs against hand-written ones. Each subject is
 // the business transaction BEGIN; INSERT of an order; <step>; COMMIT, on
@@ -13,7 +13,7 @@
 //	take        txlimit's TakeBucket as a take at commit sends it, by hand
 //	take-plain  the same without the denial's function (txlimit_deny)
 //	take-noex   the same without its test for rows beyond shard 0
-//	commit      Limiter.BeginFunc on pgstore
+//	commit      Limiter.Commit on pgstore
 //	limittx     LimitTx inside pgx.BeginFunc
 //	redis_rate  github.com/go-redis/redis_rate/v10 beside pgx.BeginFunc
 //
@@ -175,7 +175,7 @@ func newSteps(ctx context.Context, pool *pgxpool.Pool, redisAddr string, clients
 		return func(tx pgx.Tx) error { _, err := tx.Exec(ctx, benchfloor.PGBusinessInsert, key, 1); return err }
 	}
 	// pipe: the business transaction with queue's statements and the
-	// COMMIT in one batch, on a connection acquired for it, as BeginFunc
+	// COMMIT in one batch, on a connection acquired for it, as Commit
 	// does.
 	pipe := func(queue func(b *pgx.Batch, key string)) step {
 		return func(ctx context.Context, key string) error {
@@ -219,7 +219,7 @@ func newSteps(ctx context.Context, pool *pgxpool.Pool, redisAddr string, clients
 		"take-plain": withTake(take),
 		"take-noex":  withTake(strings.ReplaceAll(noex.ReplaceAllString(take, ""), "/*must*/", "OR txlimit_deny()")),
 		"commit": func(ctx context.Context, key string) error {
-			_, err := l.BeginFunc(ctx, work(ctx, key), txlimit.Request{Name: "exp", Key: key})
+			_, err := l.Commit(ctx, work(ctx, key), txlimit.Request{Name: "exp", Key: key})
 			return err
 		},
 		"limittx": func(ctx context.Context, key string) error {
