@@ -1,6 +1,6 @@
 // Package doccheck holds the test that compiles the Go code of the
-// repository's documentation, so that README.md and docs/usage.md cannot
-// show an API the library does not have.
+// repository's documentation, so that README.md, docs/usage.md and
+// docs/http.md cannot show an API the library does not have.
 package doccheck_test
 
 import (
@@ -23,6 +23,7 @@ import (
 	// binary, and so go test's cached result, depend on their code: a
 	// change to the API runs the test again.
 	_ "github.com/txlimit/txlimit"
+	_ "github.com/txlimit/txlimit/httplimit"
 	_ "github.com/txlimit/txlimit/migrations"
 	_ "github.com/txlimit/txlimit/mysqlstore"
 	_ "github.com/txlimit/txlimit/pgsqlstore"
@@ -40,6 +41,8 @@ var documents = []struct {
 }{
 	{"README.md", 2},
 	{"docs/usage.md", 7},
+	// Beyond the brief of README and usage.md: the runnable HTTP server.
+	{"docs/http.md", 1},
 }
 
 // imports maps the package names a function block may use to their import
@@ -55,6 +58,7 @@ var imports = map[string]string{
 	"mysqlstore":  "github.com/txlimit/txlimit/mysqlstore",
 	"migrations":  "github.com/txlimit/txlimit/migrations",
 	"jitter":      "github.com/txlimit/txlimit/jitter",
+	"httplimit":   "github.com/txlimit/txlimit/httplimit",
 	"pgx":         "github.com/jackc/pgx/v5",
 	"pgconn":      "github.com/jackc/pgx/v5/pgconn",
 	"pgxpool":     "github.com/jackc/pgx/v5/pgxpool",
@@ -162,7 +166,7 @@ func goBlocks(t *testing.T, doc string) []block {
 	return blocks
 }
 
-// TestDocsCompile compiles every ```go block of README.md and docs/usage.md
+// TestDocsCompile compiles every ```go block of the documents listed above
 // that is a whole program (it starts with a package clause) or whole
 // functions (declarations, at least one a func), against this module's
 // code, with go vet. Fragments (statements, a config literal) are skipped
