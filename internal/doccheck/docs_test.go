@@ -63,6 +63,7 @@ var imports = map[string]string{
 	"pgconn":      "github.com/jackc/pgx/v5/pgconn",
 	"pgxpool":     "github.com/jackc/pgx/v5/pgxpool",
 	"stdlib":      "github.com/jackc/pgx/v5/stdlib",
+	"cmp":         "cmp",
 	"context":     "context",
 	"errors":      "errors",
 	"fmt":         "fmt",
