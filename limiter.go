@@ -22,8 +22,9 @@ type Options struct {
 	// the context's deadline, a lock timeout), they return an OK Result
 	// with FailedOpen set and a nil error, consuming nothing, and the error
 	// goes to the Observer. Bad input (*InvalidError, a store without a
-	// pool included), ErrNotMigrated and a cancelled context are still
-	// returned as errors. The …Tx forms never fail open: the caller's
+	// pool included), ErrNotMigrated, a setup the store cannot work in
+	// (another kind of database, a DSN or pooler mode it cannot use) and a
+	// cancelled context are still returned as errors. The …Tx forms never fail open: the caller's
 	// transaction has failed with the store, and only the caller can
 	// decide what to do with it; nor does Commit, whose transaction holds
 	// the caller's work. Defaults to false: every error is returned (fail

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // The operations an Event reports (Event.Op).
@@ -137,10 +139,12 @@ func (l *Limiter[TTx]) report(ctx context.Context, o *observation, op string, r 
 }
 
 // failOpen decides whether an error of a form without Tx is turned into a
-// grant under Options.FailOpen. Bad input, a missing pool and a database
-// without txlimit's table are the program's or the deployment's mistakes,
-// and a cancelled context means the caller has gone: those stay errors.
+// grant under Options.FailOpen. Bad input, a missing pool, a database
+// without txlimit's table and a setup the store cannot work in (another
+// kind of database, a DSN or pooler mode it cannot use) are the program's or
+// the deployment's mistakes, and a cancelled context means the caller has
+// gone: those stay errors.
 func (l *Limiter[TTx]) failOpen(err error) bool {
 	return l.failOpenOnError && err != nil && !errors.As(err, new(*InvalidError)) &&
-		!errors.Is(err, ErrNotMigrated) && !errors.Is(err, context.Canceled)
+		!errors.Is(err, ErrNotMigrated) && !errors.Is(err, driver.ErrSetup) && !errors.Is(err, context.Canceled)
 }

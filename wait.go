@@ -36,7 +36,7 @@ import (
 // the Reserve option: a reservation is granted at once, so there is nothing
 // to wait for; call Limit with Reserve and sleep the Result's RetryAfter.
 //
-// A denial whose wait is beyond MaxWait (about 146 years) says MaxWait: with
+// A denial whose wait is beyond about 146 years says that: with
 // a deadline Wait returns at once; without one it sleeps until ctx ends.
 //
 // RetryAfter is on the limiter's clock (the database's, or Options.Clock)

@@ -36,6 +36,27 @@ var ErrNoPool = errors.New("txlimit: the store has no pool or database; use the 
 // txlimit.ErrNotMigrated.
 var ErrNotMigrated = errors.New("txlimit: the txlimit table is missing or out of date; run migrations.Up on this database (and schema) before using the limiter")
 
+// ErrSetup matches (errors.Is) the errors of a deployment the store cannot
+// work in: a database of another kind than the store's, a DSN without a
+// setting the store needs, a pooler mode the driver's statements do not
+// survive. txlimit.Options.FailOpen never grants on them: no retry cures
+// them, and granting would hide them.
+var ErrSetup = errors.New("txlimit: the store cannot work in this setup")
+
+// Setup marks err as a mistake of the setup (ErrSetup) without changing its
+// text or what else it matches.
+func Setup(err error) error {
+	if err == nil {
+		return nil
+	}
+	return setupError{err}
+}
+
+type setupError struct{ error }
+
+func (e setupError) Unwrap() error        { return e.error }
+func (e setupError) Is(target error) bool { return target == ErrSetup }
+
 // ErrCommitUnknown matches (errors.Is) the error of Ops.Commit and
 // InTxCommit when the connection failed after the COMMIT was sent and
 // before its answer came: the transaction may or may not have committed.

@@ -264,8 +264,8 @@ func MapErr(err error, store, fix string) error {
 	case UndefinedTable, UndefinedColumn:
 		return fmt.Errorf("%w: %w", driver.ErrNotMigrated, err)
 	case DuplicatePreparedStatement, InvalidSQLStatementName:
-		return fmt.Errorf("txlimit/%s: a prepared statement was lost between transactions, as happens behind PgBouncer "+
-			"in transaction mode with pgx's default exec mode%s: %w", store, fix, err)
+		return driver.Setup(fmt.Errorf("txlimit/%s: a prepared statement was lost between transactions, as happens behind PgBouncer "+
+			"in transaction mode with pgx's default exec mode%s: %w", store, fix, err))
 	}
 	return err
 }

@@ -203,7 +203,7 @@ func WrongDatabase(ctx context.Context, q Querier, cause, wrong error, want Data
 		return nil
 	}
 	d := databases[found]
-	return fmt.Errorf("%w: it is %s %s; use %s (the store's statement failed: %w)", wrong, d.name, version, d.use, cause)
+	return driver.Setup(fmt.Errorf("%w: it is %s %s; use %s (the store's statement failed: %w)", wrong, d.name, version, d.use, cause))
 }
 
 // BrokenConn reports whether err says that the connection broke: the server
