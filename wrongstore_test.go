@@ -3,9 +3,11 @@ package txlimit_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,30 +22,39 @@ import (
 )
 
 // A store fixes the limiter's transaction type, so handing LimitTx a
-// transaction of another driver does not compile: the compiler names both
-// types. Checked by compiling such programs against this checkout.
+// transaction of another driver does not compile. Checked by compiling two
+// programs against this checkout that differ only in the transaction's
+// type: the store's compiles, the other does not, at the LimitTx line.
+// (The compiler's wording is the compiler's, and not asserted.)
 func TestWrongTransactionTypeDoesNotCompile(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("compiles programs")
 	}
-	for _, tc := range []struct {
-		name, store, tx, imports, want string
-	}{
-		{"pgstore with *sql.Tx", "pgstore.New(nil)", "*sql.Tx", `"database/sql"; "github.com/txlimit/txlimit/pgstore"`,
-			"cannot use tx (variable of type *sql.Tx) as pgx.Tx value in argument to l.LimitTx"},
-		{"pgsqlstore with pgx.Tx", "pgsqlstore.New(nil)", "pgx.Tx", `"github.com/jackc/pgx/v5"; "github.com/txlimit/txlimit/pgsqlstore"`,
-			"cannot use tx (variable of interface type pgx.Tx) as *sql.Tx value in argument to l.LimitTx"},
+	const imports = `"database/sql"; "github.com/jackc/pgx/v5"; "github.com/txlimit/txlimit/pgsqlstore"; "github.com/txlimit/txlimit/pgstore"`
+	// build returns the compiler's output, the position of the LimitTx
+	// call as it names positions, and its error.
+	build := func(t *testing.T, store, tx string) (string, string, error) {
+		src := "package main\n\nimport (\"context\"; " + imports + "; \"github.com/txlimit/txlimit\")\n\n" +
+			"var _ = sql.Open\nvar _ pgx.Tx\nvar _ = pgstore.New\nvar _ = pgsqlstore.New\n\n" +
+			"func main() {\n\tl, _ := txlimit.New(" + store + ", nil, nil)\n\tvar tx " + tx +
+			"\n\t_, _ = l.LimitTx(context.Background(), tx, \"n\", \"k\")\n}\n"
+		line := strings.Count(src[:strings.Index(src, "l.LimitTx")], "\n") + 1
+		file := filepath.Join(t.TempDir(), "main.go")
+		require.NoError(t, os.WriteFile(file, []byte(src), 0o644))
+		out, err := exec.Command("go", "build", "-o", os.DevNull, file).CombinedOutput()
+		return string(out), fmt.Sprintf("main.go:%d:", line), err
+	}
+	for _, tc := range []struct{ name, store, right, wrong string }{
+		{"pgstore", "pgstore.New(nil)", "pgx.Tx", "*sql.Tx"},
+		{"pgsqlstore", "pgsqlstore.New(nil)", "*sql.Tx", "pgx.Tx"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			src := "package main\n\nimport (\"context\"; " + tc.imports + "; \"github.com/txlimit/txlimit\")\n\n" +
-				"func main() {\n\tl, _ := txlimit.New(" + tc.store + ", nil, nil)\n\tvar tx " + tc.tx +
-				"\n\t_, _ = l.LimitTx(context.Background(), tx, \"n\", \"k\")\n}\n"
-			file := filepath.Join(t.TempDir(), "main.go")
-			require.NoError(t, os.WriteFile(file, []byte(src), 0o644))
-			out, err := exec.Command("go", "build", "-o", os.DevNull, file).CombinedOutput()
-			require.Error(t, err, "%s", out)
-			require.Contains(t, string(out), tc.want)
+			out, _, err := build(t, tc.store, tc.right)
+			require.NoError(t, err, "with the store's own transaction type: %s", out)
+			out, at, err := build(t, tc.store, tc.wrong)
+			require.Error(t, err, "with %s", tc.wrong)
+			require.Contains(t, out, at, "the error is at the LimitTx call")
 		})
 	}
 }
@@ -62,6 +73,13 @@ func TestWrongDatabaseIsNamed(t *testing.T) {
 		err = l.Ping(ctx)
 		require.ErrorIs(t, err, pgsqlstore.ErrWrongDatabase)
 		require.ErrorContains(t, err, "use sqlitestore.New(db)")
+
+		// No retry cures it: a limiter that fails open returns it too.
+		open, err := txlimit.New(pgsqlstore.New(db), limits, &txlimit.Options{FailOpen: true})
+		require.NoError(t, err)
+		res, err := open.Limit(ctx, "n", "k")
+		require.ErrorIs(t, err, pgsqlstore.ErrWrongDatabase)
+		require.False(t, res.FailedOpen)
 
 		tx, err := db.Begin()
 		require.NoError(t, err)
