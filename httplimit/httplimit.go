@@ -76,6 +76,17 @@ type Options struct {
 	// Capacity) is an error, answered by Error. NewAll takes it from each
 	// Rule instead.
 	Count func(r *http.Request) float64
+	// Charge, when set, charges a request only for the responses it
+	// returns true for, given the request, the response's status code and
+	// its header as the handler commits it; Mode says how requests are
+	// limited until then (see Charging by outcome). Statuses builds one
+	// from status codes. Defaults to nil: every request is charged before
+	// the handler runs. NewAll takes it from each Rule instead.
+	Charge func(r *http.Request, status int, header http.Header) bool
+	// Mode is how a limit with a Charge holds requests whose outcome is
+	// not yet known: Refund (the default) or TakeAfter. It must be left
+	// unset without a Charge. NewAll takes it from each Rule instead.
+	Mode Mode
 	// Denied writes the response to a request the limit denied. When it
 	// runs, Retry-After and the RateLimit fields are set on w, and res is
 	// the result of the limit that binds (see NewAll). Defaults to a 429
@@ -91,8 +102,10 @@ type Options struct {
 	Error func(w http.ResponseWriter, r *http.Request, err error)
 	// Logger receives, at level Error, what the default Error hides from
 	// the client: the error, with the request's method and path and the
-	// limits' names. Defaults to slog.Default() at the time of logging.
-	// Unused when Error is set.
+	// limits' names; and, whether Error is set or not, an error charging or
+	// refunding a request after its handler (Charge), which no longer
+	// changes the response. Defaults to slog.Default() at the time of
+	// logging.
 	Logger *slog.Logger
 }
 
@@ -108,6 +121,10 @@ type Rule struct {
 	// Count returns the number of tokens a request takes from this limit.
 	// Defaults to 1.
 	Count func(r *http.Request) float64
+	// Charge and Mode charge this limit by the response, as
+	// Options.Charge and Options.Mode: each rule chooses for itself.
+	Charge func(r *http.Request, status int, header http.Header) bool
+	Mode   Mode
 }
 
 // rule is a Rule ready to apply.
@@ -124,6 +141,10 @@ type Limit[TTx any] struct {
 	rules   []rule
 	denied  func(w http.ResponseWriter, r *http.Request, res txlimit.Result)
 	fail    func(w http.ResponseWriter, r *http.Request, err error)
+	// byOutcome reports that a rule has a Charge: Handler then settles
+	// each request when its response is committed (outcome.go).
+	byOutcome bool
+	logger    *slog.Logger
 }
 
 // New returns a Limit that applies the limit name of l, which l must have
@@ -134,7 +155,7 @@ func New[TTx any](l *txlimit.Limiter[TTx], name string, key KeyFunc, opts *Optio
 	if opts != nil {
 		o = *opts
 	}
-	return newLimit(l, []Rule{{Name: name, Key: key, Policy: o.Policy, Count: o.Count}}, o)
+	return newLimit(l, []Rule{{Name: name, Key: key, Policy: o.Policy, Count: o.Count, Charge: o.Charge, Mode: o.Mode}}, o)
 }
 
 // NewAll returns a Limit that applies several limits of l to each request,
@@ -164,12 +185,14 @@ func NewAll[TTx any](l *txlimit.Limiter[TTx], rules []Rule, opts *Options) (*Lim
 		return nil, errors.New("httplimit: Options.Policy is set for NewAll; set the Policy of each Rule instead")
 	case o.Count != nil:
 		return nil, errors.New("httplimit: Options.Count is set for NewAll; set the Count of each Rule instead")
+	case o.Charge != nil || o.Mode != Refund:
+		return nil, errors.New("httplimit: Options.Charge or Options.Mode is set for NewAll; set the Charge and Mode of each Rule instead")
 	}
 	return newLimit(l, rules, o)
 }
 
 func newLimit[TTx any](l *txlimit.Limiter[TTx], rules []Rule, o Options) (*Limit[TTx], error) {
-	m := &Limit[TTx]{limiter: l, rules: make([]rule, len(rules)), denied: o.Denied, fail: o.Error}
+	m := &Limit[TTx]{limiter: l, rules: make([]rule, len(rules)), denied: o.Denied, fail: o.Error, logger: o.Logger}
 	policies := make(map[string]int, len(rules))
 	for i, r := range rules {
 		cfg, err := config(l, r.Name, r.Key)
@@ -179,6 +202,10 @@ func newLimit[TTx any](l *txlimit.Limiter[TTx], rules []Rule, o Options) (*Limit
 		if cfg.Shards > 1 && !cfg.ReportRemaining {
 			return nil, fmt.Errorf("httplimit: limit %q has %d shards but not ReportRemaining, so a call served from one free shard cannot tell the RateLimit field how many tokens are left; set ReportRemaining: true in its txlimit.Config", r.Name, cfg.Shards)
 		}
+		if err := checkMode(r); err != nil {
+			return nil, err
+		}
+		m.byOutcome = m.byOutcome || r.Charge != nil
 		if r.Policy == "" {
 			r.Policy = r.Name
 		}
@@ -235,7 +262,16 @@ func config[TTx any](l *txlimit.Limiter[TTx], name string, key KeyFunc) (txlimit
 // several rules) before next runs, and next runs only when they are
 // granted. The tokens stay spent whatever next does; to spend them only
 // when the handler's own work commits, call Tx from the handler instead.
+//
+// A limit with a Charge is charged by the response instead, as its Mode
+// says (see Charging by outcome): next then gets a ResponseWriter that
+// settles the charge when the response is committed, before its header
+// goes out. It has Unwrap, Flush and Hijack, so http.ResponseController
+// and the http.Flusher and http.Hijacker assertions work through it.
 func (m *Limit[TTx]) Handler(next http.Handler) http.Handler {
+	if m.byOutcome {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serveByOutcome(w, r, next) })
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reqs, err := m.requests(r)
 		var res txlimit.MultiResult
@@ -262,7 +298,13 @@ func (m *Limit[TTx]) Handler(next http.Handler) http.Handler {
 // The fields describe the limit as this call left it. If tx then rolls
 // back, the tokens come back and the client was told it had fewer than it
 // has, which errs on the safe side.
+//
+// A Limit with a Charge is an error here: tx's commit already decides
+// whether the tokens are spent, and Tx sees no response to charge by.
 func (m *Limit[TTx]) Tx(w http.ResponseWriter, r *http.Request, tx TTx) (bool, error) {
+	if m.byOutcome {
+		return false, errTxByOutcome
+	}
 	reqs, err := m.requests(r)
 	if err != nil {
 		return false, err
@@ -345,23 +387,11 @@ func binding(res txlimit.MultiResult) int {
 // respond sets the header fields of the binding limit of res on w and, for
 // a denial, writes the response; it reports whether the request may go on.
 func (m *Limit[TTx]) respond(w http.ResponseWriter, r *http.Request, res txlimit.MultiResult) bool {
-	i := binding(res)
-	ru, b := m.rules[i], res.Results[i]
-	h := w.Header()
-	h.Set("RateLimit-Policy", ru.header)
-	field := fmt.Sprintf("%s;r=%d", ru.policy, sfInteger(math.Floor(max(b.Remaining, 0))))
-	if b.NextToken > 0 {
-		t := int64(b.NextToken / time.Second)
-		if !b.OK {
-			// Retry-After must not end before the effective window.
-			t = min(t, retrySeconds(b.RetryAfter))
-		}
-		field += ";t=" + strconv.FormatInt(t, 10)
-	}
-	h.Set("RateLimit", field)
+	b := m.setFields(w.Header(), res)
 	if res.OK {
 		return true
 	}
+	h := w.Header()
 	h.Set("Retry-After", strconv.FormatInt(retrySeconds(b.RetryAfter), 10))
 	if m.denied != nil {
 		m.denied(w, r, b)
@@ -375,6 +405,25 @@ func (m *Limit[TTx]) respond(w http.ResponseWriter, r *http.Request, res txlimit
 	}
 	problem(w, violated)
 	return false
+}
+
+// setFields sets the RateLimit-Policy and RateLimit fields of the binding
+// limit of res on h and returns its result.
+func (m *Limit[TTx]) setFields(h http.Header, res txlimit.MultiResult) txlimit.Result {
+	i := binding(res)
+	ru, b := m.rules[i], res.Results[i]
+	h.Set("RateLimit-Policy", ru.header)
+	field := fmt.Sprintf("%s;r=%d", ru.policy, sfInteger(math.Floor(max(b.Remaining, 0))))
+	if b.NextToken > 0 {
+		t := int64(b.NextToken / time.Second)
+		if !b.OK {
+			// Retry-After must not end before the effective window.
+			t = min(t, retrySeconds(b.RetryAfter))
+		}
+		field += ";t=" + strconv.FormatInt(t, 10)
+	}
+	h.Set("RateLimit", field)
+	return b
 }
 
 // retrySeconds is d in whole seconds, rounded up, and at least 1: a client
