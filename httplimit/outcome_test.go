@@ -575,6 +575,34 @@ func runOutcome[TTx any](t *testing.T, store driver.Store[TTx]) {
 		}
 	})
 
+	t.Run("EarlyHintsAndHijack", func(t *testing.T) {
+		// A 103 Early Hints comes before the final status, which decides.
+		hints := serve(t, limit("three", &httplimit.Options{Charge: failed}).Handler(http.HandlerFunc(
+			func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Link", "</style.css>; rel=preload")
+				w.WriteHeader(http.StatusEarlyHints)
+				w.WriteHeader(http.StatusUnauthorized)
+			})))
+		require.Equal(t, http.StatusUnauthorized, hints.get(t, "/", "hints").status)
+		require.Equal(t, 2.0, value("three", "hints"))
+
+		// A handler that takes the connection over (a WebSocket
+		// handshake) is charged as a 101 when it does: here a limit on
+		// upgrades, taken after.
+		upgrades := serve(t, limit("three", &httplimit.Options{Charge: httplimit.Statuses(http.StatusSwitchingProtocols), Mode: httplimit.TakeAfter}).Handler(http.HandlerFunc(
+			func(w http.ResponseWriter, r *http.Request) {
+				conn, buf, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					panic(err)
+				}
+				defer conn.Close()
+				_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nhi\n")
+				_ = buf.Flush()
+			})))
+		require.Equal(t, http.StatusOK, upgrades.get(t, "/", "hijack").status)
+		require.Equal(t, 2.0, value("three", "hijack"))
+	})
+
 	t.Run("FixedWindow", func(t *testing.T) {
 		// A window kind, refunded and taken after, with its t at the
 		// window's end.
