@@ -46,6 +46,42 @@
 // and NewAll check: without it a call served from one free shard does not
 // know r. With it, the other shards count as last committed
 // (Result.Remaining says more).
+//
+// # Charging by outcome
+//
+// By default Handler charges every request before its handler runs. A limit
+// with a Charge (Options.Charge, Rule.Charge) charges only the responses
+// Charge picks, by status code (Statuses(401, 403): failed logins) or by
+// any function of the request, the status and the response's header. A
+// request the limit cannot grant now is still denied with a 429 before its
+// handler runs; the charge of the others is settled when the handler
+// commits its response (its first WriteHeader of a final status, Write,
+// Flush or Hijack, or its return when it wrote nothing, which net/http
+// answers 200), before the header goes out: by the time a client reads the
+// status, the limit already counts it. The Mode says how requests are held
+// back until then:
+//
+//   - Refund (the default) takes the tokens before the handler and gives
+//     them back when the response is not charged. While a request runs it
+//     holds its tokens: no more requests of a key run at once than its
+//     limit has tokens, and the responses charged never exceed the limit,
+//     whatever arrives together. The fields are those of the take, which
+//     counts the request as charged: a refund only adds to r.
+//   - TakeAfter checks the limit before the handler (taking nothing) and
+//     takes the tokens after it when the response is charged. Requests not
+//     charged never count, even while they run; but requests that arrive
+//     together all pass the check, so the responses charged can exceed the
+//     limit by the requests running when it ran out, and those are charged
+//     only what is left (txlimit.UpTo). The fields are set when the
+//     response is committed: the take's for a charged response, the
+//     check's for another.
+//
+// The take before the handler and the refund or take after it do not stop
+// when the client goes away (the request's context is cancelled), so a
+// disconnect loses no token and forgives none. A handler that panics before
+// committing its response is charged as a 500 (the panic goes on). Tx
+// cannot apply a limit with a Charge: the handler's transaction already
+// decides whether its tokens are spent.
 package httplimit
 
 import (
