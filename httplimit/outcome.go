@@ -25,11 +25,11 @@ const (
 	// when the response is one Charge does not charge. A request holds its
 	// tokens while it runs, so no more requests of a key run at once than
 	// its limit has tokens, and the responses charged never exceed the
-	// limit, however many requests arrive together. The price: requests
-	// that will not be charged wait for nothing, but while others run
-	// they count against the limit, and one may be denied because of
-	// them. It is the default, and the mode for limits that guard
-	// something (failed logins).
+	// limit, however many requests arrive together. The price: a request
+	// that will not be charged holds its tokens too while it runs, so a
+	// request may be denied because of others that are running and will
+	// give theirs back. It is the default, and the mode for limits that
+	// guard something (failed logins).
 	Refund Mode = iota
 	// TakeAfter checks the limit before the handler runs
 	// (txlimit.Limiter.Check, which takes nothing) and takes the tokens
@@ -40,9 +40,8 @@ const (
 	// limit by the requests running when it ran out, and the take never
 	// takes more than the limit holds (txlimit.UpTo): a response charged
 	// after the tokens ran out is charged what was left, the rest of it
-	// is not carried over. It is the mode for limits that meter
-	// something common among requests that are rarely charged (404s of a
-	// busy client).
+	// is not carried over. It is the mode for limits that meter something
+	// frequent that is rarely charged (the 404s of a busy client).
 	TakeAfter
 )
 
