@@ -547,8 +547,8 @@ func runOutcome[TTx any](t *testing.T, store driver.Store[TTx]) {
 				cctx, cancel := context.WithCancel(ctx)
 				got := make(chan reply, 1)
 				go func() { got <- s.send(cctx, c.path, key) }()
-				for p.running.Load() == 0 {
-					time.Sleep(time.Millisecond)
+				for deadline := time.Now().Add(time.Minute); p.running.Load() == 0; time.Sleep(time.Millisecond) {
+					require.True(t, time.Now().Before(deadline), "the request did not reach the handler")
 				}
 				cancel()
 				require.ErrorIs(t, (<-got).err, context.Canceled)
