@@ -37,7 +37,12 @@ func TestOutcomePostgres(t *testing.T) {
 }
 
 func TestOutcomeSQLite(t *testing.T) {
-	runOutcome(t, sqlitestore.New(openSQLite(t)))
+	db := openSQLite(t)
+	// SQLite has one writer: 64 requests at once queue for one connection
+	// here rather than in SQLite's busy handler, which under the race
+	// detector on a busy machine can wait out busy_timeout.
+	db.SetMaxOpenConns(1)
+	runOutcome(t, sqlitestore.New(db))
 }
 
 func openSQLite(t *testing.T) *sql.DB {
@@ -421,8 +426,8 @@ func runOutcome[TTx any](t *testing.T, store driver.Store[TTx]) {
 		s := serve(t, limit("ten", &httplimit.Options{Charge: failed}).Handler(p))
 		replies := s.burst(t, p, "refund64", paths(40, 401, 24), 10)
 		n := tally(replies)
-		require.Equal(t, 54, n[http.StatusTooManyRequests])
-		require.Equal(t, 10, n[http.StatusUnauthorized]+n[http.StatusOK])
+		require.Equal(t, 54, n[http.StatusTooManyRequests], n)
+		require.Equal(t, 10, n[http.StatusUnauthorized]+n[http.StatusOK], n)
 		charged := n[http.StatusUnauthorized]
 		require.Equal(t, float64(10-charged), value("ten", "refund64"), "exactly the failures are charged; the successes were given back")
 		// The ten took one token each, one after the other.
@@ -442,8 +447,9 @@ func runOutcome[TTx any](t *testing.T, store driver.Store[TTx]) {
 		left := 10 - charged
 		replies = s.burst(t, p, "refund64", paths(64, 401, 0), left)
 		n = tally(replies)
-		require.Equal(t, left, n[http.StatusUnauthorized])
-		require.Equal(t, 64-left, n[http.StatusTooManyRequests])
+		require.Equal(t, left, n[http.StatusUnauthorized], n)
+		require.Equal(t, 64-left, n[http.StatusTooManyRequests], n)
+		require.Len(t, n, min(left, 1)+1, n)
 		require.Equal(t, 0.0, value("ten", "refund64"), "10 failures charged in all")
 
 		// Now every request is denied before the handler.
