@@ -1,8 +1,8 @@
 // Package testdb finds a PostgreSQL server for txlimit's tests and gives each
 // test binary a schema of its own on it. It also opens SQLite files for
-// tests, adapts pgx and SQLite stores to the conformance suite
-// (internal/testkit/storetest: PgxHarness, SQLiteHarness), and is the TestMain of
-// the packages whose tests wait on PostgreSQL (Main).
+// tests, adapts sqlitestore to the conformance suite (SQLiteHarness; pgxtest
+// adapts pgstore), and is the TestMain of the packages whose tests wait on
+// PostgreSQL (Main).
 //
 // The server is, in order: TEST_DATABASE_URL; a local server on
 // 127.0.0.1:5432 (database test, user postgres, trust auth, as DEVELOPERS.md
@@ -289,6 +289,9 @@ func newPool(tb testing.TB, schema string, mode pgx.QueryExecMode, maxConns int3
 	if err != nil {
 		tb.Fatalf("parse url: %v", err)
 	}
+	// The schema's name, unless params say otherwise: a test tells its
+	// connections in pg_stat_activity by it (KillQuery).
+	cfg.ConnConfig.RuntimeParams["application_name"] = schema
 	for _, ps := range params {
 		for k, v := range ps {
 			cfg.ConnConfig.RuntimeParams[k] = v
