@@ -87,7 +87,7 @@ func missing(tb testing.TB, err error, ci bool) {
 		tb.Fatalf("PostgreSQL is required under CI=true: %v", err)
 		return
 	}
-	tb.Skip(fmt.Sprintf("SKIPPING PostgreSQL tests: %v (set TEST_DATABASE_URL, run scripts/postgres.sh, or start Docker)", err))
+	tb.Skipf("SKIPPING PostgreSQL tests: %v (set TEST_DATABASE_URL, run scripts/postgres.sh, or start Docker)", err)
 }
 
 // finder holds the steps of the search, replaced by fakes in tests.

@@ -193,6 +193,7 @@ type tbRecorder struct {
 
 func (r *tbRecorder) Helper()                        {}
 func (r *tbRecorder) Skip(args ...any)               { r.skipped = fmt.Sprint(args...) }
+func (r *tbRecorder) Skipf(format string, a ...any)  { r.skipped = fmt.Sprintf(format, a...) }
 func (r *tbRecorder) Fatalf(format string, a ...any) { r.fatal = fmt.Sprintf(format, a...) }
 
 func TestMissingServer(t *testing.T) {
