@@ -15,8 +15,8 @@ import (
 	"github.com/txlimit/txlimit"
 )
 
-// The soak: mixed limits (every kind of take: a token bucket and a fixed
-// window, each alone and sharded, and one that reserves), a business row
+// The soak: mixed limits (a token bucket and a fixed window, each alone and
+// sharded, and a token bucket that reserves), a business row
 // written in the same transaction, random rollbacks and, on a store whose
 // harness can (Harness.Kill), connections killed under load, for a bounded
 // time. At the end the committed business rows of each limit must equal
@@ -34,8 +34,8 @@ import (
 const soakPhases = 4
 
 // soakWorkers is the number of workers, each in a transaction of its own:
-// enough to queue on every shard of the 8-shard limit, and to leave two of
-// the shared harness's 8 transactions to the drain check and the killer.
+// enough for several to queue on one limit, and to leave two of the shared
+// harness's 8 transactions to the drain check and the killer.
 const soakWorkers = 6
 
 func soakPhase(t *testing.T) time.Duration {
