@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/txlimit/txlimit/internal/waitsleep"
 	"github.com/txlimit/txlimit/jitter"
 )
 
@@ -50,12 +51,8 @@ import (
 // Check's RetryAfter outside the transaction and take them with LimitTx
 // inside it.
 func (l *Limiter[TTx]) Wait(ctx context.Context, name, key string, opts ...Option) (Result, error) {
-	return l.wait(ctx, sleep, name, key, opts)
-}
-
-// wait is Wait with the sleep it uses, which tests replace with one on a
-// virtual clock.
-func (l *Limiter[TTx]) wait(ctx context.Context, sleep func(context.Context, time.Duration) error, name, key string, opts []Option) (Result, error) {
+	// A timer, unless the conformance suite runs Wait on a virtual clock.
+	sleep := waitsleep.From(ctx)
 	o := callOptions{count: 1}
 	for _, opt := range opts {
 		opt(&o)
@@ -89,18 +86,6 @@ func (l *Limiter[TTx]) wait(ctx context.Context, sleep func(context.Context, tim
 		if err := sleep(ctx, jitter.Spread(res.RetryAfter, spread)); err != nil {
 			return res, err
 		}
-	}
-}
-
-// sleep waits for d or until ctx ends, whichever comes first.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

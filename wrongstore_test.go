@@ -29,7 +29,7 @@ import (
 func TestWrongTransactionTypeDoesNotCompile(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
-		t.Skip("compiles programs")
+		t.Skip("SKIPPING under -short: compiles four programs with the go command (a few seconds); run without -short")
 	}
 	const imports = `"database/sql"; "github.com/jackc/pgx/v5"; "github.com/txlimit/txlimit/pgsqlstore"; "github.com/txlimit/txlimit/pgstore"`
 	// build returns the compiler's output, the position of the LimitTx

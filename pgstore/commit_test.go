@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/pgxtest"
 	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/pgstore"
@@ -87,7 +88,7 @@ func newCommitEnvMode(t *testing.T, maxConns int32, wrap func(net.Conn) net.Conn
 	require.NoError(t, err)
 	reader, err := txlimit.New(pgstore.New(admin), limits, nil)
 	require.NoError(t, err)
-	return &commitEnv{pool: pool, admin: admin, app: app, l: l, reader: reader, h: testdb.PgxHarness(admin, pgstore.New(admin))}
+	return &commitEnv{pool: pool, admin: admin, app: app, l: l, reader: reader, h: pgxtest.Harness(admin, pgstore.New(admin))}
 }
 
 // order is a transaction's work: it inserts a row of its own into orders,

@@ -1,3 +1,5 @@
+//go:build failover
+
 package pgstore_test
 
 // A switchover under load on a real pg_auto_failover formation (a monitor,
@@ -5,6 +7,15 @@ package pgstore_test
 // no acknowledged grant is lost, no token is spent without its business row,
 // nothing goes over the limit, and every error the clients see is one
 // pgstore.Retryable tells them to retry.
+//
+// The test is built only with -tags failover: about one run in 20 once lost
+// acknowledged commits across the switchover, a cause not proven (likeliest:
+// the monitor turned synchronous replication off, wait_primary; the test then
+// prints its events); see docs/scale-out.md. Until that is understood it must
+// not make CI flaky, and a test CI skips would be a skip in CI's log:
+//
+//	scripts/failover.sh install
+//	go test -tags failover -run TestFailoverSwitchover -v ./pgstore
 
 import (
 	"context"
@@ -48,16 +59,6 @@ func (e failoverErr) String() string {
 }
 
 func TestFailoverSwitchover(t *testing.T) {
-	if os.Getenv("TXLIMIT_FAILOVER") != "1" {
-		// Opt-in while one run in 20 lost acknowledged commits across the
-		// switchover, a cause not proven (likeliest: the monitor turned
-		// synchronous replication off, wait_primary; the test then prints
-		// its events); see docs/scale-out.md. It must not make CI flaky.
-		t.Skip("set TXLIMIT_FAILOVER=1 to bring up a pg_auto_failover formation (about 90 s)")
-	}
-	if testing.Short() {
-		t.Skip("brings up a pg_auto_failover formation: about 90 s")
-	}
 	testdb.Need(t, "pg_autoctl", "scripts/failover.sh install")
 	dir := testdb.ServiceDir(t, "txlimit-failover-")
 	ports := []string{}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/testkit/observertest"
+	"github.com/txlimit/txlimit/internal/testkit/pgxtest"
 	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/pgstore"
@@ -41,7 +42,7 @@ func newFaultEnv(t *testing.T, maxConns int32) faultEnv {
 		name: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Hour},
 	}, nil)
 	require.NoError(t, err)
-	return faultEnv{pool: pool, admin: admin, l: l, name: name, h: testdb.PgxHarness(admin, pgstore.New(admin))}
+	return faultEnv{pool: pool, admin: admin, l: l, name: name, h: pgxtest.Harness(admin, pgstore.New(admin))}
 }
 
 // settled asserts that nothing is left behind: no connection of the pool

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/testkit/pgxtest"
 	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/pgstore"
@@ -38,7 +39,7 @@ func TestPrunePostgresNeverWaits(t *testing.T) {
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 8)
-	h := testdb.PgxHarness(pool, pgstore.New(pool))
+	h := pgxtest.Harness(pool, pgstore.New(pool))
 	one, sharded := storetest.UniqueName(t, "one"), storetest.UniqueName(t, "sharded")
 	limits := map[string]txlimit.Config{
 		one:     {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Minute},
@@ -93,7 +94,7 @@ func TestPruneBesideTraffic(t *testing.T) {
 	ctx := context.Background()
 	schema := testdb.Schema(t)
 	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 12)
-	h := testdb.PgxHarness(pool, pgstore.New(pool))
+	h := pgxtest.Harness(pool, pgstore.New(pool))
 	name := storetest.UniqueName(t, "hot")
 	limits := map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 20, Period: time.Hour, Shards: 4}}
 	clk := storetest.NewClock()

@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/txlimit/txlimit/internal/testkit/pgxtest"
 	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/pgstore"
@@ -23,7 +24,7 @@ func TestPostgres(t *testing.T) {
 			t.Parallel()
 			storetest.Run(t, func(t *testing.T, conns int32) storetest.Harness[pgx.Tx] {
 				pool := testdb.Pool(t, testdb.Schema(t), mode, conns)
-				return testdb.PgxHarness(pool, pgstore.New(pool))
+				return pgxtest.Harness(pool, pgstore.New(pool))
 			})
 		})
 	}
@@ -32,7 +33,7 @@ func TestPostgres(t *testing.T) {
 			t.Parallel()
 			storetest.Run(t, func(t *testing.T, conns int32) storetest.Harness[pgx.Tx] {
 				pool := testdb.Pool(t, testdb.Schema(t), mode, conns)
-				return testdb.PgxHarness(pool, pgstore.New(pool, pgstore.SingleKeyStatements()))
+				return pgxtest.Harness(pool, pgstore.New(pool, pgstore.SingleKeyStatements()))
 			})
 		})
 	}

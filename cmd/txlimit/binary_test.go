@@ -32,6 +32,7 @@ func TestBinary(t *testing.T) {
 		{[]string{"migrate", "up", "-dsn", dsn}, exitOK, "applied 00001_create_txlimit.sql"},
 		{[]string{"keys", "-dsn", dsn}, exitOK, "0 key(s) with state"},
 		{[]string{"migrate", "status", "-dsn", dsn + ".typo"}, exitError, "no SQLite database at"},
+		{[]string{"migrate", "status", "-dsn", "root:@tcp(127.0.0.1:1)/x"}, exitError, "connect to MySQL or MariaDB (the -dsn selected mysqlstore)"},
 		{[]string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
 	} {
 		cmd := exec.Command(bin, c.args...)

@@ -24,29 +24,40 @@ import (
 	"github.com/txlimit/txlimit/migrations"
 )
 
-// execute opens the database and runs the command.
-func (inv *invocation) execute(w io.Writer) error {
+// execute opens the database and runs the command, writing its output to
+// w and which store the DSN selected to info.
+func (inv *invocation) execute(w, info io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, inv.timeout)
 	defer cancel()
-	if isPostgres(inv.dsn) {
+	switch storeOf(inv.dsn) {
+	case postgresStore:
 		db, err := openPostgres(ctx, inv.dsn)
 		if err != nil {
 			return err
 		}
 		defer db.close()
-		return runOn(ctx, inv, db, w)
+		return runOn(ctx, inv, db, w, info)
+	case mysqlStore:
+		db, err := openMySQL(ctx, inv.dsn)
+		if err != nil {
+			return err
+		}
+		defer db.close()
+		return runOn(ctx, inv, db, w, info)
 	}
 	db, err := openSQLite(inv.dsn, inv.command == "migrate" && inv.args[0] == "up")
 	if err != nil {
 		return err
 	}
 	defer db.close()
-	return runOn(ctx, inv, db, w)
+	return runOn(ctx, inv, db, w, info)
 }
 
-func runOn[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w io.Writer) error {
+// runOn runs inv on db, after telling info which store the DSN selected.
+func runOn[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w, info io.Writer) error {
+	fmt.Fprintf(info, "txlimit: %s\n", db.opened)
 	err := dispatch(ctx, inv, db, w)
 	if err != nil && inv.command != "migrate" {
 		err = unmigrated(ctx, db, err)

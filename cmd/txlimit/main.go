@@ -1,10 +1,13 @@
 // Command txlimit operates the rate limits that txlimit keeps in a
-// PostgreSQL or SQLite database: it runs the migrations, shows the tokens a
-// limit holds, per shard and in total, lists the keys that have state,
-// emptiest first, resets a key and prunes full limits.
+// PostgreSQL, MySQL, MariaDB or SQLite database: it runs the migrations,
+// shows the tokens a limit holds, per shard and in total, lists the keys
+// that have state, emptiest first, resets a key and prunes full limits.
+// The form of the DSN selects the store (pgstore, mysqlstore, sqlitestore),
+// which the command names on stderr.
 //
 //	cd cmd/txlimit && go install . # from a checkout of txlimit
 //	export TXLIMIT_DSN='postgres://app@db.internal/app?search_path=app'
+//	# or 'app:secret@tcp(db.internal:3306)/app', or /var/lib/app/app.db
 //	txlimit migrate status
 //	txlimit value sendMessage alice -kind token_bucket -rate 10 -period 1m -capacity 20
 //	txlimit value api acme -kind monthly -rate 10000 -zone Europe/Berlin
@@ -35,7 +38,8 @@ const (
 )
 
 const usage = `txlimit operates the rate limits that github.com/txlimit/txlimit keeps in your
-PostgreSQL or SQLite database (the table txlimit, one row per limit name, key and shard).
+PostgreSQL, MySQL, MariaDB or SQLite database (the table txlimit, one row per limit name,
+key and shard).
 
 Usage:
   txlimit COMMAND [ARGUMENTS] [FLAGS]
@@ -82,9 +86,17 @@ tokens are projected with them, and txlimit.New checks them as it does in your
 application.
 
 Flags (before or after the arguments):
-  -dsn DSN         The database. postgres://user:pass@host:5432/db?sslmode=disable
-                   (add &search_path=SCHEMA when the table is not in public), or a
-                   SQLite file path or file: URI. Defaults to $TXLIMIT_DSN.
+  -dsn DSN         The database; its form selects the store, which the command names
+                   on stderr. Defaults to $TXLIMIT_DSN.
+                   PostgreSQL (pgstore): postgres://user:pass@host:5432/db?sslmode=disable
+                     or postgresql://…; add &search_path=SCHEMA when the table is not
+                     in public.
+                   MySQL or MariaDB (mysqlstore): user:pass@tcp(host:3306)/db, or
+                     user@unix(/run/mysqld/mysqld.sock)/db (go-sql-driver/mysql's form),
+                     or mysql://user:pass@host:3306/db (port 3306 when left out); the
+                     command sets parseTime and interpolateParams.
+                   SQLite (sqlitestore): anything else, a file path (which must exist,
+                     but for migrate up) or a file: URI.
   -config FILE     Limits' configs, JSON as above.
   -kind KIND       One limit's config, for value and keys NAME: token_bucket,
                    fixed_window, sliding_window, daily, weekly, monthly or yearly.
@@ -113,6 +125,7 @@ command or flag, missing argument, invalid config).
 
 Examples:
   txlimit migrate up -dsn 'postgres://postgres@127.0.0.1:5432/app?sslmode=disable'
+  txlimit keys -dsn 'app:secret@tcp(127.0.0.1:3306)/app' -config limits.json
   txlimit value sendMessage alice -dsn app.db -kind token_bucket -rate 10 -period 1m -capacity 20
   txlimit value api acme -dsn app.db -kind monthly -rate 10000 -zone Europe/Berlin
   txlimit keys sendMessage -dsn app.db -config limits.json -n 50
@@ -136,7 +149,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "txlimit: %v\nRun txlimit -help for usage.\n", err)
 		return exitUsage
 	}
-	if err := inv.execute(stdout); err != nil {
+	if err := inv.execute(stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "txlimit: %v\n", err)
 		var usage usageError
 		if errors.As(err, &usage) || errors.As(err, new(*txlimit.InvalidError)) {

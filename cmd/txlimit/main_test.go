@@ -11,25 +11,30 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql" // registers "mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/testkit/mysqltest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
+	"github.com/txlimit/txlimit/mysqlstore"
 	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/sqlitestore"
 )
 
 // These tests run the command through run, as main does, against a SQLite
-// file and a PostgreSQL schema of their own (TEST_DATABASE_URL, else the
-// local server DEVELOPERS.md sets up; without one they skip, loudly, except
-// under CI=true, where they fail).
+// file, a PostgreSQL schema and a MySQL or MariaDB database of their own
+// (TEST_DATABASE_URL and TEST_MYSQL_DSN, else the local servers
+// DEVELOPERS.md sets up; without one they skip, saying so, except under
+// CI=true, where they fail).
 
 const localDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
@@ -42,12 +47,17 @@ func txlimitCmd(t *testing.T, args ...string) (int, string, string) {
 	return code, stdout.String(), stderr.String()
 }
 
-// ok runs args, requires exit status 0, and returns stdout.
+// ok runs args, requires exit status 0 and nothing on stderr but the line
+// naming the store the DSN selected, and returns stdout.
 func ok(t *testing.T, args ...string) string {
 	t.Helper()
 	code, stdout, stderr := txlimitCmd(t, args...)
 	require.Equal(t, exitOK, code, "txlimit %q: %s", args, stderr)
-	require.Empty(t, stderr)
+	if !slices.Contains(args, "-help") && !slices.Contains(args, "--help") && !slices.Contains(args, "-h") && !slices.Contains(args, "help") {
+		require.Regexp(t, `\Atxlimit: (pgstore|mysqlstore|sqlitestore): [^\n]+\n\z`, stderr)
+	} else {
+		require.Empty(t, stderr)
+	}
 	return stdout
 }
 
@@ -169,6 +179,62 @@ func TestPostgres(t *testing.T) {
 	})
 }
 
+// TestMySQL runs every command on a database of the test's own on the MySQL
+// or MariaDB server of TEST_MYSQL_DSN (else the local one), given as a
+// go-sql-driver/mysql DSN without the parameters mysqlstore needs: the
+// command sets them.
+func TestMySQL(t *testing.T) {
+	t.Parallel()
+	cfg := mysqltest.EmptyDatabase(t)
+	bare := cfg.Clone()
+	bare.ParseTime, bare.InterpolateParams = false, false
+	dsn := bare.FormatDSN()
+	require.Equal(t, mysqlStore, storeOf(dsn), dsn)
+
+	// The mysql:// form names the same database.
+	u := "mysql://" + cfg.User + "@" + cfg.Addr + "/" + cfg.DBName
+	if cfg.Passwd != "" {
+		u = "mysql://" + cfg.User + ":" + cfg.Passwd + "@" + cfg.Addr + "/" + cfg.DBName
+	}
+	code, _, stderr := txlimitCmd(t, "migrate", "status", "-dsn", u)
+	require.Equal(t, exitOK, code, stderr)
+	require.Equal(t, fmt.Sprintf("txlimit: mysqlstore: MySQL or MariaDB at %s, database %s\n", cfg.Addr, cfg.DBName), stderr)
+
+	exercise(t, dsn, func(t *testing.T) *txlimit.Limiter[*sql.Tx] {
+		db, err := sql.Open("mysql", cfg.FormatDSN()) // with the store's parameters
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		return newLimiter(t, mysqlstore.New(db))
+	})
+}
+
+func TestStoreOf(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"postgres://app@db:5432/app":                   postgresStore,
+		"postgresql://app@db/app?search_path=s":        postgresStore,
+		"mysql://app:secret@db:3306/app":               mysqlStore,
+		"app:secret@tcp(db:3306)/app":                  mysqlStore,
+		"app:p@ss@tcp(db:3306)/app?parseTime=true":     mysqlStore,
+		"root@unix(/run/mysqld/mysqld.sock)/app":       mysqlStore,
+		"tcp(127.0.0.1:3306)/app":                      mysqlStore,
+		"app.db":                                       sqliteStore,
+		"/var/lib/app/app.db":                          sqliteStore,
+		"file:app.db?_pragma=busy_timeout(5000)":       sqliteStore,
+		"root:@tcp(127.0.0.1:3306)/test?loc=UTC&x=y/z": mysqlStore,
+	} {
+		require.Equal(t, want, storeOf(dsn), dsn)
+	}
+	for dsn, want := range map[string]string{
+		"mysql://app:secret@db/app?loc=UTC": "app:secret@tcp(db:3306)/app?",
+		"mysql://root@127.0.0.1:3307/test":  "root@tcp(127.0.0.1:3307)/test?",
+	} {
+		cfg, err := mysqlConfig(dsn)
+		require.NoError(t, err, dsn)
+		require.True(t, cfg.ParseTime && cfg.InterpolateParams, "the parameters mysqlstore needs")
+		require.True(t, strings.HasPrefix(cfg.FormatDSN(), want), "%s: %s", dsn, cfg.FormatDSN())
+	}
+}
+
 // postgresDSN returns the DSN of a schema of the test's own on the test
 // server, dropped when the test ends.
 func postgresDSN(t *testing.T) string {
@@ -256,13 +322,17 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	// migrate
 	out := ok(t, "migrate", "up", "-dsn", dsn)
 	require.Contains(t, out, "applied 00001_create_txlimit.sql")
-	// Both have the sliding window's prev column; PostgreSQL has escrow
-	// mode's tables (since dropped) and the arithmetic's functions before
-	// it, the function a take at commit raises with, the table's
+	// SQLite adds the sliding window's prev column in its second
+	// migration; MySQL's first creates the table with it; PostgreSQL has
+	// escrow mode's tables (since dropped) and the arithmetic's functions
+	// before it, the function a take at commit raises with, the table's
 	// fillfactor, the shard checks' removal and the escrow tables' drop
 	// after it.
 	last := 2
-	if strings.HasPrefix(dsn, "postgres") {
+	switch storeOf(dsn) {
+	case mysqlStore:
+		last = 1
+	case postgresStore:
 		last = 8
 		require.Contains(t, out, "applied 00002_create_txlimit_escrow.sql")
 		require.Contains(t, out, "applied 00003_create_txlimit_functions.sql")
@@ -367,9 +437,11 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	for range last - 1 {
 		ok(t, "migrate", "down", "-yes", "-dsn", dsn)
 	}
-	// The table is there without prev: the commands say how to fix it.
-	require.Contains(t, fails(t, exitError, "keys", "-dsn", dsn, "-config", config), "txlimit migrate up applies the missing migrations")
-	require.Contains(t, fails(t, exitError, "value", "send", "alice", "-dsn", dsn, "-config", config), "txlimit migrate up applies the missing migrations")
+	if last > 1 {
+		// The table is there without prev: the commands say how to fix it.
+		require.Contains(t, fails(t, exitError, "keys", "-dsn", dsn, "-config", config), "txlimit migrate up applies the missing migrations")
+		require.Contains(t, fails(t, exitError, "value", "send", "alice", "-dsn", dsn, "-config", config), "txlimit migrate up applies the missing migrations")
+	}
 	out = ok(t, "migrate", "down", "-yes", "-dsn", dsn)
 	require.Contains(t, out, "rolled back 00001_create_txlimit.sql")
 	require.Contains(t, out, "version 0")

@@ -118,7 +118,7 @@ func parse(args []string) (*invocation, error) {
 		}
 	}
 	if inv.dsn == "" {
-		return nil, errors.New("no database: give -dsn (postgres://… or a SQLite file) or set TXLIMIT_DSN")
+		return nil, errors.New("no database: give -dsn (postgres://…, user:pass@tcp(host:3306)/db or mysql://… for MySQL and MariaDB, or a SQLite file) or set TXLIMIT_DSN")
 	}
 	if inv.n < 0 {
 		return nil, fmt.Errorf("-n must be 0 (all) or more, got %d", inv.n)

@@ -12,9 +12,9 @@
 //
 //	cd examples/mysql && go run .
 //
-// MYSQL_DSN selects the server (a go-sql-driver/mysql DSN, without a
-// database name); it defaults to the local test server,
-// root:@tcp(127.0.0.1:3306)/. The store needs parseTime=true and
+// TEST_MYSQL_DSN selects the server, as it does for the tests (a
+// go-sql-driver/mysql DSN; the database it names is not used); it defaults
+// to the local test server, root:@tcp(127.0.0.1:3306)/. The store needs parseTime=true and
 // interpolateParams=true in the DSN; the program adds them.
 package main
 
@@ -43,7 +43,7 @@ const defaultDSN = "root:@tcp(127.0.0.1:3306)/"
 const sendLimit = "sendMessage"
 
 func main() {
-	if err := run(context.Background(), cmp.Or(os.Getenv("MYSQL_DSN"), defaultDSN), os.Stdout); err != nil {
+	if err := run(context.Background(), cmp.Or(os.Getenv("TEST_MYSQL_DSN"), defaultDSN), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
@@ -55,7 +55,7 @@ func main() {
 func run(ctx context.Context, dsn string, out io.Writer) error {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
-		return fmt.Errorf("MYSQL_DSN: %w", err)
+		return fmt.Errorf("TEST_MYSQL_DSN: %w", err)
 	}
 	admin, err := sql.Open("mysql", cfg.FormatDSN())
 	if err != nil {

@@ -1,8 +1,9 @@
 // Command pgx shows txlimit inside pgx transactions on PostgreSQL:
 //
-//	DATABASE_URL=postgres://user@host:5432/db go run ./examples/pgx
+//	TEST_DATABASE_URL=postgres://user@host:5432/db go run ./examples/pgx
 //
-// DATABASE_URL defaults to postgres://postgres@127.0.0.1:5432/test?sslmode=disable.
+// TEST_DATABASE_URL, the variable the tests read too, defaults to the local
+// test server, postgres://postgres@127.0.0.1:5432/test?sslmode=disable.
 // The program creates a schema of its own, with txlimit's table and a
 // messages table in it, and drops it at exit: it never touches other data.
 package main
@@ -34,7 +35,7 @@ const defaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 const limit = "sendMessage"
 
 func main() {
-	url := os.Getenv("DATABASE_URL")
+	url := os.Getenv("TEST_DATABASE_URL")
 	if url == "" {
 		url = defaultURL
 	}

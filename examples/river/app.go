@@ -94,7 +94,7 @@ func Setup(ctx context.Context, databaseURL string, clock func() time.Time) (_ *
 
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+		return nil, fmt.Errorf("the database URL: %w", err)
 	}
 	// Every connection finds txlimit's table, River's tables and the app's
 	// own in the schema. (Setting search_path to a schema that does not

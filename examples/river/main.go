@@ -17,7 +17,9 @@
 //
 //	cd examples/river && go run .
 //
-// DATABASE_URL selects the server; it defaults to the local test server,
+// TEST_DATABASE_URL selects the server, as it does for the tests (one
+// variable for the PostgreSQL the repository's programs and tests use); it
+// defaults to the local test server,
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable.
 package main
 
@@ -35,7 +37,7 @@ const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disa
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, cmp.Or(os.Getenv("DATABASE_URL"), defaultDatabaseURL), os.Stdout); err != nil {
+	if err := run(ctx, cmp.Or(os.Getenv("TEST_DATABASE_URL"), defaultDatabaseURL), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}

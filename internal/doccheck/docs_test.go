@@ -29,6 +29,8 @@ import (
 	_ "github.com/txlimit/txlimit/pgsqlstore"
 	_ "github.com/txlimit/txlimit/pgstore"
 	_ "github.com/txlimit/txlimit/sqlitestore"
+
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 )
 
 // documents are the files whose Go blocks are compiled, relative to the
@@ -176,7 +178,7 @@ func goBlocks(t *testing.T, doc string) []block {
 func TestDocsCompile(t *testing.T) {
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
-		t.Skipf("no go command in PATH: %v", err)
+		testdb.SkipOrFail(t, fmt.Sprintf("SKIPPING the docs' Go blocks: no go command in PATH to vet them (%v); put the go command that runs the tests in PATH", err))
 	}
 	// The blocks become packages under a testdata directory of this
 	// package, inside the module, so that they import its packages and

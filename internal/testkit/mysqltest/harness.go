@@ -3,14 +3,18 @@ package mysqltest
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit/internal/testkit/storetest"
+	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/mysqlstore"
 )
 
@@ -27,15 +31,55 @@ func Harness(db *sql.DB, iso sql.IsolationLevel) storetest.Harness[*sql.Tx] {
 			t.Cleanup(func() { _ = tx.Rollback() })
 			return tx
 		},
+		TryBegin: func(ctx context.Context) (*sql.Tx, error) {
+			return db.BeginTx(ctx, &sql.TxOptions{Isolation: iso})
+		},
 		Commit:   func(tx *sql.Tx) error { return tx.Commit() },
 		Rollback: func(tx *sql.Tx) { _ = tx.Rollback() },
-		Rows:     func(t *testing.T, name, key string) []string { return Rows(t, db, name, key) },
-		Conns:    db.Stats().MaxOpenConnections - 1,
+		Exec:     testdb.SQLExec,
+		QueryInt: testdb.SQLQueryInt,
+		Retryable: func(err error) bool {
+			// A transaction whose connection was killed under it ends in
+			// database/sql's errors as well as the driver's.
+			return mysqlstore.Retryable(err) || errors.Is(err, sql.ErrTxDone) ||
+				errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn)
+		},
+		Kill:  func(ctx context.Context) error { return kill(ctx, db) },
+		Rows:  func(t *testing.T, name, key string) []string { return Rows(t, db, name, key) },
+		Conns: db.Stats().MaxOpenConnections - 1,
 		// A sharded call takes from one shard that no other transaction
 		// holds (FOR UPDATE SKIP LOCKED).
 		SkipsLocked: true,
 	}
 }
+
+// kill ends a connection of db at random, but not the one it runs on: each
+// test's connections have a database of their own (Database).
+func kill(ctx context.Context, db *sql.DB) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var id int64
+	err = conn.QueryRowContext(ctx, `SELECT id FROM information_schema.processlist
+		WHERE db = DATABASE() AND id <> CONNECTION_ID() ORDER BY RAND() LIMIT 1`).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	_, err = conn.ExecContext(ctx, "KILL CONNECTION "+strconv.FormatInt(id, 10))
+	var my *mysql.MySQLError
+	if errors.As(err, &my) && my.Number == errNoSuchThread {
+		return nil // it ended on its own since
+	}
+	return err
+}
+
+// errNoSuchThread is ER_NO_SUCH_THREAD: KILL of a connection that is gone.
+const errNoSuchThread = 1094
 
 // Rows returns the stored rows of (name, key) as text, in shard order: the
 // value and prev as the shortest decimals that are the same float64s, the

@@ -44,16 +44,29 @@ var (
 	findOnce sync.Once
 	base     *mysql.Config
 	findErr  error
+	logOnce  sync.Once
 )
 
 // Config returns the server's DSN, parsed, skipping or failing tb when no
-// server answers. Its DBName is the one the DSN names.
+// server answers. Its DBName is the one the DSN names. The first test of a
+// binary that finds the server logs which one it is (testdb.Marker).
 func Config(tb testing.TB) *mysql.Config {
 	tb.Helper()
 	findOnce.Do(func() { base, findErr = find() })
 	if findErr != nil {
 		testdb.SkipOrFail(tb, fmt.Sprintf("SKIPPING MySQL tests: %v (set TEST_MYSQL_DSN or run scripts/mariadb.sh)", findErr))
 	}
+	logOnce.Do(func() {
+		source := "TEST_MYSQL_DSN"
+		if os.Getenv("TEST_MYSQL_DSN") == "" {
+			source = "TEST_MYSQL_DSN is unset: the local server"
+		}
+		shown := base.Clone()
+		if shown.Passwd != "" {
+			shown.Passwd = "xxxxx"
+		}
+		tb.Logf("%s MySQL/MariaDB %s (%s)", testdb.Marker, shown.FormatDSN(), source)
+	})
 	return base.Clone()
 }
 

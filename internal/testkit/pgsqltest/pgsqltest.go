@@ -6,7 +6,10 @@
 package pgsqltest
 
 import (
+	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"net/url"
 	"testing"
 
@@ -70,6 +73,7 @@ func withParams(t *testing.T, base string, params map[string]string) string {
 func Open(t *testing.T, d Driver, schema string, conns int) *sql.DB {
 	params := d.params()
 	params["search_path"] = schema
+	params["application_name"] = schema // as testdb.Pool's (testdb.KillQuery)
 	db, err := sql.Open(d.Name, withParams(t, testdb.URL(t), params))
 	require.NoError(t, err)
 	db.SetMaxOpenConns(conns)
@@ -92,8 +96,20 @@ func Harness(db *sql.DB, conns int, opts ...pgsqlstore.Option) storetest.Harness
 			t.Cleanup(func() { _ = tx.Rollback() })
 			return tx
 		},
+		TryBegin: func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
 		Commit:   func(tx *sql.Tx) error { return tx.Commit() },
 		Rollback: func(tx *sql.Tx) { _ = tx.Rollback() },
+		Exec:     testdb.SQLExec,
+		QueryInt: testdb.SQLQueryInt,
+		Retryable: func(err error) bool {
+			// A transaction whose connection was killed under it ends in
+			// database/sql's errors as well as the driver's.
+			return pgsqlstore.Retryable(err) || errors.Is(err, sql.ErrTxDone) || errors.Is(err, driver.ErrBadConn)
+		},
+		Kill: func(ctx context.Context) error {
+			_, err := db.ExecContext(ctx, testdb.KillQuery)
+			return err
+		},
 		Rows: func(t *testing.T, name, key string) []string {
 			rows, err := db.Query(
 				`SELECT format('%s %s %s %s', ctid, shard, value, ts) FROM txlimit WHERE name = $1 AND key = $2 ORDER BY shard`,

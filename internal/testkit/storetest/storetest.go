@@ -5,9 +5,12 @@
 //
 // and a store is done when it passes. The suite drives the store through
 // the public Limiter only, on a real database, in topics that run one after
-// another: prune, limits (and their concurrency), limit_all, remaining,
-// reservations, edges, windows (sliding and calendar windows, UpTo, and the
-// calls that must write nothing), commit (CommitTx and Commit).
+// another: prune (and prune/equivalence: Prune changes no decision), limits (and
+// their concurrency), limit_all, remaining, reservations, edges, windows
+// (sliding and calendar windows, UpTo, and the calls that must write
+// nothing), commit (CommitTx and Commit), wait (Limiter.Wait) and soak
+// (mixed limits under load, with rollbacks and killed connections: the
+// committed business rows are exactly what the limits allow).
 //
 // The suite imports no database driver: a Harness gives it the store and
 // the few things it cannot do through a Limiter (open and end a
@@ -15,6 +18,7 @@
 package storetest
 
 import (
+	"context"
 	"testing"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -24,12 +28,29 @@ import (
 type Harness[TTx any] struct {
 	Store driver.Store[TTx]
 	// Begin opens a transaction on its own connection.
-	Begin    func(t *testing.T) TTx
+	Begin func(t *testing.T) TTx
+	// TryBegin is Begin returning its error instead of failing t: the
+	// soak's workers call it on goroutines of their own, on connections
+	// Kill may have ended.
+	TryBegin func(ctx context.Context) (TTx, error)
 	Commit   func(tx TTx) error
 	Rollback func(tx TTx)
 	// Rows returns the stored rows of (name, key) as text, in shard order,
 	// exactly enough to tell whether anything was written.
 	Rows func(t *testing.T, name, key string) []string
+	// Exec runs a statement of the test's own in tx, and QueryInt a query
+	// of one integer: the soak's business table, in SQL that every store's
+	// dialect reads alike (no parameters: their placeholders differ).
+	Exec     func(ctx context.Context, tx TTx, query string) error
+	QueryInt func(ctx context.Context, tx TTx, query string) (int64, error)
+	// Retryable reports whether err, met by a transaction under load, is
+	// one an application retries: the store's Retryable (a deadlock, a lost
+	// connection), a busy SQLite database, a transaction whose connection
+	// Kill ended. The soak counts those and fails on any other.
+	Retryable func(err error) bool
+	// Kill, when set, ends one connection of the store's pool at random,
+	// in a transaction or idle, never the one it runs on itself.
+	Kill func(ctx context.Context) error
 	// Conns is how many transactions may be open at once.
 	Conns int
 	// SkipsLocked is set for a store that serves a sharded limit from one
@@ -43,19 +64,26 @@ type Harness[TTx any] struct {
 // released by t's cleanups.
 //
 // Prune goes through the whole table, so its topic has a harness of its
-// own, closed as the topic ends. The other topics touch only limits of
-// their own (unique names) and share one harness: one schema or database
-// file and one pool. A pool of their own per topic cost 14 more server
+// own, closed as the topic ends: first what Prune deletes and keeps (it
+// counts every row), then the equivalence test's pruned run (its plain run
+// is on the shared harness). The other topics touch only limits of their
+// own (unique names) and share one harness: one schema or database file
+// and one pool. A pool of their own per topic cost 14 more server
 // processes per store and exec mode, about 40 ms of the server's CPU each
 // on a small VM, and a fifth of the suite's CPU. The topics do not run in
 // parallel with each other: a parallel subtest would leave its parent's
 // pool open, and its parallel slot free for another store's, while it
-// waits (53300, too many clients, seen at max_connections 100).
+// waits (53300, too many clients, seen at max_connections 100). The soak
+// comes last: the connections it kills may still be in the pool after it.
 func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harness[TTx]) {
-	t.Run("prune", func(t *testing.T) { runPrune(t, newHarness(t, 3)) })
 	// The concurrency tests keep conns-1 = 8 transactions open at once:
 	// enough to make callers queue on a row and on every shard.
 	shared := newHarness(t, 9)
+	t.Run("prune", func(t *testing.T) {
+		pruned := newHarness(t, 3)
+		runPrune(t, pruned)
+		t.Run("equivalence", func(t *testing.T) { runPruneEquivalence(t, shared, pruned) })
+	})
 	for _, topic := range []struct {
 		name string
 		run  func(t *testing.T, h Harness[TTx])
@@ -67,6 +95,8 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harne
 		{"edges", runEdges[TTx]},
 		{"windows", runWindows[TTx]},
 		{"commit", runCommit[TTx]},
+		{"wait", runWait[TTx]},
+		{"soak", runSoak[TTx]},
 	} {
 		t.Run(topic.name, func(t *testing.T) { topic.run(t, shared) })
 	}

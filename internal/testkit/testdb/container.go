@@ -42,8 +42,11 @@ func dockerEngine(getenv func(string) string) error {
 	return fmt.Errorf("DOCKER_HOST is unset and no Docker socket answers: %s", strings.Join(errs, "; "))
 }
 
+// systemDockerSocket is the system engine's socket; a test moves it.
+var systemDockerSocket = "/var/run/docker.sock"
+
 func dockerSockets(getenv func(string) string) []string {
-	socks := []string{"/var/run/docker.sock"}
+	socks := []string{systemDockerSocket}
 	if d := getenv("XDG_RUNTIME_DIR"); d != "" {
 		socks = append(socks, filepath.Join(d, "docker.sock"))
 	}

@@ -3,10 +3,9 @@ package testdb
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -14,33 +13,15 @@ import (
 	"github.com/txlimit/txlimit/migrations"
 )
 
-// PgxHarness adapts store, a store on pool, to the conformance suite
-// (storetest) and to the tests that reuse its harness.
-func PgxHarness(pool *pgxpool.Pool, store driver.Store[pgx.Tx]) storetest.Harness[pgx.Tx] {
-	return storetest.Harness[pgx.Tx]{
-		Store: store,
-		Begin: func(t *testing.T) pgx.Tx {
-			tx, err := pool.Begin(context.Background())
-			require.NoError(t, err)
-			// A failed assertion must not leak the connection.
-			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-			return tx
-		},
-		Commit:   func(tx pgx.Tx) error { return tx.Commit(context.Background()) },
-		Rollback: func(tx pgx.Tx) { _ = tx.Rollback(context.Background()) },
-		Rows: func(t *testing.T, name, key string) []string {
-			rows, err := pool.Query(context.Background(),
-				`SELECT format('%s %s %s %s', ctid, shard, value, ts) FROM txlimit WHERE name = $1 AND key = $2 ORDER BY shard`,
-				name, key)
-			require.NoError(t, err)
-			out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			require.NoError(t, err)
-			return out
-		},
-		Conns:       int(pool.Config().MaxConns) - 1,
-		SkipsLocked: true,
-	}
-}
+// KillQuery ends a connection of the pool it runs on, at random, but not
+// the one it runs on: the connections that share its application_name,
+// which Pool sets to one of its schema's own (pgsqltest.Open too). A
+// connection without one kills nothing.
+const KillQuery = `SELECT pg_terminate_backend(pid) FROM (
+	SELECT pid FROM pg_stat_activity
+	WHERE application_name = current_setting('application_name') AND application_name <> ''
+	  AND pid <> pg_backend_pid()
+	ORDER BY random() LIMIT 1) AS victim`
 
 // SQLiteDSN is the configuration sqlitestore documents: WAL, a busy timeout
 // and BEGIN IMMEDIATE (modernc.org/sqlite's parameters, after the file
@@ -78,8 +59,18 @@ func SQLiteHarness(db *sql.DB, store driver.Store[*sql.Tx]) storetest.Harness[*s
 			t.Cleanup(func() { _ = tx.Rollback() })
 			return tx
 		},
+		TryBegin: func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
 		Commit:   func(tx *sql.Tx) error { return tx.Commit() },
 		Rollback: func(tx *sql.Tx) { _ = tx.Rollback() },
+		Exec:     SQLExec,
+		QueryInt: SQLQueryInt,
+		// Writers queue on SQLite's one write lock through busy_timeout,
+		// which is not a queue: under load (or -race) a writer can wait
+		// longer than the timeout, and the application retries.
+		Retryable: func(err error) bool {
+			var coded interface{ Code() int }
+			return errors.As(err, &coded) && coded.Code()&0xff == sqliteBusy
+		},
 		Rows: func(t *testing.T, name, key string) []string {
 			rows, err := db.Query(`SELECT printf('%d %!.17g %d %s', shard, value, ts, typeof(value))
 				FROM txlimit WHERE name = ? AND key = ? ORDER BY shard`, name, key)
@@ -96,4 +87,20 @@ func SQLiteHarness(db *sql.DB, store driver.Store[*sql.Tx]) storetest.Harness[*s
 		},
 		Conns: db.Stats().MaxOpenConnections - 1,
 	}
+}
+
+// sqliteBusy is SQLITE_BUSY, the primary code of SQLite's busy errors
+// (modernc.org/sqlite's Error.Code carries the extended code).
+const sqliteBusy = 5
+
+// SQLExec and SQLQueryInt are Harness.Exec and Harness.QueryInt on
+// database/sql.
+func SQLExec(ctx context.Context, tx *sql.Tx, query string) error {
+	_, err := tx.ExecContext(ctx, query)
+	return err
+}
+
+func SQLQueryInt(ctx context.Context, tx *sql.Tx, query string) (n int64, err error) {
+	err = tx.QueryRowContext(ctx, query).Scan(&n)
+	return n, err
 }

@@ -1,8 +1,8 @@
 // Package testdb finds a PostgreSQL server for txlimit's tests and gives each
 // test binary a schema of its own on it. It also opens SQLite files for
-// tests, adapts pgx and SQLite stores to the conformance suite
-// (internal/testkit/storetest: PgxHarness, SQLiteHarness), and is the TestMain of
-// the packages whose tests wait on PostgreSQL (Main).
+// tests, adapts sqlitestore to the conformance suite (SQLiteHarness; pgxtest
+// adapts pgstore), and is the TestMain of the packages whose tests wait on
+// PostgreSQL (Main).
 //
 // The server is, in order: TEST_DATABASE_URL; a local server on
 // 127.0.0.1:5432 (database test, user postgres, trust auth, as DEVELOPERS.md
@@ -13,10 +13,11 @@
 // its first line of output, and the program removes the container when the
 // test binary exits (its stdin closes).
 //
-// When no server is reachable the tests skip, except under CI=true, where a
-// missing PostgreSQL fails the run. `go test ./...` hides the output of a
-// passing package, skips included, so testdb also prints one SKIPPING line
-// per test binary where the user sees it (see notice.go).
+// When no server is reachable the tests skip, saying why and how to provide
+// one, except under CI=true, where a missing PostgreSQL fails the run. The
+// first test of a binary that finds the server logs which one it is and
+// where it came from (a line that begins with Marker), for
+// internal/testkit/testsummary to list.
 package testdb
 
 import (
@@ -25,6 +26,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"sort"
 	"strings"
@@ -43,9 +45,11 @@ import (
 const LocalURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
 var (
-	findOnce sync.Once
-	baseURL  string
-	findErr  error
+	findOnce  sync.Once
+	baseURL   string
+	urlSource string // where baseURL came from
+	findErr   error
+	logOnce   sync.Once
 )
 
 // URL returns the connection string of the test server, skipping or failing
@@ -53,7 +57,7 @@ var (
 func URL(tb testing.TB) string {
 	tb.Helper()
 	findOnce.Do(func() {
-		baseURL, findErr = finder{
+		baseURL, urlSource, findErr = finder{
 			getenv:    os.Getenv,
 			ping:      ping,
 			docker:    func() error { return dockerEngine(os.Getenv) },
@@ -61,22 +65,29 @@ func URL(tb testing.TB) string {
 		}.find()
 	})
 	if findErr != nil {
-		missing(tb, findErr, os.Getenv("CI") == "true", printNotice)
+		missing(tb, findErr, os.Getenv("CI") == "true")
 	}
+	logOnce.Do(func() { tb.Logf("%s PostgreSQL %s (%s)", Marker, redacted(baseURL), urlSource) })
 	return baseURL
 }
 
-// missing fails tb under CI and skips it otherwise; notice makes the skip
-// visible where `go test ./...` would hide it.
-func missing(tb testing.TB, err error, ci bool, notice func(string)) {
+// redacted is u with its password, if any, as "xxxxx".
+func redacted(u string) string {
+	if p, err := url.Parse(u); err == nil {
+		return p.Redacted()
+	}
+	return "(a URL that does not parse)"
+}
+
+// missing fails tb under CI and skips it otherwise, saying how to provide
+// a server.
+func missing(tb testing.TB, err error, ci bool) {
 	tb.Helper()
 	if ci {
 		tb.Fatalf("PostgreSQL is required under CI=true: %v", err)
 		return
 	}
-	msg := fmt.Sprintf("SKIPPING PostgreSQL tests: %v (set TEST_DATABASE_URL, run scripts/postgres.sh, or start Docker)", err)
-	notice(msg)
-	tb.Skip(msg)
+	tb.Skipf("SKIPPING PostgreSQL tests: %v (set TEST_DATABASE_URL, run scripts/postgres.sh, or start Docker)", err)
 }
 
 // finder holds the steps of the search, replaced by fakes in tests.
@@ -87,28 +98,29 @@ type finder struct {
 	container func() (url string, err error)
 }
 
-func (f finder) find() (string, error) {
-	if u := f.getenv("TEST_DATABASE_URL"); u != "" {
+// find returns the server's URL and where it came from.
+func (f finder) find() (u, source string, err error) {
+	if u = f.getenv("TEST_DATABASE_URL"); u != "" {
 		if err := f.ping(u); err != nil {
-			return "", fmt.Errorf("TEST_DATABASE_URL is set but unreachable: %w", err)
+			return "", "", fmt.Errorf("TEST_DATABASE_URL is set but unreachable: %w", err)
 		}
-		return u, nil
+		return u, "TEST_DATABASE_URL", nil
 	}
 	localErr := f.ping(LocalURL)
 	if localErr == nil {
-		return LocalURL, nil
+		return LocalURL, "TEST_DATABASE_URL is unset: the local server", nil
 	}
 	if err := f.docker(); err != nil {
-		return "", fmt.Errorf("no server at %s (%v) and no Docker engine for a container (%v)", LocalURL, localErr, err)
+		return "", "", fmt.Errorf("no server at %s (%v) and no Docker engine for a container (%v)", LocalURL, localErr, err)
 	}
-	u, err := f.container()
+	u, err = f.container()
 	if err != nil {
-		return "", fmt.Errorf("no server at %s (%v) and no container: %w", LocalURL, localErr, err)
+		return "", "", fmt.Errorf("no server at %s (%v) and no container: %w", LocalURL, localErr, err)
 	}
 	if err := f.ping(u); err != nil {
-		return "", fmt.Errorf("the container's server at %s is unreachable: %w", u, err)
+		return "", "", fmt.Errorf("the container's server at %s is unreachable: %w", u, err)
 	}
-	return u, nil
+	return u, "TEST_DATABASE_URL is unset and no local server answers: a Docker container", nil
 }
 
 func ping(url string) error {
@@ -289,6 +301,9 @@ func newPool(tb testing.TB, schema string, mode pgx.QueryExecMode, maxConns int3
 	if err != nil {
 		tb.Fatalf("parse url: %v", err)
 	}
+	// The schema's name, unless params say otherwise: a test tells its
+	// connections in pg_stat_activity by it (KillQuery).
+	cfg.ConnConfig.RuntimeParams["application_name"] = schema
 	for _, ps := range params {
 		for k, v := range ps {
 			cfg.ConnConfig.RuntimeParams[k] = v

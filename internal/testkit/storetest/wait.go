@@ -1,4 +1,4 @@
-package txlimit_test
+package storetest
 
 import (
 	"context"
@@ -9,26 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/internal/driver"
-	"github.com/txlimit/txlimit/internal/testkit/storetest"
-	"github.com/txlimit/txlimit/internal/testkit/testdb"
-	"github.com/txlimit/txlimit/pgstore"
-	"github.com/txlimit/txlimit/sqlitestore"
+	"github.com/txlimit/txlimit/internal/waitsleep"
 )
-
-func TestWaitPostgres(t *testing.T) {
-	t.Parallel()
-	runWait(t, pgstore.New(testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 16)))
-}
-
-func TestWaitSQLite(t *testing.T) {
-	t.Parallel()
-	runWait(t, sqlitestore.New(testdb.OpenSQLite(t)))
-}
 
 // virtualTime is a clock for the limiter and a sleep for Wait that together
 // run the waiters as a discrete-event simulation: the clock stands still
@@ -50,7 +35,7 @@ type sleeper struct {
 }
 
 func newVirtualTime(waiters int) *virtualTime {
-	v := &virtualTime{now: storetest.T0, waiters: waiters}
+	v := &virtualTime{now: T0, waiters: waiters}
 	v.cond = sync.NewCond(&v.mu)
 	return v
 }
@@ -105,26 +90,32 @@ func (v *virtualTime) step(end time.Time) bool {
 	return true
 }
 
-func runWait[TTx any](t *testing.T, store driver.Store[TTx]) {
+// runWait is Limiter.Wait on the store: on a virtual clock (the context
+// carries Wait's sleep, waitsleep.With), workers get exactly the limit's
+// rate whatever the jitter draws; a frozen clock waits until the context
+// ends; a wait beyond MaxWait, a deadline before the tokens and bad input
+// return at once; and on the real clock every Wait ends granted.
+func runWait[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx := context.Background()
+	store := h.Store
 
 	// Workers call Wait in a loop on one key of a token bucket of 5 tokens
 	// refilled at 10 a second. Over the span [T0, end] the limit can grant
-	// the 5 it holds plus one per 100ms: 5 + 20 by T0+2s. The last of those
-	// arrives at T0+2s and is granted within the jitter's spread (100ms,
+	// the 5 it holds plus one per 100ms: 5 + 10 by T0+1s. The last of those
+	// arrives at T0+1s and is granted within the jitter's spread (100ms,
 	// the time one token takes), so it is granted by end, just before the
-	// 21st refill. Whatever the jitter draws, exactly 25 grants fall in the
+	// 11th refill. Whatever the jitter draws, exactly 15 grants fall in the
 	// span, and the i-th is never before its token.
 	for _, workers := range []int{1, 8} {
 		t.Run("WorkersGetExactlyTheRate/"+strconv.Itoa(workers), func(t *testing.T) {
-			name := storetest.UniqueName(t, "wait")
+			name := UniqueName(t, "wait")
 			v := newVirtualTime(workers)
 			l, err := txlimit.New(store, map[string]txlimit.Config{
 				name: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Second, Capacity: 5},
 			}, &txlimit.Options{Clock: v.Now})
 			require.NoError(t, err)
 			const tokenTime = 100 * time.Millisecond
-			end := storetest.T0.Add(2*time.Second + tokenTime - time.Microsecond)
+			end := T0.Add(time.Second + tokenTime - time.Microsecond)
 			wctx, cancel := context.WithCancel(ctx)
 			var (
 				mu     sync.Mutex
@@ -136,14 +127,14 @@ func runWait[TTx any](t *testing.T, store driver.Store[TTx]) {
 				go func() {
 					defer wg.Done()
 					for {
-						res, err := txlimit.WaitWithSleep(wctx, l, v.sleep, name, "k")
+						res, err := l.Wait(waitsleep.With(wctx, v.sleep), name, "k")
 						if err != nil {
 							if wctx.Err() == nil {
 								t.Errorf("Wait: %v", err)
 							}
 							return
 						}
-						if !res.OK || storetest.Reserved(res) {
+						if !res.OK || Reserved(res) {
 							t.Errorf("Wait returned %+v, not a plain grant", res)
 						}
 						mu.Lock()
@@ -157,21 +148,21 @@ func runWait[TTx any](t *testing.T, store driver.Store[TTx]) {
 			cancel()
 			wg.Wait()
 			slices.SortFunc(grants, time.Time.Compare)
-			require.Len(t, grants, 25, "grants: %v", grants)
+			require.Len(t, grants, 15, "grants: %v", grants)
 			for i, at := range grants {
-				earliest := storetest.T0.Add(time.Duration(max(0, i-4)) * tokenTime)
+				earliest := T0.Add(time.Duration(max(0, i-4)) * tokenTime)
 				require.False(t, at.Before(earliest), "grant %d at %v, before its token at %v", i, at, earliest)
 				require.False(t, at.After(end))
 			}
-			t.Logf("%d workers: %d sleeps for 25 grants", workers, v.sleeps)
+			t.Logf("%d workers: %d sleeps for 15 grants", workers, v.sleeps)
 		})
 	}
 
 	t.Run("FrozenClockWaitsUntilTheContextEnds", func(t *testing.T) {
-		name := storetest.UniqueName(t, "frozen")
-		clk := storetest.NewClock()
+		name := UniqueName(t, "frozen")
+		clk := NewClock()
 		l, err := txlimit.New(store, map[string]txlimit.Config{
-			name: {Kind: txlimit.FixedWindow, Rate: 2, Period: time.Minute, Start: storetest.T0.Add(-10 * time.Second)},
+			name: {Kind: txlimit.FixedWindow, Rate: 2, Period: time.Minute, Start: T0.Add(-10 * time.Second)},
 		}, &txlimit.Options{Clock: clk.Now})
 		require.NoError(t, err)
 		for range 2 {
@@ -183,14 +174,14 @@ func runWait[TTx any](t *testing.T, store driver.Store[TTx]) {
 		// attempt is denied, and Wait sleeps again until ctx ends.
 		wctx, cancel := context.WithCancel(ctx)
 		var slept []time.Duration
-		res, err := txlimit.WaitWithSleep(wctx, l, func(ctx context.Context, d time.Duration) error {
+		res, err := l.Wait(waitsleep.With(wctx, func(ctx context.Context, d time.Duration) error {
 			slept = append(slept, d)
 			if len(slept) == 3 {
 				cancel()
 				return ctx.Err()
 			}
 			return nil
-		}, name, "k")
+		}), name, "k")
 		require.ErrorIs(t, err, context.Canceled)
 		require.False(t, res.OK)
 		require.Equal(t, 50*time.Second, res.RetryAfter)
@@ -211,10 +202,10 @@ func runWait[TTx any](t *testing.T, store driver.Store[TTx]) {
 	t.Run("WaitBeyondMaxWaitSleepsMaxWait", func(t *testing.T) {
 		// A wait no Duration holds: Wait sleeps MaxWait (plus a jitter of
 		// at most Period), never a negative or wrapped-around duration.
-		name := storetest.UniqueName(t, "glacial")
+		name := UniqueName(t, "glacial")
 		l, err := txlimit.New(store, map[string]txlimit.Config{
 			name: {Kind: txlimit.TokenBucket, Rate: 1e-300, Period: time.Second, Capacity: 1},
-		}, &txlimit.Options{Clock: storetest.NewClock().Now})
+		}, &txlimit.Options{Clock: NewClock().Now})
 		require.NoError(t, err)
 		res, err := l.Wait(ctx, name, "k")
 		require.NoError(t, err)
@@ -222,32 +213,32 @@ func runWait[TTx any](t *testing.T, store driver.Store[TTx]) {
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		var slept []time.Duration
-		res, err = txlimit.WaitWithSleep(wctx, l, func(ctx context.Context, d time.Duration) error {
+		res, err = l.Wait(waitsleep.With(wctx, func(ctx context.Context, d time.Duration) error {
 			slept = append(slept, d)
 			cancel()
 			return ctx.Err()
-		}, name, "k")
+		}), name, "k")
 		require.ErrorIs(t, err, context.Canceled)
-		require.Equal(t, storetest.MaxWait, res.RetryAfter)
+		require.Equal(t, MaxWait, res.RetryAfter)
 		require.Len(t, slept, 1)
-		require.GreaterOrEqual(t, slept[0], storetest.MaxWait)
-		require.Less(t, slept[0], storetest.MaxWait+time.Second)
+		require.GreaterOrEqual(t, slept[0], MaxWait)
+		require.Less(t, slept[0], MaxWait+time.Second)
 	})
 
 	t.Run("DeadlineBeforeRetryAfterReturnsAtOnce", func(t *testing.T) {
-		name := storetest.UniqueName(t, "deadline")
+		name := UniqueName(t, "deadline")
 		l, err := txlimit.New(store, map[string]txlimit.Config{
 			name: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour},
-		}, &txlimit.Options{Clock: storetest.NewClock().Now})
+		}, &txlimit.Options{Clock: NewClock().Now})
 		require.NoError(t, err)
 		_, err = l.Limit(ctx, name, "k")
 		require.NoError(t, err)
 		dctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
-		res, err := txlimit.WaitWithSleep(dctx, l, func(context.Context, time.Duration) error {
+		res, err := l.Wait(waitsleep.With(dctx, func(context.Context, time.Duration) error {
 			t.Error("Wait slept although the tokens come after the deadline")
 			return nil
-		}, name, "k")
+		}), name, "k")
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.ErrorIs(t, err, txlimit.ErrRateLimited)
 		var rl *txlimit.RateLimitedError
@@ -257,7 +248,7 @@ func runWait[TTx any](t *testing.T, store driver.Store[TTx]) {
 		require.Equal(t, time.Hour, res.RetryAfter)
 		require.ErrorContains(t, err, "after the context's deadline")
 
-		// The real Wait too: it returned before the deadline passed.
+		// Without a sleep of the test's own too: it returned before the deadline passed.
 		_, err = l.Wait(dctx, name, "k")
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.NoError(t, dctx.Err(), "Wait returned at once, not at the deadline")
@@ -273,30 +264,30 @@ func runWait[TTx any](t *testing.T, store driver.Store[TTx]) {
 	})
 
 	t.Run("BadInputIsAnErrorAtOnce", func(t *testing.T) {
-		name := storetest.UniqueName(t, "bad")
+		name := UniqueName(t, "bad")
 		l, err := txlimit.New(store, map[string]txlimit.Config{
 			name: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, Capacity: 3},
 		}, nil)
 		require.NoError(t, err)
-		never := func(context.Context, time.Duration) error {
+		never := waitsleep.With(ctx, func(context.Context, time.Duration) error {
 			t.Error("Wait slept on bad input")
 			return nil
-		}
-		_, err = txlimit.WaitWithSleep(ctx, l, never, name, "k", txlimit.Count(4))
+		})
+		_, err = l.Wait(never, name, "k", txlimit.Count(4))
 		require.ErrorAs(t, err, new(*txlimit.InvalidError))
 		require.ErrorContains(t, err, "could never be granted")
-		_, err = txlimit.WaitWithSleep(ctx, l, never, name, "k", txlimit.Reserve())
+		_, err = l.Wait(never, name, "k", txlimit.Reserve())
 		require.ErrorAs(t, err, new(*txlimit.InvalidError))
 		require.ErrorContains(t, err, "Reserve does not go with Wait")
-		_, err = txlimit.WaitWithSleep(ctx, l, never, "nope", "k")
-		storetest.RequireUnknownLimit(t, err)
+		_, err = l.Wait(never, "nope", "k")
+		RequireUnknownLimit(t, err)
 	})
 
 	// On the real clock with real sleeps: every Wait ends granted, and the
 	// limit took exactly one token per grant. (How long it took is not
 	// asserted: the machine is shared.)
 	t.Run("RealClock", func(t *testing.T) {
-		name := storetest.UniqueName(t, "real")
+		name := UniqueName(t, "real")
 		l, err := txlimit.New(store, map[string]txlimit.Config{
 			name: {Kind: txlimit.TokenBucket, Rate: 50, Period: time.Second, Capacity: 2},
 		}, &txlimit.Options{Clock: time.Now})
