@@ -78,8 +78,8 @@ func (q *Queries) DeleteShards(ctx context.Context, db DBTX, arg DeleteShardsPar
 }
 
 const InsertKeyShards = `-- name: InsertKeyShards :many
-INSERT INTO txlimit (name, key, shard, value, ts)
-SELECT $1, $2, s, $3, $4
+INSERT INTO txlimit (name, key, shard, value, ts, sharded)
+SELECT $1, $2, s, $3, $4, $5::integer > 1
 FROM generate_series(0, $5::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
@@ -129,8 +129,8 @@ func (q *Queries) InsertKeyShards(ctx context.Context, db DBTX, arg InsertKeySha
 }
 
 const InsertKeys = `-- name: InsertKeys :many
-INSERT INTO txlimit (name, key, shard, value, ts)
-SELECT k.name, k.key, s.shard, k.value, k.ts
+INSERT INTO txlimit (name, key, shard, value, ts, sharded)
+SELECT k.name, k.key, s.shard, k.value, k.ts, k.shards > 1
 FROM (
     SELECT unnest($1::text::text[]) AS name,
            unnest($2::text::text[]) AS key,
@@ -163,7 +163,8 @@ type InsertKeysRow struct {
 // then key, compared byte by byte (COLLATE "C", as Go compares strings),
 // then shard. It waits for rows other transactions hold, and since every
 // transaction goes through the rows in the same order, none can hold a later
-// row while it waits for an earlier one. Returns the rows it created.
+// row while it waits for an earlier one. Returns the rows it created, those
+// of a layout of several shards marked sharded (migration 00009).
 func (q *Queries) InsertKeys(ctx context.Context, db DBTX, arg InsertKeysParams) ([]InsertKeysRow, error) {
 	rows, err := db.Query(ctx, InsertKeys,
 		arg.Names,
@@ -191,8 +192,8 @@ func (q *Queries) InsertKeys(ctx context.Context, db DBTX, arg InsertKeysParams)
 }
 
 const InsertShards = `-- name: InsertShards :exec
-INSERT INTO txlimit (name, key, shard, value, ts)
-SELECT $1, $2, s, $3, $4
+INSERT INTO txlimit (name, key, shard, value, ts, sharded)
+SELECT $1, $2, s, $3, $4, $5::integer > 1
 FROM generate_series(0, $5::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
@@ -211,7 +212,9 @@ type InsertShardsParams struct {
 // transactions hold. DO UPDATE … WHERE false updates nothing but locks the
 // conflicting row (DO NOTHING would pass over it unlocked), so that every
 // lock is taken in ascending order: a transaction never holds a higher shard
-// while it waits for a lower one.
+// while it waits for a lower one. The rows of a layout of several shards
+// are created sharded (migration 00009), so that the one-statement takes
+// leave the key to the Go path.
 func (q *Queries) InsertShards(ctx context.Context, db DBTX, arg InsertShardsParams) error {
 	_, err := db.Exec(ctx, InsertShards,
 		arg.Name,
@@ -565,15 +568,13 @@ const TakeBucket = `-- name: TakeBucket :one
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
 SELECT $1, $2, 0, $3::float8,
        txlimit_bucket_ts($4::timestamptz, COALESCE($5::timestamptz, statement_timestamp()))
-WHERE ($6::boolean
-       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = $1 AND x.key = $2 AND x.shard > 0)) /*must*/
+WHERE $6::boolean /*must*/
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(txlimit_bucket_refill(t.value,
                 CAST(extract(epoch FROM COALESCE($5::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                 $7::float8, $8::bigint, $9::float8) - $10::float8),
     ts = txlimit_bucket_ts(t.ts, COALESCE($5::timestamptz, statement_timestamp()))
-WHERE (t.value BETWEEN -1e300 AND 1e300
+WHERE (NOT t.sharded AND t.value BETWEEN -1e300 AND 1e300
        AND (txlimit_fits(txlimit_bucket_refill(t.value,
                CAST(extract(epoch FROM COALESCE($5::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                $7::float8, $8::bigint, $9::float8) - $10::float8,
@@ -655,9 +656,7 @@ SELECT $1, $2, 0, $3::float8,
        txlimit_refill_ts($4::integer, $5::timestamptz, f.clock, f.e, $6::bigint)
 FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - $5::timestamptz) * 1000000 AS bigint) AS e
       FROM (SELECT COALESCE($7::timestamptz, statement_timestamp()) AS clock) AS k) AS f
-WHERE ($8::boolean
-       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = $1 AND x.key = $2 AND x.shard > 0)) /*must*/
+WHERE $8::boolean /*must*/
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = CASE WHEN txlimit_fits(txlimit_refill($4::integer, t.value,
                           CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
@@ -673,7 +672,7 @@ SET value = CASE WHEN txlimit_fits(txlimit_refill($4::integer, t.value,
     ts = txlimit_refill_ts($4::integer, t.ts, COALESCE($7::timestamptz, statement_timestamp()),
              CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
              $6::bigint)
-WHERE (t.value BETWEEN -1e300 AND 1e300
+WHERE (NOT t.sharded AND t.value BETWEEN -1e300 AND 1e300
        AND (txlimit_fits(txlimit_refill($4::integer, t.value,
                CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                $9::float8, $6::bigint, $10::float8) - $11::float8,
@@ -743,9 +742,7 @@ SELECT $1, $2, 0, $3::float8,
        txlimit_window_ts($4::timestamptz, f.clock, f.e, $5::bigint)
 FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - $4::timestamptz) * 1000000 AS bigint) AS e
       FROM (SELECT COALESCE($6::timestamptz, statement_timestamp()) AS clock) AS k) AS f
-WHERE ($7::boolean
-       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = $1 AND x.key = $2 AND x.shard > 0)) /*must*/
+WHERE $7::boolean /*must*/
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(txlimit_window_refill(t.value,
                 CAST(extract(epoch FROM COALESCE($6::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
@@ -753,7 +750,7 @@ SET value = txlimit_kept(txlimit_window_refill(t.value,
     ts = txlimit_window_ts(t.ts, COALESCE($6::timestamptz, statement_timestamp()),
              CAST(extract(epoch FROM COALESCE($6::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
              $5::bigint)
-WHERE (t.value BETWEEN -1e300 AND 1e300
+WHERE (NOT t.sharded AND t.value BETWEEN -1e300 AND 1e300
        AND (txlimit_fits(txlimit_window_refill(t.value,
                CAST(extract(epoch FROM COALESCE($6::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                $8::float8, $5::bigint, $9::float8) - $10::float8,
@@ -1007,9 +1004,38 @@ func (q *Queries) WaitShard(ctx context.Context, db DBTX, arg WaitShardParams) (
 	return i, err
 }
 
+const WriteFastShard = `-- name: WriteFastShard :exec
+UPDATE txlimit SET value = $1, prev = $2, ts = $3
+WHERE name = $4 AND key = $5 AND shard = $6
+`
+
+type WriteFastShardParams struct {
+	Value float64
+	Prev  float64
+	Ts    time.Time
+	Name  string
+	Key   string
+	Shard int32
+}
+
+// Stores the new state of one row the transaction holds: the write of the
+// sharded fast path, which takes from one shard of several and leaves
+// sharded as it is.
+func (q *Queries) WriteFastShard(ctx context.Context, db DBTX, arg WriteFastShardParams) error {
+	_, err := db.Exec(ctx, WriteFastShard,
+		arg.Value,
+		arg.Prev,
+		arg.Ts,
+		arg.Name,
+		arg.Key,
+		arg.Shard,
+	)
+	return err
+}
+
 const WriteKeyShards = `-- name: WriteKeyShards :exec
 UPDATE txlimit AS t
-SET value = u.value, prev = u.prev, ts = u.ts
+SET value = u.value, prev = u.prev, ts = u.ts, sharded = true
 FROM (
     SELECT unnest($3::text::integer[]) AS shard,
            unnest($4::text::double precision[]) AS value,
@@ -1031,7 +1057,8 @@ type WriteKeyShardsParams struct {
 // Stores the new state of several rows of one (name, key) that the
 // transaction holds. name and key are parameters of their own, not arrays:
 // PostgreSQL then plans an index scan that the cached generic plan keeps,
-// where unnesting them too made it replan at every call.
+// where unnesting them too made it replan at every call. The rows belong to
+// a layout of several shards, and are marked sharded (migration 00009).
 func (q *Queries) WriteKeyShards(ctx context.Context, db DBTX, arg WriteKeyShardsParams) error {
 	_, err := db.Exec(ctx, WriteKeyShards,
 		arg.Name,
@@ -1045,7 +1072,7 @@ func (q *Queries) WriteKeyShards(ctx context.Context, db DBTX, arg WriteKeyShard
 }
 
 const WriteShard = `-- name: WriteShard :exec
-UPDATE txlimit SET value = $1, prev = $2, ts = $3
+UPDATE txlimit SET value = $1, prev = $2, ts = $3, sharded = false
 WHERE name = $4 AND key = $5 AND shard = $6
 `
 
@@ -1058,8 +1085,10 @@ type WriteShardParams struct {
 	Shard int32
 }
 
-// Stores the new state of one row the transaction holds: the write of an
-// unsharded limit and of the sharded fast path.
+// Stores the new state of one row the transaction holds, the only row of
+// an unsharded limit: the rows beyond it, if any, are deleted in the same
+// transaction, so it clears sharded (migration 00009) and the next call
+// can take in one statement again.
 func (q *Queries) WriteShard(ctx context.Context, db DBTX, arg WriteShardParams) error {
 	_, err := db.Exec(ctx, WriteShard,
 		arg.Value,

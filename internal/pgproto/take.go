@@ -192,7 +192,7 @@ func takeOneShard(ctx context.Context, db DB, p driver.TakeParams, lt *LockTimer
 		next, d := driver.DecideOne(p, t.row, t.now)
 		if d.OK {
 			err := Send(ctx, db, func(q pgdb.DBTX) error {
-				return queries.WriteShard(ctx, q, pgdb.WriteShardParams{
+				return queries.WriteFastShard(ctx, q, pgdb.WriteFastShardParams{
 					Name: p.Name, Key: p.Key, Shard: t.row.Shard, Value: next.Value, Prev: next.Prev, Ts: micros(next.TS)})
 			}, Exec(ctx, release))
 			if err != nil {

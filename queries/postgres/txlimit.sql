@@ -111,16 +111,27 @@ ORDER BY t.shard;
 -- transactions hold. DO UPDATE … WHERE false updates nothing but locks the
 -- conflicting row (DO NOTHING would pass over it unlocked), so that every
 -- lock is taken in ascending order: a transaction never holds a higher shard
--- while it waits for a lower one.
-INSERT INTO txlimit (name, key, shard, value, ts)
-SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts)
+-- while it waits for a lower one. The rows of a layout of several shards
+-- are created sharded (migration 00009), so that the one-statement takes
+-- leave the key to the Go path.
+INSERT INTO txlimit (name, key, shard, value, ts, sharded)
+SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts), sqlc.arg(shards)::integer > 1
 FROM generate_series(0, sqlc.arg(shards)::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false;
 
 -- name: WriteShard :exec
--- Stores the new state of one row the transaction holds: the write of an
--- unsharded limit and of the sharded fast path.
+-- Stores the new state of one row the transaction holds, the only row of
+-- an unsharded limit: the rows beyond it, if any, are deleted in the same
+-- transaction, so it clears sharded (migration 00009) and the next call
+-- can take in one statement again.
+UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts), sharded = false
+WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
+
+-- name: WriteFastShard :exec
+-- Stores the new state of one row the transaction holds: the write of the
+-- sharded fast path, which takes from one shard of several and leaves
+-- sharded as it is.
 UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts)
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 
@@ -128,9 +139,10 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 -- Stores the new state of several rows of one (name, key) that the
 -- transaction holds. name and key are parameters of their own, not arrays:
 -- PostgreSQL then plans an index scan that the cached generic plan keeps,
--- where unnesting them too made it replan at every call.
+-- where unnesting them too made it replan at every call. The rows belong to
+-- a layout of several shards, and are marked sharded (migration 00009).
 UPDATE txlimit AS t
-SET value = u.value, prev = u.prev, ts = u.ts
+SET value = u.value, prev = u.prev, ts = u.ts, sharded = true
 FROM (
     SELECT unnest(sqlc.arg(shards)::text::integer[]) AS shard,
            unnest(sqlc.arg(vals)::text::double precision[]) AS value,
@@ -156,9 +168,10 @@ WHERE (name, key, shard) IN (
 -- then key, compared byte by byte (COLLATE "C", as Go compares strings),
 -- then shard. It waits for rows other transactions hold, and since every
 -- transaction goes through the rows in the same order, none can hold a later
--- row while it waits for an earlier one. Returns the rows it created.
-INSERT INTO txlimit (name, key, shard, value, ts)
-SELECT k.name, k.key, s.shard, k.value, k.ts
+-- row while it waits for an earlier one. Returns the rows it created, those
+-- of a layout of several shards marked sharded (migration 00009).
+INSERT INTO txlimit (name, key, shard, value, ts, sharded)
+SELECT k.name, k.key, s.shard, k.value, k.ts, k.shards > 1
 FROM (
     SELECT unnest(sqlc.arg(names)::text::text[]) AS name,
            unnest(sqlc.arg(keys)::text::text[]) AS key,
@@ -231,8 +244,8 @@ FOR UPDATE OF t SKIP LOCKED;
 -- DeleteShards, which take arrays of keys. LimitAll then runs InsertKeyShards
 -- for every key and LockShards for every key, both in the canonical order,
 -- and so takes its locks in the order InsertKeys and LockKeys take them.
-INSERT INTO txlimit (name, key, shard, value, ts)
-SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts)
+INSERT INTO txlimit (name, key, shard, value, ts, sharded)
+SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts), sqlc.arg(shards)::integer > 1
 FROM generate_series(0, sqlc.arg(shards)::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
@@ -293,15 +306,13 @@ SELECT name, key, shard, value, prev, ts FROM txlimit LIMIT 0;
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
 SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
        txlimit_bucket_ts(sqlc.arg(full_ts)::timestamptz, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
-WHERE (sqlc.arg(fresh_ok)::boolean
-       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)) /*must*/
+WHERE sqlc.arg(fresh_ok)::boolean /*must*/
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(txlimit_bucket_refill(t.value,
                 CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                 sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
     ts = txlimit_bucket_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
-WHERE (t.value BETWEEN -1e300 AND 1e300
+WHERE (NOT t.sharded AND t.value BETWEEN -1e300 AND 1e300
        AND (txlimit_fits(txlimit_bucket_refill(t.value,
                CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
@@ -316,9 +327,7 @@ SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
        txlimit_window_ts(sqlc.arg(full_ts)::timestamptz, f.clock, f.e, sqlc.arg(period)::bigint)
 FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
       FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
-WHERE (sqlc.arg(fresh_ok)::boolean
-       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)) /*must*/
+WHERE sqlc.arg(fresh_ok)::boolean /*must*/
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(txlimit_window_refill(t.value,
                 CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
@@ -326,7 +335,7 @@ SET value = txlimit_kept(txlimit_window_refill(t.value,
     ts = txlimit_window_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()),
              CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
              sqlc.arg(period)::bigint)
-WHERE (t.value BETWEEN -1e300 AND 1e300
+WHERE (NOT t.sharded AND t.value BETWEEN -1e300 AND 1e300
        AND (txlimit_fits(txlimit_window_refill(t.value,
                CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
@@ -345,9 +354,7 @@ SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
        txlimit_refill_ts(sqlc.arg(kind)::integer, sqlc.arg(full_ts)::timestamptz, f.clock, f.e, sqlc.arg(period)::bigint)
 FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
       FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
-WHERE (sqlc.arg(fresh_ok)::boolean
-       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)) /*must*/
+WHERE sqlc.arg(fresh_ok)::boolean /*must*/
 ON CONFLICT (name, key, shard) DO UPDATE
 SET value = CASE WHEN txlimit_fits(txlimit_refill(sqlc.arg(kind)::integer, t.value,
                           CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
@@ -363,7 +370,7 @@ SET value = CASE WHEN txlimit_fits(txlimit_refill(sqlc.arg(kind)::integer, t.val
     ts = txlimit_refill_ts(sqlc.arg(kind)::integer, t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()),
              CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
              sqlc.arg(period)::bigint)
-WHERE (t.value BETWEEN -1e300 AND 1e300
+WHERE (NOT t.sharded AND t.value BETWEEN -1e300 AND 1e300
        AND (txlimit_fits(txlimit_refill(sqlc.arg(kind)::integer, t.value,
                CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
                sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
