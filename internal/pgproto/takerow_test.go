@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -233,4 +234,27 @@ func TestShardedMarkFollowsLayout(t *testing.T) {
 	require.InDelta(t, 5, res.States[0].Value, 1e-9, "the four shards pooled: 8 - 1 - 1 - 1")
 	require.Equal(t, []row{{0, false}}, rows(), "back to 1: the rows beyond shard 0 deleted, the mark cleared")
 	require.True(t, inSQL(limit(1)), "served in one statement again")
+}
+
+// leastGranting is the boundary of algo's own test: at it a take of the
+// target fits on a row of that value and no elapsed time, one float64
+// below it does not.
+func TestLeastGranting(t *testing.T) {
+	fits := func(c algo.Config, value, count float64) bool {
+		_, d := algo.Take(c, algo.State{Value: value}, 0, count, false)
+		return d.OK
+	}
+	for _, cs := range algocase.Generate(7, 2000) {
+		c, count := cs.Limit.Config, cs.Count
+		if count > c.Capacity {
+			continue // not a Take without reserve
+		}
+		at := leastGranting(c, count)
+		require.False(t, math.IsInf(at, 0), "%+v count %v", c, count)
+		require.True(t, fits(c, at, count), "%+v count %v: at %v", c, count, at)
+		require.False(t, fits(c, math.Nextafter(at, math.Inf(-1)), count), "%+v count %v: below %v", c, count, at)
+	}
+	c := algo.Config{Kind: algo.TokenBucket, Rate: 1, Period: 1, Capacity: 10}
+	require.Equal(t, math.Inf(1), leastGranting(c, 11), "beyond the capacity nothing fits")
+	require.Equal(t, math.Inf(-1), debtAt(c, 11), "no cap on the debt")
 }

@@ -260,8 +260,8 @@ func newSteps(ctx context.Context, pool *pgxpool.Pool, redisAddr string, clients
 // takeParams are TakeBucket's arguments for one token of key, which always
 // has tokens (capacity), as internal/pgproto computes them.
 func takeParams(cfg algo.Config, key string) pgdb.TakeBucketParams {
-	return pgdb.TakeBucketParams{Name: "exp-hand", Key: key, FreshValue: cfg.Capacity - 1, FreshOk: true,
-		FullTs: time.UnixMicro(0), Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: 1}
+	return pgdb.TakeBucketParams{Name: "exp-hand", Key: key, FreshValue: cfg.Capacity - 1,
+		FullTs: time.UnixMicro(0), Rate: cfg.Rate, Period: float64(cfg.Period), Capacity: cfg.Capacity, Count: 1}
 }
 
 // queuer is a pgdb.DBTX that queues the statement a generated method sends
