@@ -9,13 +9,13 @@ import (
 )
 
 type Txlimit struct {
-	Name    string
-	Key     string
-	Shard   int32
-	Value   float64
-	Ts      time.Time
-	Prev    float64
-	Sharded bool
+	Name   string
+	Key    string
+	Shard  int32
+	Value  float64
+	Ts     time.Time
+	Prev   float64
+	Shards int32
 }
 
 type TxlimitEscrow struct {

@@ -90,8 +90,8 @@ func (q *Queries) Deny(ctx context.Context, db DBTX) error {
 }
 
 const InsertKeyShards = `-- name: InsertKeyShards :many
-INSERT INTO txlimit (name, key, shard, value, ts, sharded)
-SELECT $1, $2, s, $3, $4, $5::integer > 1
+INSERT INTO txlimit (name, key, shard, value, ts, shards)
+SELECT $1, $2, s, $3, $4, $5::integer
 FROM generate_series(0, $5::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
@@ -141,8 +141,8 @@ func (q *Queries) InsertKeyShards(ctx context.Context, db DBTX, arg InsertKeySha
 }
 
 const InsertKeys = `-- name: InsertKeys :many
-INSERT INTO txlimit (name, key, shard, value, ts, sharded)
-SELECT k.name, k.key, s.shard, k.value, k.ts, k.shards > 1
+INSERT INTO txlimit (name, key, shard, value, ts, shards)
+SELECT k.name, k.key, s.shard, k.value, k.ts, k.shards
 FROM (
     SELECT unnest($1::text::text[]) AS name,
            unnest($2::text::text[]) AS key,
@@ -175,8 +175,8 @@ type InsertKeysRow struct {
 // then key, compared byte by byte (COLLATE "C", as Go compares strings),
 // then shard. It waits for rows other transactions hold, and since every
 // transaction goes through the rows in the same order, none can hold a later
-// row while it waits for an earlier one. Returns the rows it created, those
-// of a layout of several shards marked sharded (migration 00009).
+// row while it waits for an earlier one. Returns the rows it created, each
+// with the number of shards of its layout (shards, migration 00009).
 func (q *Queries) InsertKeys(ctx context.Context, db DBTX, arg InsertKeysParams) ([]InsertKeysRow, error) {
 	rows, err := db.Query(ctx, InsertKeys,
 		arg.Names,
@@ -204,8 +204,8 @@ func (q *Queries) InsertKeys(ctx context.Context, db DBTX, arg InsertKeysParams)
 }
 
 const InsertShards = `-- name: InsertShards :exec
-INSERT INTO txlimit (name, key, shard, value, ts, sharded)
-SELECT $1, $2, s, $3, $4, $5::integer > 1
+INSERT INTO txlimit (name, key, shard, value, ts, shards)
+SELECT $1, $2, s, $3, $4, $5::integer
 FROM generate_series(0, $5::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
@@ -224,9 +224,8 @@ type InsertShardsParams struct {
 // transactions hold. DO UPDATE … WHERE false updates nothing but locks the
 // conflicting row (DO NOTHING would pass over it unlocked), so that every
 // lock is taken in ascending order: a transaction never holds a higher shard
-// while it waits for a lower one. The rows of a layout of several shards
-// are created sharded (migration 00009), so that the one-statement takes
-// leave the key to the Go path.
+// while it waits for a lower one. The rows are created with the number of
+// shards of their layout (shards, migration 00009).
 func (q *Queries) InsertShards(ctx context.Context, db DBTX, arg InsertShardsParams) error {
 	_, err := db.Exec(ctx, InsertShards,
 		arg.Name,
@@ -477,7 +476,7 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 }
 
 const ProbeTable = `-- name: ProbeTable :exec
-SELECT name, key, shard, value, prev, ts, sharded FROM txlimit LIMIT 0
+SELECT name, key, shard, value, prev, ts, shards FROM txlimit LIMIT 0
 `
 
 // Reads no row, but fails when the table or one of its columns is missing:
@@ -584,7 +583,7 @@ ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8),
                                $8::float8) - $9::float8),
     ts = txlimit_bucket_ts(t.ts, COALESCE($5::timestamptz, EXCLUDED.ts))
-WHERE (NOT t.sharded AND t.value <= 1e300
+WHERE (t.shards = 1 AND t.value <= 1e300
        AND t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8) >= $10::float8) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE($5::timestamptz, statement_timestamp()) AS timestamptz) AS clock
 `
@@ -615,7 +614,7 @@ type TakeBucketRow struct {
 // operation for operation: TestTakeRowMatchesAlgo holds the rows it writes
 // to algo). It returns the new state and the clock, or no row when the call
 // is not granted, when the stored value is not finite, or when the key's
-// rows are a sharded layout (sharded, migration 00009: rows beyond shard 0,
+// rows are a sharded layout (shards, migration 00009: rows beyond shard 0,
 // written under a sharded config, to be pooled); all of those are left to
 // the store's Go path, and nothing is written. The conflicting row is then
 // locked all the same (ON CONFLICT locks it before its WHERE is evaluated),
@@ -681,7 +680,7 @@ SET value = greatest(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESC
                     CASE WHEN t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8) >= $10::float8
                          THEN 0 ELSE CAST('-Infinity' AS float8) END),
     ts = txlimit_bucket_ts(t.ts, COALESCE($5::timestamptz, EXCLUDED.ts))
-WHERE (NOT t.sharded AND t.value BETWEEN -1e300 AND 1e300
+WHERE (t.shards = 1 AND t.value BETWEEN -1e300 AND 1e300
        AND t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8) >= $11::float8
        AND (t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8) >= $10::float8
             OR txlimit_wait_short(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8),
@@ -746,7 +745,7 @@ SET value = txlimit_kept(least(t.value + txlimit_window_gain(txlimit_elapsed(COA
                                $8::float8) - $9::float8),
     ts = txlimit_window_start(t.ts, txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts),
                               $6::bigint)
-WHERE (NOT t.sharded AND t.value <= 1e300
+WHERE (t.shards = 1 AND t.value <= 1e300
        AND t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint) >= $10::float8) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE($5::timestamptz, statement_timestamp()) AS timestamptz) AS clock
 `
@@ -805,7 +804,7 @@ SET value = greatest(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESC
                          THEN 0 ELSE CAST('-Infinity' AS float8) END),
     ts = txlimit_window_start(t.ts, txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts),
                               $6::bigint)
-WHERE (NOT t.sharded AND t.value BETWEEN -1e300 AND 1e300
+WHERE (t.shards = 1 AND t.value BETWEEN -1e300 AND 1e300
        AND t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint) >= $11::float8
        AND (t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint) >= $10::float8
             OR txlimit_wait_bounded(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint),
@@ -857,13 +856,13 @@ func (q *Queries) TakeWindowReserve(ctx context.Context, db DBTX, arg TakeWindow
 
 const TryLockShard = `-- name: TryLockShard :one
 WITH from_start AS (
-    SELECT f.shard, f.value, f.prev, f.ts FROM txlimit AS f
+    SELECT f.shard, f.value, f.prev, f.ts, f.shards FROM txlimit AS f
     WHERE f.name = $2 AND f.key = $3 AND f.shard >= $4::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), below_start AS (
-    SELECT b.shard, b.value, b.prev, b.ts FROM txlimit AS b
+    SELECT b.shard, b.value, b.prev, b.ts, b.shards FROM txlimit AS b
     WHERE b.name = $2 AND b.key = $3 AND b.shard < $4::integer
     ORDER BY b.shard
     LIMIT 1
@@ -871,14 +870,14 @@ WITH from_start AS (
 )
 SELECT l.shard, l.value, l.prev, l.ts,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
-       -- The highest shard the key has: rows written under another Shards
-       -- (a redeployed config) make the caller reshard on every row.
-       CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
-                      WHERE m.name = $2 AND m.key = $3), -1) AS integer) AS top_shard
+       -- The highest shard of the locked row's layout (shards, migration
+       -- 00009): rows written under another Shards (a redeployed config)
+       -- make the caller reshard on every row.
+       l.shards - 1 AS top_shard
 FROM (
-    SELECT shard, value, prev, ts FROM from_start
+    SELECT shard, value, prev, ts, shards FROM from_start
     UNION ALL
-    SELECT shard, value, prev, ts FROM below_start
+    SELECT shard, value, prev, ts, shards FROM below_start
     LIMIT 1
 ) AS l
 `
@@ -1017,8 +1016,7 @@ func (q *Queries) TryLockShardAndRead(ctx context.Context, db DBTX, arg TryLockS
 const WaitShard = `-- name: WaitShard :one
 SELECT w.shard, w.value, w.prev, w.ts,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
-       CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
-                      WHERE m.name = $2 AND m.key = $3), -1) AS integer) AS top_shard
+       w.shards - 1 AS top_shard
 FROM txlimit AS w
 WHERE w.name = $2 AND w.key = $3 AND w.shard = $4
 FOR UPDATE OF w
@@ -1077,8 +1075,7 @@ type WriteFastShardParams struct {
 }
 
 // Stores the new state of one row the transaction holds: the write of the
-// sharded fast path, which takes from one shard of several and leaves
-// sharded as it is.
+// sharded fast path, which takes from one shard of its layout.
 func (q *Queries) WriteFastShard(ctx context.Context, db DBTX, arg WriteFastShardParams) error {
 	_, err := db.Exec(ctx, WriteFastShard,
 		arg.Value,
@@ -1093,20 +1090,20 @@ func (q *Queries) WriteFastShard(ctx context.Context, db DBTX, arg WriteFastShar
 
 const WriteKeyShards = `-- name: WriteKeyShards :exec
 UPDATE txlimit AS t
-SET value = u.value, prev = u.prev, ts = u.ts, sharded = true
+SET value = u.value, prev = u.prev, ts = u.ts, shards = cardinality($1::text::integer[])
 FROM (
-    SELECT unnest($3::text::integer[]) AS shard,
+    SELECT unnest($1::text::integer[]) AS shard,
            unnest($4::text::double precision[]) AS value,
            unnest($5::text::double precision[]) AS prev,
            unnest($6::text::timestamptz[]) AS ts
 ) AS u
-WHERE t.name = $1 AND t.key = $2 AND t.shard = u.shard
+WHERE t.name = $2 AND t.key = $3 AND t.shard = u.shard
 `
 
 type WriteKeyShardsParams struct {
+	Shards string
 	Name   string
 	Key    string
-	Shards string
 	Vals   string
 	Prevs  string
 	Tss    string
@@ -1115,13 +1112,13 @@ type WriteKeyShardsParams struct {
 // Stores the new state of several rows of one (name, key) that the
 // transaction holds. name and key are parameters of their own, not arrays:
 // PostgreSQL then plans an index scan that the cached generic plan keeps,
-// where unnesting them too made it replan at every call. The rows belong to
-// a layout of several shards, and are marked sharded (migration 00009).
+// where unnesting them too made it replan at every call. The rows are those
+// of the layout, 0 to the number of shards - 1 (shards, migration 00009).
 func (q *Queries) WriteKeyShards(ctx context.Context, db DBTX, arg WriteKeyShardsParams) error {
 	_, err := db.Exec(ctx, WriteKeyShards,
+		arg.Shards,
 		arg.Name,
 		arg.Key,
-		arg.Shards,
 		arg.Vals,
 		arg.Prevs,
 		arg.Tss,
@@ -1130,7 +1127,7 @@ func (q *Queries) WriteKeyShards(ctx context.Context, db DBTX, arg WriteKeyShard
 }
 
 const WriteShard = `-- name: WriteShard :exec
-UPDATE txlimit SET value = $1, prev = $2, ts = $3, sharded = false
+UPDATE txlimit SET value = $1, prev = $2, ts = $3, shards = 1
 WHERE name = $4 AND key = $5 AND shard = $6
 `
 
@@ -1145,8 +1142,8 @@ type WriteShardParams struct {
 
 // Stores the new state of one row the transaction holds, the only row of
 // an unsharded limit: the rows beyond it, if any, are deleted in the same
-// transaction, so it clears sharded (migration 00009) and the next call
-// can take in one statement again.
+// transaction, so the layout is of one shard (shards, migration 00009) and
+// the next call can take in one statement again.
 func (q *Queries) WriteShard(ctx context.Context, db DBTX, arg WriteShardParams) error {
 	_, err := db.Exec(ctx, WriteShard,
 		arg.Value,

@@ -146,8 +146,8 @@ func requireUnchanged(t *testing.T, c algocase.Case, rows []algo.State, msg stri
 	algocase.RequireStored(t, c.State, rows, msg)
 }
 
-// A key whose rows were written under Shards 4 (the store marks them
-// sharded, migration 00009) and is now taken with Shards 1 is pooled into
+// A key whose rows were written under Shards 4 (the store writes that count
+// on them, migration 00009) and is now taken with Shards 1 is pooled into
 // one row (driver.Decide), not served from shard 0 alone: TakeRow leaves it
 // to the Go path.
 func TestTakeRowLeavesReshardToGo(t *testing.T) {
@@ -159,7 +159,7 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 	var had []driver.Row
 	for shard := range 4 {
 		had = append(had, driver.Row{Shard: int32(shard), Value: 0.5, TS: now})
-		_, err := pool.Exec(ctx, `INSERT INTO txlimit (name, key, shard, value, ts, sharded) VALUES ($1, $2, $3, 0.5, $4, true)`, l.Name, l.Key, shard, now)
+		_, err := pool.Exec(ctx, `INSERT INTO txlimit (name, key, shard, value, ts, shards) VALUES ($1, $2, $3, 0.5, $4, 4)`, l.Name, l.Key, shard, now)
 		require.NoError(t, err)
 	}
 	p := driver.TakeParams{Limit: l, Count: 0.25, Now: &now} // shard 0 alone has it
@@ -177,12 +177,12 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 	}))
 }
 
-// The store keeps the rule TakeRow relies on (migration 00009): a key with a
-// row beyond shard 0 has sharded set on its shard 0. A key taken unsharded,
-// then under Shards 4, then unsharded again is pooled when Shards goes back
-// to 1, and TakeRow serves it in one statement once the Go path has
-// deleted the rows beyond shard 0.
-func TestShardedMarkFollowsLayout(t *testing.T) {
+// The store keeps the rule TakeRow and the sharded fast path rely on
+// (migration 00009): every row holds the number of shards of its key's
+// layout. A key taken unsharded, then under Shards 4, then unsharded again
+// is pooled when Shards goes back to 1, and TakeRow serves it in one
+// statement once the Go path has deleted the rows beyond shard 0.
+func TestShardsFollowLayout(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 2)
 	now := time.UnixMicro(1_700_000_000_000_000)
@@ -190,17 +190,14 @@ func TestShardedMarkFollowsLayout(t *testing.T) {
 	limit := func(shards int) driver.Limit {
 		return driver.Limit{Name: "layout", Key: "k", Shards: shards, Config: cfg}
 	}
-	type row struct {
-		shard   int32
-		sharded bool
-	}
+	type row struct{ shard, shards int32 }
 	rows := func() []row {
 		t.Helper()
-		rs, err := pool.Query(ctx, `SELECT shard, sharded FROM txlimit WHERE name = 'layout' AND key = 'k' ORDER BY shard`)
+		rs, err := pool.Query(ctx, `SELECT shard, shards FROM txlimit WHERE name = 'layout' AND key = 'k' ORDER BY shard`)
 		require.NoError(t, err)
 		out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 			var x row
-			return x, r.Scan(&x.shard, &x.sharded)
+			return x, r.Scan(&x.shard, &x.shards)
 		})
 		require.NoError(t, err)
 		return out
@@ -226,13 +223,15 @@ func TestShardedMarkFollowsLayout(t *testing.T) {
 	}
 
 	take(limit(1), 1)
-	require.Equal(t, []row{{0, false}}, rows(), "created by the one-statement take")
+	require.Equal(t, []row{{0, 1}}, rows(), "created by the one-statement take")
 	take(limit(4), 1)
-	require.Equal(t, []row{{0, true}, {1, true}, {2, true}, {3, true}}, rows(), "resharded to 4: marked")
+	require.Equal(t, []row{{0, 4}, {1, 4}, {2, 4}, {3, 4}}, rows(), "resharded to 4")
+	take(limit(4), 1)
+	require.Equal(t, []row{{0, 4}, {1, 4}, {2, 4}, {3, 4}}, rows(), "the fast path keeps the layout")
 	require.False(t, inSQL(limit(1)), "a sharded key is left to the Go path")
 	res := take(limit(1), 1)
-	require.InDelta(t, 5, res.States[0].Value, 1e-9, "the four shards pooled: 8 - 1 - 1 - 1")
-	require.Equal(t, []row{{0, false}}, rows(), "back to 1: the rows beyond shard 0 deleted, the mark cleared")
+	require.InDelta(t, 4, res.States[0].Value, 1e-9, "the four shards pooled: 8 - 1 - 1 - 1 - 1")
+	require.Equal(t, []row{{0, 1}}, rows(), "back to 1: the rows beyond shard 0 deleted")
 	require.True(t, inSQL(limit(1)), "served in one statement again")
 }
 

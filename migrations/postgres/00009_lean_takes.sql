@@ -5,29 +5,32 @@
 -- statement anew at each execution, so each operation a take names costs it
 -- on every call, evaluated or not.
 --
--- txlimit.sharded is set on the rows of a key laid out over more than one
--- shard, so that the one-statement takes (TakeBucket and the others, which
--- serve shard 0 of an unsharded limit alone) leave such a key to the
--- stores' Go path, which pools its rows (a limit whose Shards was lowered),
--- by testing a column of the row they already hold. They used to look for
--- rows beyond shard 0 in a subquery of their own, which PostgreSQL set up
--- anew at every take: about 25k of the 260k instructions the server runs
--- for a business transaction with a take at commit (tools/pgcommitexp).
+-- txlimit.shards is the number of shards of the layout a row belongs to: 1
+-- for an unsharded limit, n on each of the rows 0..n-1 of a limit of n
+-- shards. The one-statement takes (which serve shard 0 of an unsharded
+-- limit alone) leave a key with shards > 1 to the stores' Go path, which
+-- pools its rows (a limit whose Shards was lowered), by testing a column of
+-- the row they already hold; they used to look for rows beyond shard 0 in a
+-- subquery of their own, which PostgreSQL set up anew at every take: about
+-- 25k of the 260k instructions the server runs for a business transaction
+-- with a take at commit (tools/pgcommitexp). The sharded fast path
+-- (TryLockShard, WaitShard) reads the layout from the row it locks, where
+-- it looked for the highest shard of the key in a subquery of its own.
 --
--- The rule the statements keep: a key with a row beyond shard 0 has
--- sharded set on its shard 0. The statements that create rows for a
--- layout of several shards (InsertShards, InsertKeys, InsertKeyShards) set
--- it on the rows they create, and WriteKeyShards, which writes such a
--- layout, on the rows it writes; WriteShard, which writes the one row of an
--- unsharded layout while the rows beyond it are deleted, clears it. A key
--- never has rows beyond shard 0 without its shard 0 (rows are created 0 to
--- Shards-1 in one statement, and deleted all of a key or only beyond the
--- new Shards), so a take that finds no shard 0 creates it.
+-- The statements keep it: those that create rows (InsertShards, InsertKeys,
+-- InsertKeyShards) create them with the layout's count, WriteKeyShards
+-- writes it on the rows of the layout it writes, and WriteShard, which
+-- writes the one row of an unsharded limit while the rows beyond it are
+-- deleted, writes 1. A key never has rows beyond shard 0 without its shard
+-- 0 (rows are created 0 to Shards-1 in one statement, and deleted all of a
+-- key or only beyond the new Shards), so a take that finds no shard 0
+-- creates it.
 --
--- Keys already laid out over several shards are marked here. A binary of
--- an earlier version that creates a sharded layout after this migration
--- leaves it unmarked: do not lower a limit's Shards to 1 in the same
--- rolling deploy that runs this migration.
+-- The keys written before are counted here. A binary of an earlier version
+-- creates rows with the default, 1: do not lower a limit's Shards to 1 in
+-- the same rolling deploy that runs this migration, or the one-statement
+-- take could serve shard 0 of a layout such a binary created. (A sharded
+-- limit reads 1 as a layout to reshard, which its next write corrects.)
 
 -- The functions below are algo's arithmetic in the forms the lean takes
 -- use, beside those of 00003 (which escrow's statements keep using): the
@@ -40,9 +43,10 @@
 -- inlines them.
 
 -- +goose Up
-ALTER TABLE txlimit ADD COLUMN sharded boolean NOT NULL DEFAULT false;
-UPDATE txlimit AS t SET sharded = true
-WHERE EXISTS (SELECT 1 FROM txlimit AS x WHERE x.name = t.name AND x.key = t.key AND x.shard > 0);
+ALTER TABLE txlimit ADD COLUMN shards integer NOT NULL DEFAULT 1;
+UPDATE txlimit AS t SET shards = m.top + 1
+FROM (SELECT name, key, max(shard) AS top FROM txlimit GROUP BY name, key HAVING max(shard) > 0) AS m
+WHERE t.name = m.name AND t.key = m.key;
 
 -- The microseconds from ts to clock, negative when the clock is behind.
 CREATE FUNCTION txlimit_elapsed(clock timestamptz, ts timestamptz)
@@ -83,4 +87,4 @@ DROP FUNCTION txlimit_window_start(timestamptz, bigint, bigint);
 DROP FUNCTION txlimit_window_gain(bigint, float8, bigint);
 DROP FUNCTION txlimit_bucket_gain(bigint, float8, float8);
 DROP FUNCTION txlimit_elapsed(timestamptz, timestamptz);
-ALTER TABLE txlimit DROP COLUMN sharded;
+ALTER TABLE txlimit DROP COLUMN shards;

@@ -27,13 +27,13 @@ FOR UPDATE;
 -- scanned on demand without AS MATERIALIZED, which YugabyteDB before 2025.1
 -- (PostgreSQL 11) rejects; the plan is the same as with it.
 WITH from_start AS (
-    SELECT f.shard, f.value, f.prev, f.ts FROM txlimit AS f
+    SELECT f.shard, f.value, f.prev, f.ts, f.shards FROM txlimit AS f
     WHERE f.name = sqlc.arg(name) AND f.key = sqlc.arg(key) AND f.shard >= sqlc.arg(start)::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), below_start AS (
-    SELECT b.shard, b.value, b.prev, b.ts FROM txlimit AS b
+    SELECT b.shard, b.value, b.prev, b.ts, b.shards FROM txlimit AS b
     WHERE b.name = sqlc.arg(name) AND b.key = sqlc.arg(key) AND b.shard < sqlc.arg(start)::integer
     ORDER BY b.shard
     LIMIT 1
@@ -41,14 +41,14 @@ WITH from_start AS (
 )
 SELECT l.shard, l.value, l.prev, l.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
-       -- The highest shard the key has: rows written under another Shards
-       -- (a redeployed config) make the caller reshard on every row.
-       CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
-                      WHERE m.name = sqlc.arg(name) AND m.key = sqlc.arg(key)), -1) AS integer) AS top_shard
+       -- The highest shard of the locked row's layout (shards, migration
+       -- 00009): rows written under another Shards (a redeployed config)
+       -- make the caller reshard on every row.
+       l.shards - 1 AS top_shard
 FROM (
-    SELECT shard, value, prev, ts FROM from_start
+    SELECT shard, value, prev, ts, shards FROM from_start
     UNION ALL
-    SELECT shard, value, prev, ts FROM below_start
+    SELECT shard, value, prev, ts, shards FROM below_start
     LIMIT 1
 ) AS l;
 
@@ -91,8 +91,7 @@ ORDER BY t.shard;
 -- TryLockShard.
 SELECT w.shard, w.value, w.prev, w.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
-       CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
-                      WHERE m.name = sqlc.arg(name) AND m.key = sqlc.arg(key)), -1) AS integer) AS top_shard
+       w.shards - 1 AS top_shard
 FROM txlimit AS w
 WHERE w.name = sqlc.arg(name) AND w.key = sqlc.arg(key) AND w.shard = sqlc.arg(shard)
 FOR UPDATE OF w;
@@ -111,11 +110,10 @@ ORDER BY t.shard;
 -- transactions hold. DO UPDATE … WHERE false updates nothing but locks the
 -- conflicting row (DO NOTHING would pass over it unlocked), so that every
 -- lock is taken in ascending order: a transaction never holds a higher shard
--- while it waits for a lower one. The rows of a layout of several shards
--- are created sharded (migration 00009), so that the one-statement takes
--- leave the key to the Go path.
-INSERT INTO txlimit (name, key, shard, value, ts, sharded)
-SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts), sqlc.arg(shards)::integer > 1
+-- while it waits for a lower one. The rows are created with the number of
+-- shards of their layout (shards, migration 00009).
+INSERT INTO txlimit (name, key, shard, value, ts, shards)
+SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts), sqlc.arg(shards)::integer
 FROM generate_series(0, sqlc.arg(shards)::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false;
@@ -123,15 +121,14 @@ ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false;
 -- name: WriteShard :exec
 -- Stores the new state of one row the transaction holds, the only row of
 -- an unsharded limit: the rows beyond it, if any, are deleted in the same
--- transaction, so it clears sharded (migration 00009) and the next call
--- can take in one statement again.
-UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts), sharded = false
+-- transaction, so the layout is of one shard (shards, migration 00009) and
+-- the next call can take in one statement again.
+UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts), shards = 1
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 
 -- name: WriteFastShard :exec
 -- Stores the new state of one row the transaction holds: the write of the
--- sharded fast path, which takes from one shard of several and leaves
--- sharded as it is.
+-- sharded fast path, which takes from one shard of its layout.
 UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts)
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 
@@ -139,10 +136,10 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 -- Stores the new state of several rows of one (name, key) that the
 -- transaction holds. name and key are parameters of their own, not arrays:
 -- PostgreSQL then plans an index scan that the cached generic plan keeps,
--- where unnesting them too made it replan at every call. The rows belong to
--- a layout of several shards, and are marked sharded (migration 00009).
+-- where unnesting them too made it replan at every call. The rows are those
+-- of the layout, 0 to the number of shards - 1 (shards, migration 00009).
 UPDATE txlimit AS t
-SET value = u.value, prev = u.prev, ts = u.ts, sharded = true
+SET value = u.value, prev = u.prev, ts = u.ts, shards = cardinality(sqlc.arg(shards)::text::integer[])
 FROM (
     SELECT unnest(sqlc.arg(shards)::text::integer[]) AS shard,
            unnest(sqlc.arg(vals)::text::double precision[]) AS value,
@@ -168,10 +165,10 @@ WHERE (name, key, shard) IN (
 -- then key, compared byte by byte (COLLATE "C", as Go compares strings),
 -- then shard. It waits for rows other transactions hold, and since every
 -- transaction goes through the rows in the same order, none can hold a later
--- row while it waits for an earlier one. Returns the rows it created, those
--- of a layout of several shards marked sharded (migration 00009).
-INSERT INTO txlimit (name, key, shard, value, ts, sharded)
-SELECT k.name, k.key, s.shard, k.value, k.ts, k.shards > 1
+-- row while it waits for an earlier one. Returns the rows it created, each
+-- with the number of shards of its layout (shards, migration 00009).
+INSERT INTO txlimit (name, key, shard, value, ts, shards)
+SELECT k.name, k.key, s.shard, k.value, k.ts, k.shards
 FROM (
     SELECT unnest(sqlc.arg(names)::text::text[]) AS name,
            unnest(sqlc.arg(keys)::text::text[]) AS key,
@@ -244,8 +241,8 @@ FOR UPDATE OF t SKIP LOCKED;
 -- DeleteShards, which take arrays of keys. LimitAll then runs InsertKeyShards
 -- for every key and LockShards for every key, both in the canonical order,
 -- and so takes its locks in the order InsertKeys and LockKeys take them.
-INSERT INTO txlimit (name, key, shard, value, ts, sharded)
-SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts), sqlc.arg(shards)::integer > 1
+INSERT INTO txlimit (name, key, shard, value, ts, shards)
+SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts), sqlc.arg(shards)::integer
 FROM generate_series(0, sqlc.arg(shards)::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
@@ -269,7 +266,7 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY (sqlc.arg(sh
 -- name: ProbeTable :exec
 -- Reads no row, but fails when the table or one of its columns is missing:
 -- the check behind Limiter.Ping.
-SELECT name, key, shard, value, prev, ts, sharded FROM txlimit LIMIT 0;
+SELECT name, key, shard, value, prev, ts, shards FROM txlimit LIMIT 0;
 
 -- name: TakeBucket :one
 -- One admitted call of a token bucket that is not a reservation, in one
@@ -279,7 +276,7 @@ SELECT name, key, shard, value, prev, ts, sharded FROM txlimit LIMIT 0;
 -- operation for operation: TestTakeRowMatchesAlgo holds the rows it writes
 -- to algo). It returns the new state and the clock, or no row when the call
 -- is not granted, when the stored value is not finite, or when the key's
--- rows are a sharded layout (sharded, migration 00009: rows beyond shard 0,
+-- rows are a sharded layout (shards, migration 00009: rows beyond shard 0,
 -- written under a sharded config, to be pooled); all of those are left to
 -- the store's Go path, and nothing is written. The conflicting row is then
 -- locked all the same (ON CONFLICT locks it before its WHERE is evaluated),
@@ -324,7 +321,7 @@ ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8),
                                sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
     ts = txlimit_bucket_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts))
-WHERE (NOT t.sharded AND t.value <= 1e300
+WHERE (t.shards = 1 AND t.value <= 1e300
        AND t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8) >= sqlc.arg(fits_at)::float8) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
 
@@ -343,7 +340,7 @@ SET value = txlimit_kept(least(t.value + txlimit_window_gain(txlimit_elapsed(COA
                                sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
     ts = txlimit_window_start(t.ts, txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts),
                               sqlc.arg(period)::bigint)
-WHERE (NOT t.sharded AND t.value <= 1e300
+WHERE (t.shards = 1 AND t.value <= 1e300
        AND t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint) >= sqlc.arg(fits_at)::float8) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
 
@@ -362,7 +359,7 @@ SET value = greatest(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESC
                     CASE WHEN t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8) >= sqlc.arg(fits_at)::float8
                          THEN 0 ELSE CAST('-Infinity' AS float8) END),
     ts = txlimit_bucket_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts))
-WHERE (NOT t.sharded AND t.value BETWEEN -1e300 AND 1e300
+WHERE (t.shards = 1 AND t.value BETWEEN -1e300 AND 1e300
        AND t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8) >= sqlc.arg(debt_at)::float8
        AND (t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8) >= sqlc.arg(fits_at)::float8
             OR txlimit_wait_short(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8),
@@ -385,7 +382,7 @@ SET value = greatest(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESC
                          THEN 0 ELSE CAST('-Infinity' AS float8) END),
     ts = txlimit_window_start(t.ts, txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts),
                               sqlc.arg(period)::bigint)
-WHERE (NOT t.sharded AND t.value BETWEEN -1e300 AND 1e300
+WHERE (t.shards = 1 AND t.value BETWEEN -1e300 AND 1e300
        AND t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint) >= sqlc.arg(debt_at)::float8
        AND (t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint) >= sqlc.arg(fits_at)::float8
             OR txlimit_wait_bounded(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint),
