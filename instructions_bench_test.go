@@ -31,7 +31,9 @@ import (
 // Subjects: empty-tx (BEGIN; COMMIT), floor (the hand-written SELECT … FOR
 // UPDATE, then UPDATE), and LimitTx on a token bucket, a fixed window, a
 // reservation, the locked Go path (a Period above 2^53 µs keeps a limit off
-// the one-statement path), a limit over 4 shards, and an escrow limit
+// the one-statement path), a limit over 4 shards; commit, the token bucket
+// taken at commit (BeginFunc: BEGIN; the take and COMMIT in one pipeline);
+// and an escrow limit
 // (escrow: the call's own work, on the caller's backend and on the store's,
 // whose one connection debits; escrow-settled: the same with Settle after
 // the run, so that the cost of settling each call is in the count).
@@ -73,7 +75,7 @@ func BenchmarkServerInstructions(b *testing.B) {
 			return ok, err
 		}
 	}
-	subjects := []string{"empty-tx", "floor", "bucket", "window", "reserve", "locked", "sharded", "escrow", "escrow-settled"}
+	subjects := []string{"empty-tx", "floor", "bucket", "window", "reserve", "locked", "sharded", "commit", "escrow", "escrow-settled"}
 	if only := os.Getenv("TXLIMIT_CALLGRIND_SUBJECTS"); only != "" {
 		// A comma-separated list, to count some subjects only (each takes
 		// about ten seconds under callgrind).
@@ -121,6 +123,11 @@ func BenchmarkServerInstructions(b *testing.B) {
 			op = func() (bool, error) { return pgFloor(ctx, pool, "k") }
 		case "escrow-settled":
 			op = limit(pool, l, "escrow")
+		case "commit":
+			op = func() (bool, error) {
+				res, err := l.BeginFunc(ctx, func(pgx.Tx) error { return nil }, txlimit.Request{Name: "bucket", Key: "k"})
+				return res.OK, err
+			}
 		default:
 			op = limit(pool, l, s)
 		}
