@@ -641,7 +641,12 @@ type TakeBucketRow struct {
 // anew at each execution (BenchmarkServerInstructions counts them), which
 // is why it takes the period as a float8, tests only the upper bound of the
 // stored value (a value below -1e300, or -Inf, refills to no grant without
-// overflowing), and reads the clock of the refill from the proposed row.
+// overflowing), reads the clock of the refill from the proposed row, and
+// decides by comparing the refilled value, before the cap, with fits_at:
+// the least value for which algo's test (the capped value minus the count,
+// within algo's tolerance) grants, which the store finds in Go
+// (pgproto.leastGranting; every operation of that test rounds
+// monotonically, so the comparison decides as the test does).
 //
 // The clock is statement_timestamp(), the server's time at the call, stable
 // within the statement so that every use reads the same instant, or the
@@ -713,8 +718,11 @@ type TakeBucketReserveRow struct {
 // TakeBucket for a reservation: the call fits, or it is granted as a debt
 // within max_reserved (0: no cap) whose wait is surely below 2e15 µs
 // (txlimit_wait_short; a longer one is left to the Go path, which refuses
-// waits a Decision cannot hold). It tests both bounds of the stored value:
-// a debt's wait divides by the rate, which could overflow.
+// waits a Decision cannot hold). debt_at is fits_at for the debt's test
+// (-Infinity without a cap); a call that fits keeps no debt (the value is
+// floored at 0), one that does not keeps its debt. It tests both bounds of
+// the stored value: a debt's wait divides by the rate, which could
+// overflow.
 func (q *Queries) TakeBucketReserve(ctx context.Context, db DBTX, arg TakeBucketReserveParams) (TakeBucketReserveRow, error) {
 	row := db.QueryRow(ctx, TakeBucketReserve,
 		arg.Name,

@@ -173,11 +173,11 @@ func leastGranting(c algo.Config, target float64) float64 {
 	// order is theirs (negative values mirrored; -0 and +0 are both 0,
 	// which the test cannot tell apart).
 	order := func(f float64) int64 {
-		if b := math.Float64bits(f); b>>63 == 1 {
+		b := math.Float64bits(f)
+		if b>>63 == 1 {
 			return -int64(b &^ (1 << 63))
-		} else {
-			return int64(b)
 		}
+		return int64(b)
 	}
 	value := func(o int64) float64 {
 		if o < 0 {
