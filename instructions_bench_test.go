@@ -31,7 +31,9 @@ import (
 // Subjects: empty-tx (BEGIN; COMMIT), floor (the hand-written SELECT … FOR
 // UPDATE, then UPDATE), and LimitTx on a token bucket, a fixed window, a
 // reservation, the locked Go path (a Period above 2^53 µs keeps a limit off
-// the one-statement path) and a limit over 4 shards.
+// the one-statement path), a limit over 4 shards, and commit, the token
+// bucket taken at commit (Commit: BEGIN; the take and COMMIT in one
+// pipeline).
 func BenchmarkServerInstructions(b *testing.B) {
 	dir := os.Getenv("TXLIMIT_CALLGRIND")
 	if dir == "" {
@@ -69,7 +71,7 @@ func BenchmarkServerInstructions(b *testing.B) {
 			return ok, err
 		}
 	}
-	subjects := []string{"empty-tx", "floor", "bucket", "window", "reserve", "locked", "sharded"}
+	subjects := []string{"empty-tx", "floor", "bucket", "window", "reserve", "locked", "sharded", "commit"}
 	if only := os.Getenv("TXLIMIT_CALLGRIND_SUBJECTS"); only != "" {
 		// A comma-separated list, to count some subjects only (each takes
 		// about ten seconds under callgrind).
@@ -99,6 +101,11 @@ func BenchmarkServerInstructions(b *testing.B) {
 			op = func() (bool, error) { return true, pgx.BeginFunc(ctx, pool, func(pgx.Tx) error { return nil }) }
 		case "floor":
 			op = func() (bool, error) { return pgFloor(ctx, pool, "k") }
+		case "commit":
+			op = func() (bool, error) {
+				res, err := l.Commit(ctx, func(pgx.Tx) error { return nil }, txlimit.Request{Name: "bucket", Key: "k"})
+				return res.OK, err
+			}
 		default:
 			op = limit(pool, l, s)
 		}

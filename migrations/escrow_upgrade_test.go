@@ -187,6 +187,15 @@ func (e *escrowDB) version() int64 {
 	return v
 }
 
+// latest is the version of the last migration, which Up reaches.
+func (e *escrowDB) latest() int64 {
+	e.t.Helper()
+	p, err := migrations.Provider(e.db, migrations.Postgres)
+	require.NoError(e.t, err)
+	sources := p.ListSources()
+	return sources[len(sources)-1].Version
+}
+
 // up runs migrations.Up in a goroutine, as an application starting with
 // the new version would.
 func (e *escrowDB) up() <-chan error {
@@ -363,7 +372,7 @@ func TestEscrowUpgradeSettlesPendingCalls(t *testing.T) {
 	}
 	require.Len(t, e.rows(), 6, "no row for orders/initech: a refund to a missing row is dropped")
 	require.Empty(t, e.escrowTables())
-	require.EqualValues(t, 8, e.version())
+	require.EqualValues(t, e.latest(), e.version())
 
 	before := e.rows()
 	p, err := migrations.Provider(e.db, migrations.Postgres)

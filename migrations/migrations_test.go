@@ -39,7 +39,7 @@ func TestUpDownAndVersionTable(t *testing.T) {
 		version int64
 	}{
 		{migrations.SQLite, sqliteDB, goose.DialectSQLite3, 2},      // 2: the sliding window's prev
-		{migrations.Postgres, postgresDB, goose.DialectPostgres, 8}, // 2: escrow mode's tables, 3: the arithmetic's functions, 4: prev, 5: txlimit_deny, 6: fillfactor, 7: no shard checks, 8: escrow's tables settled and dropped
+		{migrations.Postgres, postgresDB, goose.DialectPostgres, 9}, // 2: escrow mode's tables, 3: the arithmetic's functions, 4: prev, 5: txlimit_deny, 6: fillfactor, 7: no shard checks, 8: escrow's tables settled and dropped, 9: shards and the lean takes' functions
 	} {
 		t.Run(string(tc.dialect), func(t *testing.T) {
 			db := tc.open(t)

@@ -31,7 +31,7 @@ import (
 //
 // It lives here rather than in queries/sqlite because sqlc's SQLite grammar
 // rejects it (a CTE before INSERT … SELECT, nested derived tables); the
-// PostgreSQL statements (TakeBucket, TakeWindow, TakeReserve in
+// PostgreSQL statements (TakeBucket, TakeWindow, TakeBucketReserve in
 // queries/postgres) are sqlc's. Its first
 // line names it as sqlc names the others.
 const takeRowSQL = `-- name: TakeRow :one

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlimit/txlimit"
-	"github.com/txlimit/txlimit/internal/testkit/benchfloor"
 	"github.com/txlimit/txlimit/pgstore"
 )
 
@@ -85,12 +84,12 @@ func (s pgCommit) limiter(spec limitSpec) (*txlimit.Limiter[pgx.Tx], error) {
 	return got.(*txlimit.Limiter[pgx.Tx]), nil
 }
 
-func (s pgCommit) newClient(_ context.Context, spec limitSpec, key string, business bool) (client, error) {
+func (s pgCommit) newClient(_ context.Context, spec limitSpec, key string, w work) (client, error) {
 	l, err := s.limiter(spec)
 	if err != nil {
 		return nil, err
 	}
-	return &commitClient{l: l, req: txlimit.Request{Name: spec.Name, Key: key}, business: business}, nil
+	return &commitClient{l: l, req: txlimit.Request{Name: spec.Name, Key: key}, work: newPgWork(w, key)}, nil
 }
 
 // value is the limit's tokens with those parked in the Limiter's lease,
@@ -105,9 +104,9 @@ func (s pgCommit) value(ctx context.Context, spec limitSpec, key string) (float6
 }
 
 type commitClient struct {
-	l        *txlimit.Limiter[pgx.Tx]
-	req      txlimit.Request
-	business bool
+	l    *txlimit.Limiter[pgx.Tx]
+	req  txlimit.Request
+	work *pgWork
 }
 
 // take is one business transaction. Its step is the time from the end of
@@ -116,10 +115,8 @@ type commitClient struct {
 func (c *commitClient) take(ctx context.Context) (call, error) {
 	var workDone time.Time
 	_, err := c.l.Commit(ctx, func(tx pgx.Tx) error {
-		if c.business {
-			if _, err := tx.Exec(ctx, benchfloor.PGBusinessInsert, c.req.Key, 1); err != nil {
-				return err
-			}
+		if err := c.work.do(ctx, tx); err != nil {
+			return err
 		}
 		workDone = time.Now()
 		return nil
@@ -134,12 +131,13 @@ func (c *commitClient) take(ctx context.Context) (call, error) {
 func (c *commitClient) close() {}
 
 // pgBatch is the business transaction through pgstore.SendBatch: BEGIN,
-// one batch of the take and the INSERT of an order, COMMIT (a denial has
-// rolled the transaction back). Each client holds a connection of its own
-// for the run, as LimitTx's do.
+// one batch of the take and the work's first statement (the INSERT of an
+// order; the tpcb-like transaction's UPDATE of its account), the rest of
+// the work, COMMIT (a denial has rolled the transaction back). Each client
+// holds a connection of its own for the run, as LimitTx's do.
 type pgBatch struct{ p *pgPool }
 
-func (s pgBatch) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
+func (s pgBatch) newClient(ctx context.Context, spec limitSpec, key string, w work) (client, error) {
 	l, err := newLimiter(pgstore.New(s.p.pool), spec, nil)
 	if err != nil {
 		return nil, err
@@ -148,7 +146,7 @@ func (s pgBatch) newClient(ctx context.Context, spec limitSpec, key string, busi
 	if err != nil {
 		return nil, err
 	}
-	return &batchClient{conn: conn, l: l, req: txlimit.Request{Name: spec.Name, Key: key}, business: business}, nil
+	return &batchClient{conn: conn, l: l, req: txlimit.Request{Name: spec.Name, Key: key}, work: newPgWork(w, key)}, nil
 }
 
 func (s pgBatch) value(ctx context.Context, spec limitSpec, key string) (float64, error) {
@@ -156,15 +154,15 @@ func (s pgBatch) value(ctx context.Context, spec limitSpec, key string) (float64
 }
 
 type batchClient struct {
-	conn     *pgxpool.Conn
-	l        *txlimit.Limiter[pgx.Tx]
-	req      txlimit.Request
-	business bool
+	conn *pgxpool.Conn
+	l    *txlimit.Limiter[pgx.Tx]
+	req  txlimit.Request
+	work *pgWork
 }
 
 // take is one business transaction. Its step is SendBatch: the take and
-// the INSERT in one round trip, where the other subjects' step leaves the
-// INSERT out.
+// the work's first statement in one round trip, where the other subjects'
+// step leaves the work out.
 func (c *batchClient) take(ctx context.Context) (call, error) {
 	tx, err := c.conn.Begin(ctx)
 	if err != nil {
@@ -172,9 +170,7 @@ func (c *batchClient) take(ctx context.Context) (call, error) {
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	b := &pgx.Batch{}
-	if c.business {
-		b.Queue(benchfloor.PGBusinessInsert, c.req.Key, 1)
-	}
+	then := c.work.batched(b)
 	start := time.Now()
 	_, err = pgstore.SendBatch(ctx, c.l, tx, b, c.req)
 	r := call{ok: err == nil, step: time.Since(start)}
@@ -182,6 +178,9 @@ func (c *batchClient) take(ctx context.Context) (call, error) {
 	case errors.Is(err, txlimit.ErrRateLimited):
 		return r, nil
 	case err != nil:
+		return r, err
+	}
+	if err := then(ctx, tx); err != nil {
 		return r, err
 	}
 	return r, tx.Commit(ctx)
@@ -208,7 +207,7 @@ func (s redisRate) limit(spec limitSpec) (redis_rate.Limit, error) {
 	return redis_rate.Limit{Rate: 1, Burst: int(spec.Capacity), Period: time.Duration(float64(spec.Period) / spec.Rate)}, nil
 }
 
-func (s redisRate) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
+func (s redisRate) newClient(ctx context.Context, spec limitSpec, key string, w work) (client, error) {
 	lim, err := s.limit(spec)
 	if err != nil {
 		return nil, err
@@ -219,7 +218,7 @@ func (s redisRate) newClient(ctx context.Context, spec limitSpec, key string, bu
 	}
 	rc := s.env.rdb.Conn()
 	limiter, k := redis_rate.NewLimiter(rc), s.env.key(spec, key)
-	c := newPgClient(conn, key, business, func(ctx context.Context, _ pgx.Tx) (bool, error) {
+	c := newPgClient(conn, key, w, func(ctx context.Context, _ pgx.Tx) (bool, error) {
 		res, err := limiter.Allow(ctx, k, lim)
 		if err != nil {
 			return false, err

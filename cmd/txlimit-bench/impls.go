@@ -76,12 +76,17 @@ func (s saturation) String() string {
 }
 
 func always(scenario) bool        { return true }
-func businessHot(s scenario) bool { return s.business && s.hot && s.shards <= 1 }
-func inBusiness(s scenario) bool  { return s.business }
+func businessHot(s scenario) bool { return s.work == orderWork && s.hot && s.shards <= 1 }
+func inBusiness(s scenario) bool  { return s.business() }
+
+// notTpcb: the tpcb-like scenarios measure no limit, txlimit's modes on
+// pgstore and the Redis limiters, the rest of the subjects only the others.
+func notTpcb(s scenario) bool { return s.work != tpcbWork }
 
 // notBusinessHot leaves out the hot key inside a business transaction,
-// which measures the answers for a hot key against the floor and Redis.
-func notBusinessHot(s scenario) bool { return !s.business || !s.hot }
+// which measures the answers for a hot key against the floor and Redis,
+// and the tpcb-like scenarios.
+func notBusinessHot(s scenario) bool { return s.work == noWork || s.work == orderWork && !s.hot }
 
 // businessChecks are the token bucket's checks, in the business scenarios.
 func businessChecks(s scenario) []saturation {
@@ -97,7 +102,7 @@ func bucketChecks(scenario) []saturation { return []saturation{frozenExact, real
 // unpooledFloorChecks leaves the sharded floor out: it does not pool its
 // rows, so it cannot admit exactly the limit.
 func unpooledFloorChecks(s scenario) []saturation {
-	if s.shards > 1 {
+	if s.shards > 1 || !notTpcb(s) {
 		return nil
 	}
 	return bucketChecks(s)
@@ -113,9 +118,11 @@ type pgConns struct {
 // pgImpls are the implementations measured on PostgreSQL.
 func pgImpls(withRedis bool) []impl[*pgConns] {
 	impls := []impl[*pgConns]{
-		{name: implNone, runs: func(s scenario) bool { return s.business && !s.hot }, checks: nil, unlimited: true,
+		// No limit: on distinct keys, which is where the key does not
+		// matter, and in tpcb-hot, whose transaction draws its account.
+		{name: implNone, runs: func(s scenario) bool { return s.business() && (!s.hot || s.work == tpcbWork) }, checks: nil, unlimited: true,
 			open: func(c *pgConns) subject { return pgNone{c.pg} }},
-		{name: implFloor, runs: always, checks: unpooledFloorChecks,
+		{name: implFloor, runs: notTpcb, checks: unpooledFloorChecks,
 			open: func(c *pgConns) subject { return pgFloor{c.pg} }},
 		{name: implTxlimit, runs: always, checks: bucketChecks,
 			open: func(c *pgConns) subject { return pgLimit{p: c.pg, store: pgstore.New(c.pg.pool)} }},

@@ -38,7 +38,22 @@
 //     key, measured for the floor (on that one row), txlimit,
 //     txlimit/shards16 (LimitTx on the key spread over 16 shards),
 //     txlimit/commit, txlimit/commit+lease, txlimit/batch, Redis and
-//     redis_rate: the answers for a hot key (docs/hot-keys.md).
+//     redis_rate: the answers for a hot key (docs/hot-keys.md);
+//   - tpcb and tpcb-hot: pgbench's built-in tpcb-like transaction (UPDATE
+//     an account, SELECT its balance, UPDATE a teller, UPDATE the branch,
+//     INSERT a history row) on pgbench's tables at scale 1, created in the
+//     bench's schema (pgbench_branches, _tellers, _accounts, _history; the
+//     pgbench binary is not needed), followed by the limit step: a heavier
+//     and standard transaction beside the minimal one. tpcb has a limit
+//     per account, each client on an account of its own (distinct keys);
+//     tpcb-hot a limit per branch, every client on the one branch's key
+//     (one hot key), each transaction on a random account as pgbench's.
+//     At scale 1 every transaction updates the one branch row, so the
+//     clients queue on it whatever the limit. Measured for none, txlimit
+//     (LimitTx after the work), txlimit/commit, txlimit/commit+lease,
+//     txlimit/batch (the take ahead of the account's UPDATE in one batch,
+//     the rest of the work after it), redis and redis_rate, with the
+//     ratios to none and to redis_rate;
 //
 // The first three measure the floor and txlimit. Each operation is one
 // transaction that takes one token: for txlimit pgx.BeginFunc around

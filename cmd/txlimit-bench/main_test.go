@@ -82,11 +82,12 @@ func TestQuickRun(t *testing.T) {
 	// and txlimit/pgsqlstore in 5 scenarios (distinct, hot, 3 shard
 	// counts), the business scenario with none, floor, both txlimit
 	// stores, txlimit/commit with and without a lease, txlimit/batch,
-	// redis and redis_rate, and business-hot with floor, txlimit,
+	// redis and redis_rate, business-hot with floor, txlimit,
 	// txlimit/shards16, both txlimit/commit, txlimit/batch, redis and
-	// redis_rate; on SQLite, at 2, the floor and txlimit in distinct and
-	// hot.
-	const pgRows, sqliteRows = (5*3 + 9 + 8) * 3, 2 * 2 * 2
+	// redis_rate, and tpcb and tpcb-hot each with none, txlimit, both
+	// txlimit/commit, txlimit/batch, redis and redis_rate; on SQLite, at
+	// 2, the floor and txlimit in distinct and hot.
+	const pgRows, sqliteRows = (5*3 + 9 + 8 + 2*7) * 3, 2 * 2 * 2
 	require.Len(t, rep.Rows, pgRows+sqliteRows)
 	impls := map[string]int{}
 	for _, r := range rep.Rows {
@@ -94,11 +95,20 @@ func TestQuickRun(t *testing.T) {
 		impls[r.DB+" "+r.Impl]++
 		require.Positive(t, r.OpsPerSec, what)
 		require.Len(t, r.Runs, 1)
-		require.Equal(t, strings.HasPrefix(r.Scenario, "business"), r.Business, what)
-		if r.Impl != implFloor {
+		tpcb := strings.HasPrefix(r.Scenario, "tpcb")
+		require.Equal(t, strings.HasPrefix(r.Scenario, "business") || tpcb, r.Business, what)
+		if r.Impl != implFloor && !tpcb {
 			require.Positive(t, r.VsFloor, "%s has a floor to compare with", what)
 		}
-		if strings.HasPrefix(r.Scenario, "hot") || r.Scenario == "business-hot" {
+		if tpcb && r.Impl != implNone {
+			require.Positive(t, r.VsNone, "%s is compared with no limit", what)
+		}
+		if tpcb && r.Impl != implRedisRate {
+			require.Positive(t, r.VsRedisRate, "%s is compared with redis_rate", what)
+		}
+		// txlimit/shards16 runs on the hot key only: it has no distinct keys
+		// to compare with.
+		if (strings.HasPrefix(r.Scenario, "hot") || strings.HasSuffix(r.Scenario, "-hot")) && r.Impl != implShards16 {
 			require.Positive(t, r.VsDistinct, "%s is compared with distinct keys", what)
 		} else {
 			require.Zero(t, r.VsDistinct, what)
@@ -128,33 +138,38 @@ func TestQuickRun(t *testing.T) {
 		if r.DB != "postgres" {
 			continue
 		}
-		// Round trips per call, BEGIN, the business INSERT and COMMIT
+		// Round trips per call, BEGIN, the work (the business INSERT, or
+		// the tpcb-like transaction's five statements) and COMMIT
 		// included. txlimit's own count is TestRoundTrips's to pin (in
 		// the root module): here only that it sends at least one.
 		business := 0.0
-		if r.Business {
+		switch {
+		case tpcb:
+			business = 5
+		case r.Business:
 			business = 1
 		}
 		switch {
 		case r.Impl == implNone:
-			require.Equal(t, 3.0, r.RoundTrips, what)
+			require.Equal(t, 2+business, r.RoundTrips, what)
 		case r.Impl == implCommit:
-			// BEGIN, the INSERT, and the take with the COMMIT: the round
+			// BEGIN, the work, and the take with the COMMIT: the round
 			// trips of the transaction with no limit.
-			require.Equal(t, 3.0, r.RoundTrips, what)
+			require.Equal(t, 2+business, r.RoundTrips, what)
 		case r.Impl == implBatch:
-			// BEGIN, the take and the INSERT in one batch, COMMIT: the
-			// round trips of the transaction with no limit.
-			require.Equal(t, 3.0, r.RoundTrips, what)
+			// BEGIN, the take and the work's first statement in one
+			// batch, the rest of the work, COMMIT: the round trips of the
+			// transaction with no limit.
+			require.Equal(t, 2+business, r.RoundTrips, what)
 		case r.Impl == implCommitLease:
-			// BEGIN, the INSERT, COMMIT, and a lease's own short
+			// BEGIN, the work, COMMIT, and a lease's own short
 			// transaction once every 64 calls.
-			require.GreaterOrEqual(t, r.RoundTrips, 3.0, what)
-			require.Less(t, r.RoundTrips, 3.5, what)
+			require.GreaterOrEqual(t, r.RoundTrips, 2+business, what)
+			require.Less(t, r.RoundTrips, 2.5+business, what)
 		case r.Impl == implRedis || r.Impl == implRedisRate:
 			// EVALSHA; a SCRIPT FLUSH by another user of the shared Redis
 			// would add one EVAL per connection.
-			require.InDelta(t, 4.0, r.RoundTrips, 0.05, what)
+			require.InDelta(t, 3+business, r.RoundTrips, 0.05, what)
 		case r.Impl == implFloor && r.Shards == 1:
 			require.Equal(t, 4.0+business, r.RoundTrips, what)
 		case r.Impl == implFloor:
@@ -165,21 +180,22 @@ func TestQuickRun(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]int{
-		"postgres none": 3, "postgres floor": 7 * 3, "postgres txlimit": 7 * 3, "postgres txlimit/pgsqlstore": 6 * 3,
-		"postgres txlimit/shards16": 3, "postgres redis": 2 * 3, "postgres txlimit/commit": 2 * 3, "postgres txlimit/commit+lease": 2 * 3, "postgres txlimit/batch": 2 * 3, "postgres redis_rate": 2 * 3,
+		"postgres none": 3 * 3, "postgres floor": 7 * 3, "postgres txlimit": 9 * 3, "postgres txlimit/pgsqlstore": 6 * 3,
+		"postgres txlimit/shards16": 3, "postgres redis": 4 * 3, "postgres txlimit/commit": 4 * 3,
+		"postgres txlimit/commit+lease": 4 * 3, "postgres txlimit/batch": 4 * 3, "postgres redis_rate": 4 * 3,
 		"sqlite floor": 4, "sqlite txlimit": 4,
 	}, impls)
 
 	// One all-admitted check per timed run but none's; the saturating
 	// checks at the largest client count: exact and bounded for the floor
 	// (4 scenarios: the sharded floor, which does not pool, left out),
-	// txlimit (7), txlimit/pgsqlstore (6: not business-hot),
-	// txlimit/shards16 (business-hot), txlimit/commit and txlimit/batch
-	// (business and business-hot),
-	// window for Redis in distinct, hot, business and business-hot,
-	// bounded for redis_rate in business and business-hot.
-	const timed = pgRows + sqliteRows - 3
-	const saturating = 2*(4+7+6+1+2+2+2) + 4 + 2 + 2*2*2
+	// txlimit (9), txlimit/pgsqlstore (6: not business-hot, not tpcb),
+	// txlimit/shards16 (business-hot), txlimit/commit with and without a
+	// lease and txlimit/batch (business, business-hot, tpcb, tpcb-hot),
+	// window for Redis in distinct, hot, business, business-hot, tpcb and
+	// tpcb-hot, bounded for redis_rate in the four business scenarios.
+	const timed = pgRows + sqliteRows - 3*3
+	const saturating = 2*(4+9+6+1+4+4+4) + 6 + 4 + 2*2*2
 	require.Len(t, rep.Checks, timed+saturating)
 	kinds := map[string]int{}
 	for _, c := range rep.Checks {
@@ -187,9 +203,9 @@ func TestQuickRun(t *testing.T) {
 		kind, _, _ := strings.Cut(c.Name, "/")
 		kinds[kind]++
 	}
-	require.Equal(t, 4, kinds["window"], "Redis takes the window check in distinct, hot, business and business-hot")
-	require.Equal(t, 4+7+6+1+2+2+2+2*2, kinds["exact"], "the floor (4 scenarios), txlimit (7), txlimit/pgsqlstore (6), txlimit/shards16 (1), both txlimit/commit and txlimit/batch (2 each), SQLite's two (2 each)")
-	require.Equal(t, 4+7+6+1+2+2+2+2+2*2, kinds["bounded"], "as exact, and redis_rate (2)")
+	require.Equal(t, 6, kinds["window"], "Redis takes the window check in distinct, hot and the four business scenarios")
+	require.Equal(t, 4+9+6+1+4+4+4+2*2, kinds["exact"], "the floor (4 scenarios), txlimit (9), txlimit/pgsqlstore (6), txlimit/shards16 (1), both txlimit/commit and txlimit/batch (4 each), SQLite's two (2 each)")
+	require.Equal(t, 4+9+6+1+4+4+4+4+2*2, kinds["bounded"], "as exact, and redis_rate (4)")
 	for _, kind := range []string{"exact", "bounded"} {
 		require.True(t, slices.ContainsFunc(rep.Checks, func(c check) bool { return c.Name == kind+"/postgres/business-hot/txlimit/shards16/c32" }),
 			"txlimit/shards16 takes the %s check in business-hot", kind)
@@ -198,8 +214,9 @@ func TestQuickRun(t *testing.T) {
 	// Distinct keys at 3 client counts, the 16-shard key at 32, the limit
 	// step against Redis at 3; the take at commit against redis_rate at 3
 	// and no limit at 1, and on the hot key with a lease against
-	// redis_rate and its distinct keys at 8 and 32.
-	require.Len(t, rep.Targets, 7+4+4)
+	// redis_rate and its distinct keys at 8 and 32; txlimit's four exact
+	// modes against no limit in tpcb and tpcb-hot at 1 and 8.
+	require.Len(t, rep.Targets, 7+4+4+4*2*2)
 	for _, target := range rep.Targets {
 		if strings.Contains(target.Name, "16 shards") {
 			require.Positive(t, target.FloorGot, "the shards target shows what the floor reaches")
@@ -290,7 +307,7 @@ type memClient struct {
 	key  string
 }
 
-func (m *memory) newClient(_ context.Context, spec limitSpec, key string, _ bool) (client, error) {
+func (m *memory) newClient(_ context.Context, spec limitSpec, key string, _ work) (client, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.bucket(spec, key)
@@ -484,7 +501,7 @@ func TestRedisLimit(t *testing.T) {
 
 	hot := scenario{name: "hot", hot: true, shards: 1}.keys(16)
 	spec := windowSpec("window/hot")
-	st, err := drive(ctx, subj, spec, workload{keys: hot, maxOps: 10 * exactCapacity, business: true})
+	st, err := drive(ctx, subj, spec, workload{keys: hot, maxOps: 10 * exactCapacity, work: orderWork})
 	require.NoError(t, err)
 	c := checkWindow(spec.Name, spec, st, map[string]int{"hot": subj.windows(spec, "hot")})
 	require.True(t, c.OK, c.Detail)
@@ -505,7 +522,7 @@ func TestRedisLimit(t *testing.T) {
 	require.LessOrEqual(t, p.trace.redis.Load(), st.ops+16+2*int64(len(hot))+2, "EVALSHA per call, TIME per client and value read")
 
 	// An injected clock cannot drive Redis's.
-	_, err = subj.newClient(ctx, exactSpec("frozen", 1), "k", false)
+	_, err = subj.newClient(ctx, exactSpec("frozen", 1), "k", noWork)
 	require.ErrorContains(t, err, "Redis's clock")
 
 	pattern := rds.pattern()

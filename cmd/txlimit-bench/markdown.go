@@ -40,7 +40,11 @@ func (r *Report) markdown() string {
 		"limit, the ceiling; *redis* is seed 003's fixed-window Lua script (`TIME`, `INCR`, `EXPIRE` in one `EVALSHA`) as the step, " +
 		"*redis_rate* github.com/go-redis/redis_rate/v10 (GCRA, one `EVALSHA`); *txlimit/commit* is `Limiter.Commit`, the take " +
 		"sent with the COMMIT in one pipeline (its step: the takes and the COMMIT); *txlimit/batch* is `pgstore.SendBatch`, " +
-		"the take queued ahead of the INSERT in one batch (its step: the take and the INSERT).\n\n")
+		"the take queued ahead of the INSERT in one batch (its step: the take and the INSERT). *tpcb* is pgbench's built-in " +
+		"tpcb-like transaction at scale 1 on pgbench's tables (`UPDATE` an account, `SELECT` its balance, `UPDATE` a teller, " +
+		"`UPDATE` the one branch, `INSERT` a history row; then the step) with a limit per account, each client its own account; " +
+		"*tpcb-hot* the same with a limit per branch, one hot key, each transaction on a random account as pgbench's; there " +
+		"*txlimit/batch* queues the take ahead of the account's `UPDATE`.\n\n")
 	p("| db | scenario | impl | clients | ops/s | spread | p50 ms | p99 ms | vs floor | vs Redis | vs redis_rate | vs none | vs hot floor | vs distinct | round trips |\n")
 	p("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, row := range r.Rows {

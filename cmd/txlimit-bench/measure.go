@@ -78,9 +78,9 @@ func newLimiter[TTx any](store driver.Store[TTx], spec limitSpec, tune func(*txl
 type subject interface {
 	// newClient opens a client of key on a connection of its own, with the
 	// key's state in place for the floor, which has no way to create it.
-	// With business set, each of the client's transactions also inserts a
-	// row of its own before the limit step, as an application does.
-	newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error)
+	// Each of the client's transactions does w before the limit step, as
+	// an application does (a subject that cannot do w says so).
+	newClient(ctx context.Context, spec limitSpec, key string, w work) (client, error)
 	// value reads the tokens of key now, once every client is closed.
 	value(ctx context.Context, spec limitSpec, key string) (float64, error)
 }
@@ -130,9 +130,9 @@ type workload struct {
 	// warmUp makes one untimed call per client first, which creates the
 	// rows and fills the connections' statement caches.
 	warmUp bool
-	// business makes every transaction write a row of its own beside the
-	// limit step (see subject.newClient).
-	business bool
+	// work is what every transaction does beside the limit step (see
+	// subject.newClient).
+	work work
 	// unlimited skips the value reads after the run: the subject has no
 	// limit to read ("none").
 	unlimited bool
@@ -173,7 +173,7 @@ func drive(ctx context.Context, s subject, spec limitSpec, w workload) (runStats
 	defer closeAll()
 	first := time.Now()
 	for _, key := range w.keys {
-		c, err := s.newClient(ctx, spec, key, w.business)
+		c, err := s.newClient(ctx, spec, key, w.work)
 		if err != nil {
 			return st, err
 		}

@@ -44,14 +44,14 @@ type mysqlEnv struct {
 func mysqlScenarios() []scenario {
 	return []scenario{
 		{name: "distinct", shards: 1}, {name: "hot", hot: true, shards: 1},
-		{name: "business", shards: 1, business: true}, {name: "business-hot", hot: true, shards: 1, business: true},
+		{name: "business", shards: 1, work: orderWork}, {name: "business-hot", hot: true, shards: 1, work: orderWork},
 	}
 }
 
 // mysqlImpls are the implementations measured on MySQL.
 func mysqlImpls() []impl[*mysqlEnv] {
 	return []impl[*mysqlEnv]{
-		{name: implNone, runs: func(s scenario) bool { return s.business && !s.hot }, unlimited: true,
+		{name: implNone, runs: func(s scenario) bool { return s.business() && !s.hot }, unlimited: true,
 			open: func(e *mysqlEnv) subject { return mysqlNone{e.db} }},
 		{name: implFloor, runs: always, checks: bucketChecks,
 			open: func(e *mysqlEnv) subject { return mysqlFloor{e.db} }},
@@ -150,7 +150,11 @@ func (b *bench) mysql(ctx context.Context, env *mysqlEnv) error {
 // mysqlNone is the business transaction with no limit.
 type mysqlNone struct{ db *sql.DB }
 
-func (s mysqlNone) newClient(ctx context.Context, _ limitSpec, key string, business bool) (client, error) {
+func (s mysqlNone) newClient(ctx context.Context, _ limitSpec, key string, w work) (client, error) {
+	business, err := orderOnly(w)
+	if err != nil {
+		return nil, err
+	}
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, err
@@ -167,7 +171,11 @@ func (mysqlNone) value(context.Context, limitSpec, string) (float64, error) {
 // transactions), the refill and decision in Go, UPDATE.
 type mysqlFloor struct{ db *sql.DB }
 
-func (s mysqlFloor) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
+func (s mysqlFloor) newClient(ctx context.Context, spec limitSpec, key string, w work) (client, error) {
+	business, err := orderOnly(w)
+	if err != nil {
+		return nil, err
+	}
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, err

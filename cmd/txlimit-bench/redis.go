@@ -170,7 +170,7 @@ type redisLimit struct {
 	p   *pgPool
 }
 
-func (s redisLimit) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
+func (s redisLimit) newClient(ctx context.Context, spec limitSpec, key string, wk work) (client, error) {
 	switch {
 	case spec.Clock != nil:
 		return nil, errors.New("the Redis limiter reads Redis's clock: it cannot run on an injected one")
@@ -193,7 +193,7 @@ func (s redisLimit) newClient(ctx context.Context, spec limitSpec, key string, b
 	}
 	rc := s.env.rdb.Conn()
 	keys, args := []string{k}, []any{windowSeconds(spec), int64(spec.Capacity)}
-	c := newPgClient(conn, key, business, func(ctx context.Context, _ pgx.Tx) (bool, error) {
+	c := newPgClient(conn, key, wk, func(ctx context.Context, _ pgx.Tx) (bool, error) {
 		res, err := s.env.script.Run(ctx, rc, keys, args...).Int64Slice()
 		if err != nil {
 			return false, err

@@ -163,11 +163,14 @@ func writeTable(w io.Writer, rep *Report) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\nbusiness: each client its own key, and every transaction inserts an order beside its limit step: BEGIN; INSERT; step; COMMIT.")
+	fmt.Fprintln(w, "tpcb: pgbench's tpcb-like transaction (UPDATE an account, SELECT it, UPDATE a teller, UPDATE the branch, INSERT history) at scale 1,")
+	fmt.Fprintln(w, "  then the step; a limit per account (each client its own account); tpcb-hot: a limit per branch, one hot key (random accounts).")
 	fmt.Fprintln(w, "none: that transaction with no limit at all, the ceiling. redis: seed 003's fixed-window Lua script (EVALSHA) as the step.")
 	fmt.Fprintln(w, "vs floor: this / the hand-written floor, same scenario (for hot-shards a sharded floor that does not pool) and clients.")
 	fmt.Fprintln(w, "vs redis: this / the business transaction with the Redis limiter, same clients. vs redis_rate: the same with redis_rate (GCRA) beside it.")
 	fmt.Fprintln(w, "vs none: this / the business transaction with no limit, same clients. txlimit/commit: Limiter.Commit, the take riding the COMMIT.")
-	fmt.Fprintln(w, "txlimit/batch: pgstore.SendBatch, the take queued ahead of the INSERT in one batch (its step: the take and the INSERT).")
+	fmt.Fprintln(w, "txlimit/batch: pgstore.SendBatch, the take queued ahead of the INSERT in one batch (its step: the take and the INSERT);")
+	fmt.Fprintln(w, "  in tpcb ahead of the account's UPDATE, the rest of the transaction after it.")
 	fmt.Fprintln(w, "vs hot floor: txlimit on a sharded hot key / the floor on the same key unsharded (one row), same clients;")
 	fmt.Fprintln(w, "  in business-hot (one hot key inside the business transaction): this / the floor on that one row in the same transaction.")
 	fmt.Fprintln(w, "vs distinct: on the hot key / on distinct keys, same implementation, transaction and clients.")
@@ -213,11 +216,11 @@ func ratioOrNone(f float64) string {
 }
 
 // stepRows are the rows whose limit step is reported: the business
-// scenario's, "none" left out.
+// scenarios' (BEGIN; INSERT; step; COMMIT), "none" left out.
 func stepRows(rep *Report) []Row {
 	var out []Row
 	for _, r := range rep.Rows {
-		if r.Business && r.StepP50Ms > 0 {
+		if r.Business && r.StepP50Ms > 0 && !strings.HasPrefix(r.Scenario, "tpcb") {
 			out = append(out, r)
 		}
 	}
@@ -393,8 +396,12 @@ func (r *Report) panel(b *strings.Builder, db string, y0 int) {
 			return 2 + n
 		case g.scenario == "business":
 			return 2 + 2*1024 // after every shard count
+		case g.scenario == "business-hot":
+			return 3 + 2*1024
+		case g.scenario == "tpcb":
+			return 4 + 2*1024
 		}
-		return 3 + 2*1024 // business-hot
+		return 5 + 2*1024 // tpcb-hot
 	}
 	slices.SortStableFunc(groups, func(a, c group) int {
 		if d := order(a) - order(c); d != 0 {

@@ -117,6 +117,12 @@ func openPostgres(ctx context.Context, dsn string) (env *pgEnv, drop func(), err
 			return nil, nil, fmt.Errorf("create the floor's and the business tables: %w", err)
 		}
 	}
+	for _, ddl := range tpcbDDL {
+		if _, err := pool.pool.Exec(ctx, ddl); err != nil {
+			drop()
+			return nil, nil, fmt.Errorf("create pgbench's tables: %w", err)
+		}
+	}
 	return env, drop, nil
 }
 
@@ -266,29 +272,24 @@ var errDenied = errors.New("denied")
 type pgStep func(ctx context.Context, tx pgx.Tx) (ok bool, err error)
 
 // pgClient is a client of any PostgreSQL subject on a connection of its
-// own: each call is BEGIN; with business, the INSERT of an order; the
-// subject's limit step; COMMIT, or ROLLBACK when the step denied.
+// own: each call is BEGIN; the work (an order's INSERT, pgbench's tpcb-like
+// statements, or none); the subject's limit step; COMMIT, or ROLLBACK when
+// the step denied.
 type pgClient struct {
-	conn     *pgxpool.Conn
-	business string // the key the orders are inserted under; "" for none
-	step     pgStep
-	release  func() // what else the client holds (a Redis connection)
+	conn    *pgxpool.Conn
+	work    *pgWork
+	step    pgStep
+	release func() // what else the client holds (a Redis connection)
 }
 
-func newPgClient(conn *pgxpool.Conn, key string, business bool, step pgStep) *pgClient {
-	c := &pgClient{conn: conn, step: step}
-	if business {
-		c.business = key
-	}
-	return c
+func newPgClient(conn *pgxpool.Conn, key string, w work, step pgStep) *pgClient {
+	return &pgClient{conn: conn, work: newPgWork(w, key), step: step}
 }
 
 func (c *pgClient) take(ctx context.Context) (r call, err error) {
 	err = pgx.BeginFunc(ctx, c.conn, func(tx pgx.Tx) error {
-		if c.business != "" {
-			if _, err := tx.Exec(ctx, benchfloor.PGBusinessInsert, c.business, 1); err != nil {
-				return err
-			}
+		if err := c.work.do(ctx, tx); err != nil {
+			return err
 		}
 		start := time.Now()
 		ok, err := c.step(ctx, tx)
@@ -320,7 +321,7 @@ type pgLimit struct {
 	tune  func(*txlimit.Config)
 }
 
-func (s pgLimit) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
+func (s pgLimit) newClient(ctx context.Context, spec limitSpec, key string, w work) (client, error) {
 	l, err := newLimiter(s.store, spec, s.tune)
 	if err != nil {
 		return nil, err
@@ -329,7 +330,7 @@ func (s pgLimit) newClient(ctx context.Context, spec limitSpec, key string, busi
 	if err != nil {
 		return nil, err
 	}
-	return newPgClient(conn, key, business, func(ctx context.Context, tx pgx.Tx) (bool, error) {
+	return newPgClient(conn, key, w, func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		res, err := l.LimitTx(ctx, tx, spec.Name, key)
 		return res.OK, err
 	}), nil
@@ -344,16 +345,16 @@ func (s pgLimit) value(ctx context.Context, spec limitSpec, key string) (float64
 	return read.Remaining, err
 }
 
-// pgNone is the business transaction with no limit at all (BEGIN; INSERT;
-// COMMIT): the ceiling of every limited one.
+// pgNone is the business transaction with no limit at all (BEGIN; the
+// work; COMMIT): the ceiling of every limited one.
 type pgNone struct{ p *pgPool }
 
-func (s pgNone) newClient(ctx context.Context, _ limitSpec, key string, business bool) (client, error) {
+func (s pgNone) newClient(ctx context.Context, _ limitSpec, key string, w work) (client, error) {
 	conn, err := s.p.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return newPgClient(conn, key, business, func(context.Context, pgx.Tx) (bool, error) { return true, nil }), nil
+	return newPgClient(conn, key, w, func(context.Context, pgx.Tx) (bool, error) { return true, nil }), nil
 }
 
 func (pgNone) value(context.Context, limitSpec, string) (float64, error) {
@@ -363,7 +364,7 @@ func (pgNone) value(context.Context, limitSpec, string) (float64, error) {
 // pgFloor is the hand-written floor on PostgreSQL.
 type pgFloor struct{ p *pgPool }
 
-func (s pgFloor) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
+func (s pgFloor) newClient(ctx context.Context, spec limitSpec, key string, w work) (client, error) {
 	conn, err := s.p.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -374,13 +375,13 @@ func (s pgFloor) newClient(ctx context.Context, spec limitSpec, key string, busi
 			conn.Release()
 			return nil, err
 		}
-		return newPgClient(conn, key, business, shardFloorStep(spec, k)), nil
+		return newPgClient(conn, key, w, shardFloorStep(spec, k)), nil
 	}
 	if _, err := conn.Exec(ctx, benchfloor.PGInsert, k, spec.Capacity, spec.now()); err != nil {
 		conn.Release()
 		return nil, err
 	}
-	return newPgClient(conn, key, business, func(ctx context.Context, tx pgx.Tx) (bool, error) {
+	return newPgClient(conn, key, w, func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		var value float64
 		var ts time.Time
 		if err := tx.QueryRow(ctx, benchfloor.PGSelect, k).Scan(&value, &ts); err != nil {
@@ -536,6 +537,16 @@ func newSQLClient(conn *sql.Conn, businessSQL, key string, business bool, step s
 	return c
 }
 
+// orderOnly is whether a database/sql subject's transactions insert an
+// order: they run the business transaction's work or none, and refuse the
+// tpcb-like work, which only the pgx subjects run.
+func orderOnly(w work) (business bool, err error) {
+	if w == tpcbWork {
+		return false, errors.New("the database/sql subjects do not run the tpcb-like work")
+	}
+	return w == orderWork, nil
+}
+
 // sqlLimit is txlimit on database/sql: BeginTx, LimitTx, Commit. Its
 // clients share one Store, as sqlitestore.New asks, so that the statements
 // it prepares serve every client and every cell. businessSQL is the orders
@@ -547,7 +558,11 @@ type sqlLimit struct {
 	tune        func(*txlimit.Config)
 }
 
-func (s sqlLimit) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
+func (s sqlLimit) newClient(ctx context.Context, spec limitSpec, key string, w work) (client, error) {
+	business, err := orderOnly(w)
+	if err != nil {
+		return nil, err
+	}
 	l, err := newLimiter(s.store, spec, s.tune)
 	if err != nil {
 		return nil, err
@@ -575,7 +590,11 @@ func (s sqlLimit) value(ctx context.Context, spec limitSpec, key string) (float6
 // DSN's _txlock), SELECT, UPDATE, COMMIT.
 type sqliteFloor struct{ db *sql.DB }
 
-func (s sqliteFloor) newClient(ctx context.Context, spec limitSpec, key string, business bool) (client, error) {
+func (s sqliteFloor) newClient(ctx context.Context, spec limitSpec, key string, w work) (client, error) {
+	business, err := orderOnly(w)
+	if err != nil {
+		return nil, err
+	}
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, err

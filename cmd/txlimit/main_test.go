@@ -326,14 +326,14 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	// migration; MySQL's first creates the table with it; PostgreSQL has
 	// escrow mode's tables (since dropped) and the arithmetic's functions
 	// before it, the function a take at commit raises with, the table's
-	// fillfactor, the shard checks' removal and the escrow tables' drop
-	// after it.
+	// fillfactor, the shard checks' removal, the escrow tables' drop and
+	// the shards column after it.
 	last := 2
 	switch storeOf(dsn) {
 	case mysqlStore:
 		last = 1
 	case postgresStore:
-		last = 8
+		last = 9
 		require.Contains(t, out, "applied 00002_create_txlimit_escrow.sql")
 		require.Contains(t, out, "applied 00003_create_txlimit_functions.sql")
 		require.Contains(t, out, "applied 00004_add_txlimit_prev.sql")
@@ -341,6 +341,7 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 		require.Contains(t, out, "applied 00006_set_txlimit_fillfactor.sql")
 		require.Contains(t, out, "applied 00007_drop_txlimit_shard_checks.sql")
 		require.Contains(t, out, "applied 00008_drop_txlimit_escrow.sql")
+		require.Contains(t, out, "applied 00009_lean_takes.sql")
 	}
 	require.Contains(t, out, fmt.Sprintf("version %d (recorded in txlimit_goose_version)", last))
 	require.Contains(t, ok(t, "migrate", "up", "-dsn", dsn), "up to date: nothing to apply")

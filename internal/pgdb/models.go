@@ -9,10 +9,11 @@ import (
 )
 
 type Txlimit struct {
-	Name  string
-	Key   string
-	Shard int32
-	Value float64
-	Ts    time.Time
-	Prev  float64
+	Name   string
+	Key    string
+	Shard  int32
+	Value  float64
+	Ts     time.Time
+	Prev   float64
+	Shards int32
 }

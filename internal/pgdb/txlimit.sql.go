@@ -77,9 +77,21 @@ func (q *Queries) DeleteShards(ctx context.Context, db DBTX, arg DeleteShardsPar
 	return result.RowsAffected(), nil
 }
 
+const Deny = `-- name: Deny :exec
+SELECT txlimit_deny()
+`
+
+// Raises txlimit_deny's SQLSTATE TXL01: what a take at commit sends in
+// place of the take when the call would not be granted even on a full row,
+// so that the server skips the COMMIT queued after it.
+func (q *Queries) Deny(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, Deny)
+	return err
+}
+
 const InsertKeyShards = `-- name: InsertKeyShards :many
-INSERT INTO txlimit (name, key, shard, value, ts)
-SELECT $1, $2, s, $3, $4
+INSERT INTO txlimit (name, key, shard, value, ts, shards)
+SELECT $1, $2, s, $3, $4, $5::integer
 FROM generate_series(0, $5::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
@@ -129,8 +141,8 @@ func (q *Queries) InsertKeyShards(ctx context.Context, db DBTX, arg InsertKeySha
 }
 
 const InsertKeys = `-- name: InsertKeys :many
-INSERT INTO txlimit (name, key, shard, value, ts)
-SELECT k.name, k.key, s.shard, k.value, k.ts
+INSERT INTO txlimit (name, key, shard, value, ts, shards)
+SELECT k.name, k.key, s.shard, k.value, k.ts, k.shards
 FROM (
     SELECT unnest($1::text::text[]) AS name,
            unnest($2::text::text[]) AS key,
@@ -163,7 +175,8 @@ type InsertKeysRow struct {
 // then key, compared byte by byte (COLLATE "C", as Go compares strings),
 // then shard. It waits for rows other transactions hold, and since every
 // transaction goes through the rows in the same order, none can hold a later
-// row while it waits for an earlier one. Returns the rows it created.
+// row while it waits for an earlier one. Returns the rows it created, each
+// with the number of shards of its layout (shards, migration 00009).
 func (q *Queries) InsertKeys(ctx context.Context, db DBTX, arg InsertKeysParams) ([]InsertKeysRow, error) {
 	rows, err := db.Query(ctx, InsertKeys,
 		arg.Names,
@@ -191,8 +204,8 @@ func (q *Queries) InsertKeys(ctx context.Context, db DBTX, arg InsertKeysParams)
 }
 
 const InsertShards = `-- name: InsertShards :exec
-INSERT INTO txlimit (name, key, shard, value, ts)
-SELECT $1, $2, s, $3, $4
+INSERT INTO txlimit (name, key, shard, value, ts, shards)
+SELECT $1, $2, s, $3, $4, $5::integer
 FROM generate_series(0, $5::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
@@ -211,7 +224,8 @@ type InsertShardsParams struct {
 // transactions hold. DO UPDATE … WHERE false updates nothing but locks the
 // conflicting row (DO NOTHING would pass over it unlocked), so that every
 // lock is taken in ascending order: a transaction never holds a higher shard
-// while it waits for a lower one.
+// while it waits for a lower one. The rows are created with the number of
+// shards of their layout (shards, migration 00009).
 func (q *Queries) InsertShards(ctx context.Context, db DBTX, arg InsertShardsParams) error {
 	_, err := db.Exec(ctx, InsertShards,
 		arg.Name,
@@ -462,7 +476,7 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 }
 
 const ProbeTable = `-- name: ProbeTable :exec
-SELECT name, key, shard, value, prev, ts FROM txlimit LIMIT 0
+SELECT name, key, shard, value, prev, ts, shards FROM txlimit LIMIT 0
 `
 
 // Reads no row, but fails when the table or one of its columns is missing:
@@ -563,21 +577,14 @@ func (q *Queries) ScanKeys(ctx context.Context, db DBTX, arg ScanKeysParams) ([]
 
 const TakeBucket = `-- name: TakeBucket :one
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
-SELECT $1, $2, 0, $3::float8,
-       txlimit_bucket_ts($4::timestamptz, COALESCE($5::timestamptz, statement_timestamp()))
-WHERE ($6::boolean
-       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = $1 AND x.key = $2 AND x.shard > 0)) /*must*/
+VALUES ($1, $2, 0, $3::float8,
+        txlimit_bucket_ts($4::timestamptz, COALESCE($5::timestamptz, statement_timestamp())))
 ON CONFLICT (name, key, shard) DO UPDATE
-SET value = txlimit_kept(txlimit_bucket_refill(t.value,
-                CAST(extract(epoch FROM COALESCE($5::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                $7::float8, $8::bigint, $9::float8) - $10::float8),
-    ts = txlimit_bucket_ts(t.ts, COALESCE($5::timestamptz, statement_timestamp()))
-WHERE (t.value BETWEEN -1e300 AND 1e300
-       AND (txlimit_fits(txlimit_bucket_refill(t.value,
-               CAST(extract(epoch FROM COALESCE($5::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-               $7::float8, $8::bigint, $9::float8) - $10::float8,
-           $9::float8))) /*must*/
+SET value = txlimit_kept(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8),
+                               $8::float8) - $9::float8),
+    ts = txlimit_bucket_ts(t.ts, COALESCE($5::timestamptz, EXCLUDED.ts))
+WHERE (t.shards = 1 AND t.value <= 1e300
+       AND t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8) >= $10::float8) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE($5::timestamptz, statement_timestamp()) AS timestamptz) AS clock
 `
 
@@ -587,11 +594,11 @@ type TakeBucketParams struct {
 	FreshValue float64
 	FullTs     time.Time
 	Now        *time.Time
-	FreshOk    bool
 	Rate       float64
-	Period     int64
+	Period     float64
 	Capacity   float64
 	Count      float64
+	FitsAt     float64
 }
 
 type TakeBucketRow struct {
@@ -603,34 +610,53 @@ type TakeBucketRow struct {
 // One admitted call of a token bucket that is not a reservation, in one
 // statement: it creates the key's row or locks it (waiting for the
 // transaction that holds it), refills it to the clock, decides and writes,
-// with the functions of migration 00003 (algo's arithmetic, operation for
-// operation: TestTakeRowMatchesAlgo holds the rows it writes to algo). It
-// returns the new state and the clock, or no row when the call is not
-// granted, when the stored value is not finite, or when the key has rows
-// beyond shard 0 (written under a sharded config, to be pooled: resharded);
-// all of those are left to the store's Go path, and nothing is written. The
-// conflicting row is then locked all the same (ON CONFLICT locks it before
-// its WHERE is evaluated), which that locked path takes anyway.
+// with the functions of migrations 00003 and 00009 (algo's arithmetic,
+// operation for operation: TestTakeRowMatchesAlgo holds the rows it writes
+// to algo). It returns the new state and the clock, or no row when the call
+// is not granted, when the stored value is not finite, or when the key's
+// rows are a sharded layout (shards, migration 00009: rows beyond shard 0,
+// written under a sharded config, to be pooled); all of those are left to
+// the store's Go path, and nothing is written. The conflicting row is then
+// locked all the same (ON CONFLICT locks it before its WHERE is evaluated),
+// which that locked path takes anyway.
 //
 // A missing row is full (algo.Full): what a take leaves of it does not
-// depend on the clock, so the store computes it with algo (fresh_value, and
-// fresh_ok whether it grants) and the statement only stamps it. The INSERT
-// proposes that row only when it grants and the key has no rows beyond
-// shard 0: with such rows there is no conflict, so the ON CONFLICT branch
-// need not look again. On a conflict the latest version of the row (the one
-// ON CONFLICT locked, not the statement's snapshot) is refilled and decided.
+// depend on the clock, so the store computes it with algo (fresh_value)
+// and the statement only stamps it. The store sends the statement only
+// when that row grants (driver.Fresh): no row of the key holds more than a
+// full one, so a call a full row refuses is refused whatever the row. The
+// row is proposed unconditionally, and on a conflict the latest version of
+// the row (the one ON CONFLICT locked, not the statement's snapshot) is
+// refilled and decided. A key with no shard 0 has no row at all (the rows
+// of a layout are created 0 to Shards-1 together), so the insertion needs
+// no test of its own.
+//
 // A take sent in one pipeline with the caller's COMMIT (Limiter.CommitTx)
 // runs the statement with each /*must*/ replaced by OR txlimit_deny()
 // (internal/pgproto), so that every case that would return no row raises
 // instead (SQLSTATE TXL01) and the server skips the COMMIT queued after
 // it. The plain statement does not name the function: a call of a PL/pgSQL
-// function in a plan costs its every execution, called or not.
+// function in a plan costs its every execution, called or not. So does
+// every operation the statement names: PostgreSQL builds its expressions
+// anew at each execution (BenchmarkServerInstructions counts them), which
+// is why it takes the period as a float8, tests only the upper bound of the
+// stored value (a value below -1e300, or -Inf, refills to no grant without
+// overflowing), reads the clock of the refill from the proposed row, and
+// decides by comparing the refilled value, before the cap, with fits_at:
+// the least value for which algo's test (the capped value minus the count,
+// within algo's tolerance) grants, which the store finds in Go
+// (pgproto.leastGranting; every operation of that test rounds
+// monotonically, so the comparison decides as the test does).
+//
 // The clock is statement_timestamp(), the server's time at the call, stable
-// within the statement so that every use reads the same instant. The
-// elapsed time is written out where it is used rather than computed once in
-// a subquery: PostgreSQL sets a subquery up anew at every execution, which
-// costs more than repeating the few operations. period must be at most
-// 2^53 µs and every magnitude at most 1e200 (driver.InSQL).
+// within the statement so that every use reads the same instant, or the
+// injected now. The proposed row's ts is the later of the clock and
+// full_ts, which for a token bucket is the epoch, so EXCLUDED.ts is the
+// server's clock (after 1970) where now is NULL. The elapsed time is
+// written out where it is used rather than computed once in a subquery:
+// PostgreSQL sets a subquery up anew at every execution, which costs more
+// than repeating the few operations. period must be at most 2^53 µs and
+// every magnitude at most 1e200 (driver.InSQL).
 func (q *Queries) TakeBucket(ctx context.Context, db DBTX, arg TakeBucketParams) (TakeBucketRow, error) {
 	row := db.QueryRow(ctx, TakeBucket,
 		arg.Name,
@@ -638,127 +664,98 @@ func (q *Queries) TakeBucket(ctx context.Context, db DBTX, arg TakeBucketParams)
 		arg.FreshValue,
 		arg.FullTs,
 		arg.Now,
-		arg.FreshOk,
 		arg.Rate,
 		arg.Period,
 		arg.Capacity,
 		arg.Count,
+		arg.FitsAt,
 	)
 	var i TakeBucketRow
 	err := row.Scan(&i.Value, &i.Ts, &i.Clock)
 	return i, err
 }
 
-const TakeReserve = `-- name: TakeReserve :one
+const TakeBucketReserve = `-- name: TakeBucketReserve :one
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
-SELECT $1, $2, 0, $3::float8,
-       txlimit_refill_ts($4::integer, $5::timestamptz, f.clock, f.e, $6::bigint)
-FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - $5::timestamptz) * 1000000 AS bigint) AS e
-      FROM (SELECT COALESCE($7::timestamptz, statement_timestamp()) AS clock) AS k) AS f
-WHERE ($8::boolean
-       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = $1 AND x.key = $2 AND x.shard > 0)) /*must*/
+VALUES ($1, $2, 0, $3::float8,
+        txlimit_bucket_ts($4::timestamptz, COALESCE($5::timestamptz, statement_timestamp())))
 ON CONFLICT (name, key, shard) DO UPDATE
-SET value = CASE WHEN txlimit_fits(txlimit_refill($4::integer, t.value,
-                          CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                          $9::float8, $6::bigint, $10::float8) - $11::float8,
-                      $10::float8)
-                 THEN txlimit_kept(txlimit_refill($4::integer, t.value,
-                          CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                          $9::float8, $6::bigint, $10::float8) - $11::float8)
-                 ELSE txlimit_refill($4::integer, t.value,
-                          CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                          $9::float8, $6::bigint, $10::float8) - $11::float8
-            END,
-    ts = txlimit_refill_ts($4::integer, t.ts, COALESCE($7::timestamptz, statement_timestamp()),
-             CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-             $6::bigint)
-WHERE (t.value BETWEEN -1e300 AND 1e300
-       AND (txlimit_fits(txlimit_refill($4::integer, t.value,
-               CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-               $9::float8, $6::bigint, $10::float8) - $11::float8,
-           $10::float8)
-       OR (txlimit_within_debt(txlimit_refill($4::integer, t.value,
-                   CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                   $9::float8, $6::bigint, $10::float8) - $11::float8,
-               $10::float8, $12::float8)
-           AND txlimit_wait_bounded(txlimit_refill($4::integer, t.value,
-                   CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                   $9::float8, $6::bigint, $10::float8) - $11::float8,
-               $9::float8, $6::bigint,
-               CAST(extract(epoch FROM COALESCE($7::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint))))) /*must*/
-RETURNING t.value, t.ts, CAST(COALESCE($7::timestamptz, statement_timestamp()) AS timestamptz) AS clock
+SET value = greatest(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8),
+                          $8::float8) - $9::float8,
+                    CASE WHEN t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8) >= $10::float8
+                         THEN 0 ELSE CAST('-Infinity' AS float8) END),
+    ts = txlimit_bucket_ts(t.ts, COALESCE($5::timestamptz, EXCLUDED.ts))
+WHERE (t.shards = 1 AND t.value BETWEEN -1e300 AND 1e300
+       AND t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8) >= $11::float8
+       AND (t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8) >= $10::float8
+            OR txlimit_wait_short(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8),
+                                             $8::float8) - $9::float8,
+                                       $6::float8, $7::float8,
+                                       txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts)))) /*must*/
+RETURNING t.value, t.ts, CAST(COALESCE($5::timestamptz, statement_timestamp()) AS timestamptz) AS clock
 `
 
-type TakeReserveParams struct {
-	Name        string
-	Key         string
-	FreshValue  float64
-	Kind        int32
-	FullTs      time.Time
-	Period      int64
-	Now         *time.Time
-	FreshOk     bool
-	Rate        float64
-	Capacity    float64
-	Count       float64
-	MaxReserved float64
+type TakeBucketReserveParams struct {
+	Name       string
+	Key        string
+	FreshValue float64
+	FullTs     time.Time
+	Now        *time.Time
+	Rate       float64
+	Period     float64
+	Capacity   float64
+	Count      float64
+	FitsAt     float64
+	DebtAt     float64
 }
 
-type TakeReserveRow struct {
+type TakeBucketReserveRow struct {
 	Value float64
 	Ts    time.Time
 	Clock time.Time
 }
 
-// TakeBucket for a reservation of either kind: the call fits, or it is
-// granted as a debt within max_reserved (0: no cap) whose wait is surely
-// below 2e15 µs (txlimit_wait_bounded; a longer one is left to the Go path,
-// which refuses waits a Decision cannot hold). A fresh row is proposed only
-// when the clock is not before its time, where what the store computed for
-// it holds.
-func (q *Queries) TakeReserve(ctx context.Context, db DBTX, arg TakeReserveParams) (TakeReserveRow, error) {
-	row := db.QueryRow(ctx, TakeReserve,
+// TakeBucket for a reservation: the call fits, or it is granted as a debt
+// within max_reserved (0: no cap) whose wait is surely below 2e15 µs
+// (txlimit_wait_short; a longer one is left to the Go path, which refuses
+// waits a Decision cannot hold). debt_at is fits_at for the debt's test
+// (-Infinity without a cap); a call that fits keeps no debt (the value is
+// floored at 0), one that does not keeps its debt. It tests both bounds of
+// the stored value: a debt's wait divides by the rate, which could
+// overflow.
+func (q *Queries) TakeBucketReserve(ctx context.Context, db DBTX, arg TakeBucketReserveParams) (TakeBucketReserveRow, error) {
+	row := db.QueryRow(ctx, TakeBucketReserve,
 		arg.Name,
 		arg.Key,
 		arg.FreshValue,
-		arg.Kind,
 		arg.FullTs,
-		arg.Period,
 		arg.Now,
-		arg.FreshOk,
 		arg.Rate,
+		arg.Period,
 		arg.Capacity,
 		arg.Count,
-		arg.MaxReserved,
+		arg.FitsAt,
+		arg.DebtAt,
 	)
-	var i TakeReserveRow
+	var i TakeBucketReserveRow
 	err := row.Scan(&i.Value, &i.Ts, &i.Clock)
 	return i, err
 }
 
 const TakeWindow = `-- name: TakeWindow :one
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
-SELECT $1, $2, 0, $3::float8,
-       txlimit_window_ts($4::timestamptz, f.clock, f.e, $5::bigint)
-FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - $4::timestamptz) * 1000000 AS bigint) AS e
-      FROM (SELECT COALESCE($6::timestamptz, statement_timestamp()) AS clock) AS k) AS f
-WHERE ($7::boolean
-       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = $1 AND x.key = $2 AND x.shard > 0)) /*must*/
+VALUES ($1, $2, 0, $3::float8,
+        txlimit_window_start($4::timestamptz,
+                             txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), $4::timestamptz),
+                             $6::bigint))
 ON CONFLICT (name, key, shard) DO UPDATE
-SET value = txlimit_kept(txlimit_window_refill(t.value,
-                CAST(extract(epoch FROM COALESCE($6::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                $8::float8, $5::bigint, $9::float8) - $10::float8),
-    ts = txlimit_window_ts(t.ts, COALESCE($6::timestamptz, statement_timestamp()),
-             CAST(extract(epoch FROM COALESCE($6::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-             $5::bigint)
-WHERE (t.value BETWEEN -1e300 AND 1e300
-       AND (txlimit_fits(txlimit_window_refill(t.value,
-               CAST(extract(epoch FROM COALESCE($6::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-               $8::float8, $5::bigint, $9::float8) - $10::float8,
-           $9::float8))) /*must*/
-RETURNING t.value, t.ts, CAST(COALESCE($6::timestamptz, statement_timestamp()) AS timestamptz) AS clock
+SET value = txlimit_kept(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint),
+                               $8::float8) - $9::float8),
+    ts = txlimit_window_start(t.ts, txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts),
+                              $6::bigint)
+WHERE (t.shards = 1 AND t.value <= 1e300
+       AND t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint) >= $10::float8) /*must*/
+RETURNING t.value, t.ts, CAST(COALESCE($5::timestamptz, statement_timestamp()) AS timestamptz) AS clock
 `
 
 type TakeWindowParams struct {
@@ -766,12 +763,12 @@ type TakeWindowParams struct {
 	Key        string
 	FreshValue float64
 	FullTs     time.Time
-	Period     int64
 	Now        *time.Time
-	FreshOk    bool
+	Period     int64
 	Rate       float64
 	Capacity   float64
 	Count      float64
+	FitsAt     float64
 }
 
 type TakeWindowRow struct {
@@ -781,34 +778,99 @@ type TakeWindowRow struct {
 }
 
 // TakeBucket for a fixed window, with the window's functions: the row's
-// time moves to the start of the window the clock is in.
+// time moves to the start of the window the clock is in, and the clock is
+// read where it is used (the proposed row's ts is the start of its window,
+// not the clock).
 func (q *Queries) TakeWindow(ctx context.Context, db DBTX, arg TakeWindowParams) (TakeWindowRow, error) {
 	row := db.QueryRow(ctx, TakeWindow,
 		arg.Name,
 		arg.Key,
 		arg.FreshValue,
 		arg.FullTs,
-		arg.Period,
 		arg.Now,
-		arg.FreshOk,
+		arg.Period,
 		arg.Rate,
 		arg.Capacity,
 		arg.Count,
+		arg.FitsAt,
 	)
 	var i TakeWindowRow
 	err := row.Scan(&i.Value, &i.Ts, &i.Clock)
 	return i, err
 }
 
+const TakeWindowReserve = `-- name: TakeWindowReserve :one
+INSERT INTO txlimit AS t (name, key, shard, value, ts)
+VALUES ($1, $2, 0, $3::float8,
+        txlimit_window_start($4::timestamptz,
+                             txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), $4::timestamptz),
+                             $6::bigint))
+ON CONFLICT (name, key, shard) DO UPDATE
+SET value = greatest(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint),
+                          $8::float8) - $9::float8,
+                    CASE WHEN t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint) >= $10::float8
+                         THEN 0 ELSE CAST('-Infinity' AS float8) END),
+    ts = txlimit_window_start(t.ts, txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts),
+                              $6::bigint)
+WHERE (t.shards = 1 AND t.value BETWEEN -1e300 AND 1e300
+       AND t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint) >= $11::float8
+       AND (t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint) >= $10::float8
+            OR txlimit_wait_bounded(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint),
+                                               $8::float8) - $9::float8,
+                                         $7::float8, $6::bigint,
+                                         txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts)))) /*must*/
+RETURNING t.value, t.ts, CAST(COALESCE($5::timestamptz, statement_timestamp()) AS timestamptz) AS clock
+`
+
+type TakeWindowReserveParams struct {
+	Name       string
+	Key        string
+	FreshValue float64
+	FullTs     time.Time
+	Now        *time.Time
+	Period     int64
+	Rate       float64
+	Capacity   float64
+	Count      float64
+	FitsAt     float64
+	DebtAt     float64
+}
+
+type TakeWindowReserveRow struct {
+	Value float64
+	Ts    time.Time
+	Clock time.Time
+}
+
+// TakeBucketReserve for a fixed window.
+func (q *Queries) TakeWindowReserve(ctx context.Context, db DBTX, arg TakeWindowReserveParams) (TakeWindowReserveRow, error) {
+	row := db.QueryRow(ctx, TakeWindowReserve,
+		arg.Name,
+		arg.Key,
+		arg.FreshValue,
+		arg.FullTs,
+		arg.Now,
+		arg.Period,
+		arg.Rate,
+		arg.Capacity,
+		arg.Count,
+		arg.FitsAt,
+		arg.DebtAt,
+	)
+	var i TakeWindowReserveRow
+	err := row.Scan(&i.Value, &i.Ts, &i.Clock)
+	return i, err
+}
+
 const TryLockShard = `-- name: TryLockShard :one
 WITH from_start AS (
-    SELECT f.shard, f.value, f.prev, f.ts FROM txlimit AS f
+    SELECT f.shard, f.value, f.prev, f.ts, f.shards FROM txlimit AS f
     WHERE f.name = $2 AND f.key = $3 AND f.shard >= $4::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), below_start AS (
-    SELECT b.shard, b.value, b.prev, b.ts FROM txlimit AS b
+    SELECT b.shard, b.value, b.prev, b.ts, b.shards FROM txlimit AS b
     WHERE b.name = $2 AND b.key = $3 AND b.shard < $4::integer
     ORDER BY b.shard
     LIMIT 1
@@ -816,14 +878,14 @@ WITH from_start AS (
 )
 SELECT l.shard, l.value, l.prev, l.ts,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
-       -- The highest shard the key has: rows written under another Shards
-       -- (a redeployed config) make the caller reshard on every row.
-       CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
-                      WHERE m.name = $2 AND m.key = $3), -1) AS integer) AS top_shard
+       -- The highest shard of the locked row's layout (shards, migration
+       -- 00009): rows written under another Shards (a redeployed config)
+       -- make the caller reshard on every row.
+       l.shards - 1 AS top_shard
 FROM (
-    SELECT shard, value, prev, ts FROM from_start
+    SELECT shard, value, prev, ts, shards FROM from_start
     UNION ALL
-    SELECT shard, value, prev, ts FROM below_start
+    SELECT shard, value, prev, ts, shards FROM below_start
     LIMIT 1
 ) AS l
 `
@@ -962,8 +1024,7 @@ func (q *Queries) TryLockShardAndRead(ctx context.Context, db DBTX, arg TryLockS
 const WaitShard = `-- name: WaitShard :one
 SELECT w.shard, w.value, w.prev, w.ts,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
-       CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
-                      WHERE m.name = $2 AND m.key = $3), -1) AS integer) AS top_shard
+       w.shards - 1 AS top_shard
 FROM txlimit AS w
 WHERE w.name = $2 AND w.key = $3 AND w.shard = $4
 FOR UPDATE OF w
@@ -1007,22 +1068,50 @@ func (q *Queries) WaitShard(ctx context.Context, db DBTX, arg WaitShardParams) (
 	return i, err
 }
 
+const WriteFastShard = `-- name: WriteFastShard :exec
+UPDATE txlimit SET value = $1, prev = $2, ts = $3
+WHERE name = $4 AND key = $5 AND shard = $6
+`
+
+type WriteFastShardParams struct {
+	Value float64
+	Prev  float64
+	Ts    time.Time
+	Name  string
+	Key   string
+	Shard int32
+}
+
+// Stores the new state of one row the transaction holds: the write of the
+// sharded fast path, which takes from one shard of its layout.
+func (q *Queries) WriteFastShard(ctx context.Context, db DBTX, arg WriteFastShardParams) error {
+	_, err := db.Exec(ctx, WriteFastShard,
+		arg.Value,
+		arg.Prev,
+		arg.Ts,
+		arg.Name,
+		arg.Key,
+		arg.Shard,
+	)
+	return err
+}
+
 const WriteKeyShards = `-- name: WriteKeyShards :exec
 UPDATE txlimit AS t
-SET value = u.value, prev = u.prev, ts = u.ts
+SET value = u.value, prev = u.prev, ts = u.ts, shards = cardinality($1::text::integer[])
 FROM (
-    SELECT unnest($3::text::integer[]) AS shard,
+    SELECT unnest($1::text::integer[]) AS shard,
            unnest($4::text::double precision[]) AS value,
            unnest($5::text::double precision[]) AS prev,
            unnest($6::text::timestamptz[]) AS ts
 ) AS u
-WHERE t.name = $1 AND t.key = $2 AND t.shard = u.shard
+WHERE t.name = $2 AND t.key = $3 AND t.shard = u.shard
 `
 
 type WriteKeyShardsParams struct {
+	Shards string
 	Name   string
 	Key    string
-	Shards string
 	Vals   string
 	Prevs  string
 	Tss    string
@@ -1031,12 +1120,13 @@ type WriteKeyShardsParams struct {
 // Stores the new state of several rows of one (name, key) that the
 // transaction holds. name and key are parameters of their own, not arrays:
 // PostgreSQL then plans an index scan that the cached generic plan keeps,
-// where unnesting them too made it replan at every call.
+// where unnesting them too made it replan at every call. The rows are those
+// of the layout, 0 to the number of shards - 1 (shards, migration 00009).
 func (q *Queries) WriteKeyShards(ctx context.Context, db DBTX, arg WriteKeyShardsParams) error {
 	_, err := db.Exec(ctx, WriteKeyShards,
+		arg.Shards,
 		arg.Name,
 		arg.Key,
-		arg.Shards,
 		arg.Vals,
 		arg.Prevs,
 		arg.Tss,
@@ -1045,7 +1135,7 @@ func (q *Queries) WriteKeyShards(ctx context.Context, db DBTX, arg WriteKeyShard
 }
 
 const WriteShard = `-- name: WriteShard :exec
-UPDATE txlimit SET value = $1, prev = $2, ts = $3
+UPDATE txlimit SET value = $1, prev = $2, ts = $3, shards = 1
 WHERE name = $4 AND key = $5 AND shard = $6
 `
 
@@ -1058,8 +1148,10 @@ type WriteShardParams struct {
 	Shard int32
 }
 
-// Stores the new state of one row the transaction holds: the write of an
-// unsharded limit and of the sharded fast path.
+// Stores the new state of one row the transaction holds, the only row of
+// an unsharded limit: the rows beyond it, if any, are deleted in the same
+// transaction, so the layout is of one shard (shards, migration 00009) and
+// the next call can take in one statement again.
 func (q *Queries) WriteShard(ctx context.Context, db DBTX, arg WriteShardParams) error {
 	_, err := db.Exec(ctx, WriteShard,
 		arg.Value,

@@ -3,6 +3,7 @@ package pgproto
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -96,12 +97,15 @@ func (dialect) TryShard(ctx context.Context, db DB, p driver.TakeParams, order [
 	return engine.Tried{Row: t.row, Locked: t.locked, Top: t.top, All: t.all, Now: t.now}, err
 }
 
-// KeepShards writes rows and releases the savepoint, keeping the locks, in
-// one round trip.
+// KeepShards writes rows (WriteFastShard: shards of the layout they have)
+// and releases the savepoint, keeping the locks, in one round trip.
 func (dialect) KeepShards(ctx context.Context, db DB, l driver.Limit, rows []driver.Row) error {
 	calls := make([]Call, 0, len(rows)+1)
 	for _, r := range rows {
-		calls = append(calls, writeShard(ctx, l.Name, l.Key, r.Shard, r.State()))
+		calls = append(calls, func(q pgdb.DBTX) error {
+			return queries.WriteFastShard(ctx, q, pgdb.WriteFastShardParams{
+				Name: l.Name, Key: l.Key, Shard: r.Shard, Value: r.Value, Prev: r.Prev, Ts: r.TS})
+		})
 	}
 	return Send(ctx, db, append(calls, Exec(ctx, release))...)
 }
@@ -112,43 +116,120 @@ func (dialect) LetGo(ctx context.Context, db DB) error {
 }
 
 // TakeRow runs the one-statement take of p on shard 0: TakeBucket or
-// TakeWindow by the limit's kind, TakeReserve for a reservation. ok is false
-// when it returned no row (granted nothing): the row, when it exists, may
-// then be locked, which the locked path that follows takes anyway. With must
-// the statement raises Denied instead of returning no row (TakeCommit).
+// TakeWindow by the limit's kind, TakeBucketReserve or TakeWindowReserve
+// for a reservation. ok is false when it granted nothing: the statement
+// returned no row (the row, when it exists, may then be locked, which the
+// locked path that follows takes anyway), or the call would not be granted
+// even on a full row (driver.Fresh), which grants the most any row can, and
+// TakeRow sends nothing. With must the statement raises Denied instead of
+// returning no row (TakeCommit), and a call a full row refuses sends Deny,
+// which raises it.
 func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams, must bool) (next algo.State, clock time.Time, ok bool, err error) {
 	cfg, fullTS := p.Config, micros(p.Full().TS)
 	fresh, freshOK := driver.Fresh(p)
-	if must {
+	switch {
+	case !freshOK && must:
+		return algo.State{}, time.Time{}, false, queries.Deny(ctx, db)
+	case !freshOK:
+		return algo.State{}, time.Time{}, false, nil
+	case must:
 		db = mustDB{db}
 	}
+	window := cfg.Kind == algo.FixedWindow
+	fitsAt := leastGranting(cfg, p.Count)
 	var value float64
 	var ts time.Time
 	switch {
-	case p.Reserve:
-		var r pgdb.TakeReserveRow
-		r, err = queries.TakeReserve(ctx, db, pgdb.TakeReserveParams{
-			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: freshOK, FullTs: fullTS, Now: p.Now,
-			Kind: int32(cfg.Kind), Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, MaxReserved: cfg.MaxReserved,
-			Count: p.Count,
+	case p.Reserve && window:
+		var r pgdb.TakeWindowReserveRow
+		r, err = queries.TakeWindowReserve(ctx, db, pgdb.TakeWindowReserveParams{
+			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FullTs: fullTS, Now: p.Now,
+			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
+			FitsAt: fitsAt, DebtAt: debtAt(cfg, p.Count),
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
-	case cfg.Kind == algo.FixedWindow:
+	case p.Reserve:
+		var r pgdb.TakeBucketReserveRow
+		r, err = queries.TakeBucketReserve(ctx, db, pgdb.TakeBucketReserveParams{
+			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FullTs: fullTS, Now: p.Now,
+			Rate: cfg.Rate, Period: float64(cfg.Period), Capacity: cfg.Capacity, Count: p.Count,
+			FitsAt: fitsAt, DebtAt: debtAt(cfg, p.Count),
+		})
+		value, ts, clock = r.Value, r.Ts, r.Clock
+	case window:
 		var r pgdb.TakeWindowRow
 		r, err = queries.TakeWindow(ctx, db, pgdb.TakeWindowParams{
-			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: freshOK, FullTs: fullTS, Now: p.Now,
-			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
+			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FullTs: fullTS, Now: p.Now,
+			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count, FitsAt: fitsAt,
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	default:
 		var r pgdb.TakeBucketRow
 		r, err = queries.TakeBucket(ctx, db, pgdb.TakeBucketParams{
-			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FreshOk: freshOK, FullTs: fullTS, Now: p.Now,
-			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
+			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FullTs: fullTS, Now: p.Now,
+			Rate: cfg.Rate, Period: float64(cfg.Period), Capacity: cfg.Capacity, Count: p.Count, FitsAt: fitsAt,
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	}
 	return takenRow(value, ts, clock, err)
+}
+
+// leastGranting is the least value a row of c may refill to (algo.Project,
+// before the cap) for a take of target tokens to leave no debt: algo's test
+// for one shard, 0+min(refilled, Capacity)-target >= -tolerance, with
+// algo's tolerance. The test only grows with the refilled value (each
+// operation rounds monotonically), so a one-statement take compares the
+// refilled value with this bound (fits_at, debt_at) in place of the
+// operations, which PostgreSQL would build anew at every execution
+// (TestTakeRowMatchesAlgo holds the two to algo). It is +Inf when no value
+// passes, -Inf when every one does.
+func leastGranting(c algo.Config, target float64) float64 {
+	tol := 1e-9 * math.Max(1, c.Capacity)
+	passes := func(refilled float64) bool { return 0+math.Min(refilled, c.Capacity)-target >= -tol }
+	// Binary search over the float64 values in order: an int64 whose
+	// order is theirs (negative values mirrored; -0 and +0 are both 0,
+	// which the test cannot tell apart).
+	order := func(f float64) int64 {
+		b := math.Float64bits(f)
+		if b>>63 == 1 {
+			return -int64(b &^ (1 << 63))
+		}
+		return int64(b)
+	}
+	value := func(o int64) float64 {
+		if o < 0 {
+			return math.Float64frombits(uint64(-o) | 1<<63)
+		}
+		return math.Float64frombits(uint64(o))
+	}
+	lo, hi := order(math.Inf(-1)), order(math.Inf(1))
+	switch {
+	case passes(math.Inf(-1)):
+		return math.Inf(-1)
+	case !passes(math.Inf(1)):
+		return math.Inf(1)
+	}
+	// passes(value(hi)) and not passes(value(lo)); hi-lo overflows an
+	// int64, not a uint64.
+	for uint64(hi)-uint64(lo) > 1 {
+		mid := lo + int64((uint64(hi)-uint64(lo))/2)
+		if passes(value(mid)) {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return value(hi)
+}
+
+// debtAt is the least value a row of c may refill to for a reservation of
+// count to stay within MaxReserved (algo.TakeShards' pooled-target test):
+// -Inf when MaxReserved is 0, no cap.
+func debtAt(c algo.Config, count float64) float64 {
+	if c.MaxReserved == 0 {
+		return math.Inf(-1)
+	}
+	return leastGranting(c, count-c.MaxReserved)
 }
 
 // takenRow is the result of a one-row take (TakeRow) from what its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -19,8 +20,8 @@ import (
 
 // TestTakeRowMatchesAlgo is the differential test of the one-statement takes:
 // random configs, prior states, counts and clocks go through algo.Take and
-// through the statement the store picks (TakeBucket, TakeWindow, or TakeReserve
-// for a reservation), which must grant exactly when algo grants and store
+// through the statement the store picks (TakeBucket, TakeWindow, or for a
+// reservation TakeBucketReserve or TakeWindowReserve), which must grant exactly when algo grants and store
 // exactly algo's state, bit for bit. With must (TakeCommit) it raises Denied
 // exactly where it would return no row (the arithmetic is the same IEEE
 // operations in the same order, and instants are exact microseconds). A
@@ -145,9 +146,10 @@ func requireUnchanged(t *testing.T, c algocase.Case, rows []algo.State, msg stri
 	algocase.RequireStored(t, c.State, rows, msg)
 }
 
-// A key whose rows were written under Shards 4 and is now taken with Shards
-// 1 is pooled into one row (driver.Decide), not served from shard 0 alone:
-// TakeRow leaves it to the Go path.
+// A key whose rows were written under Shards 4 (the store writes that count
+// on them, migration 00009) and is now taken with Shards 1 is pooled into
+// one row (driver.Decide), not served from shard 0 alone: TakeRow leaves it
+// to the Go path.
 func TestTakeRowLeavesReshardToGo(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 2)
@@ -157,7 +159,7 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 	var had []driver.Row
 	for shard := range 4 {
 		had = append(had, driver.Row{Shard: int32(shard), Value: 0.5, TS: now})
-		_, err := pool.Exec(ctx, `INSERT INTO txlimit (name, key, shard, value, ts) VALUES ($1, $2, $3, 0.5, $4)`, l.Name, l.Key, shard, now)
+		_, err := pool.Exec(ctx, `INSERT INTO txlimit (name, key, shard, value, ts, shards) VALUES ($1, $2, $3, 0.5, $4, 4)`, l.Name, l.Key, shard, now)
 		require.NoError(t, err)
 	}
 	p := driver.TakeParams{Limit: l, Count: 0.25, Now: &now} // shard 0 alone has it
@@ -173,4 +175,85 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 		algocase.RequireBits(t, want[0], rows[0], "pooled")
 		return nil
 	}))
+}
+
+// The store keeps the rule TakeRow and the sharded fast path rely on
+// (migration 00009): every row holds the number of shards of its key's
+// layout. A key taken unsharded, then under Shards 4, then unsharded again
+// is pooled when Shards goes back to 1, and TakeRow serves it in one
+// statement once the Go path has deleted the rows beyond shard 0.
+func TestShardsFollowLayout(t *testing.T) {
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 2)
+	now := time.UnixMicro(1_700_000_000_000_000)
+	cfg := algo.Config{Kind: algo.TokenBucket, Rate: 8, Period: 3_600_000_000, Capacity: 8}
+	limit := func(shards int) driver.Limit {
+		return driver.Limit{Name: "layout", Key: "k", Shards: shards, Config: cfg}
+	}
+	type row struct{ shard, shards int32 }
+	rows := func() []row {
+		t.Helper()
+		rs, err := pool.Query(ctx, `SELECT shard, shards FROM txlimit WHERE name = 'layout' AND key = 'k' ORDER BY shard`)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
+			var x row
+			return x, r.Scan(&x.shard, &x.shards)
+		})
+		require.NoError(t, err)
+		return out
+	}
+	take := func(l driver.Limit, count float64) driver.TakeResult {
+		t.Helper()
+		var res driver.TakeResult
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+			res, err = Protocol{}.Take(ctx, tx, driver.TakeParams{Limit: l, Count: count, Now: &now})
+			return err
+		}))
+		require.True(t, res.Decision.OK)
+		return res
+	}
+	inSQL := func(l driver.Limit) bool {
+		t.Helper()
+		var ok bool
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+			_, _, ok, err = TakeRow(ctx, tx, driver.TakeParams{Limit: l, Count: 0, Now: &now}, false)
+			return err
+		}))
+		return ok
+	}
+
+	take(limit(1), 1)
+	require.Equal(t, []row{{0, 1}}, rows(), "created by the one-statement take")
+	take(limit(4), 1)
+	require.Equal(t, []row{{0, 4}, {1, 4}, {2, 4}, {3, 4}}, rows(), "resharded to 4")
+	take(limit(4), 1)
+	require.Equal(t, []row{{0, 4}, {1, 4}, {2, 4}, {3, 4}}, rows(), "the fast path keeps the layout")
+	require.False(t, inSQL(limit(1)), "a sharded key is left to the Go path")
+	res := take(limit(1), 1)
+	require.InDelta(t, 4, res.States[0].Value, 1e-9, "the four shards pooled: 8 - 1 - 1 - 1 - 1")
+	require.Equal(t, []row{{0, 1}}, rows(), "back to 1: the rows beyond shard 0 deleted")
+	require.True(t, inSQL(limit(1)), "served in one statement again")
+}
+
+// leastGranting is the boundary of algo's own test: at it a take of the
+// target fits on a row of that value and no elapsed time, one float64
+// below it does not.
+func TestLeastGranting(t *testing.T) {
+	fits := func(c algo.Config, value, count float64) bool {
+		_, d := algo.Take(c, algo.State{Value: value}, 0, count, false)
+		return d.OK
+	}
+	for _, cs := range algocase.Generate(7, 2000) {
+		c, count := cs.Limit.Config, cs.Count
+		if count > c.Capacity {
+			continue // not a Take without reserve
+		}
+		at := leastGranting(c, count)
+		require.False(t, math.IsInf(at, 0), "%+v count %v", c, count)
+		require.True(t, fits(c, at, count), "%+v count %v: at %v", c, count, at)
+		require.False(t, fits(c, math.Nextafter(at, math.Inf(-1)), count), "%+v count %v: below %v", c, count, at)
+	}
+	c := algo.Config{Kind: algo.TokenBucket, Rate: 1, Period: 1, Capacity: 10}
+	require.Equal(t, math.Inf(1), leastGranting(c, 11), "beyond the capacity nothing fits")
+	require.Equal(t, math.Inf(-1), debtAt(c, 11), "no cap on the debt")
 }

@@ -27,13 +27,13 @@ FOR UPDATE;
 -- scanned on demand without AS MATERIALIZED, which YugabyteDB before 2025.1
 -- (PostgreSQL 11) rejects; the plan is the same as with it.
 WITH from_start AS (
-    SELECT f.shard, f.value, f.prev, f.ts FROM txlimit AS f
+    SELECT f.shard, f.value, f.prev, f.ts, f.shards FROM txlimit AS f
     WHERE f.name = sqlc.arg(name) AND f.key = sqlc.arg(key) AND f.shard >= sqlc.arg(start)::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), below_start AS (
-    SELECT b.shard, b.value, b.prev, b.ts FROM txlimit AS b
+    SELECT b.shard, b.value, b.prev, b.ts, b.shards FROM txlimit AS b
     WHERE b.name = sqlc.arg(name) AND b.key = sqlc.arg(key) AND b.shard < sqlc.arg(start)::integer
     ORDER BY b.shard
     LIMIT 1
@@ -41,14 +41,14 @@ WITH from_start AS (
 )
 SELECT l.shard, l.value, l.prev, l.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
-       -- The highest shard the key has: rows written under another Shards
-       -- (a redeployed config) make the caller reshard on every row.
-       CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
-                      WHERE m.name = sqlc.arg(name) AND m.key = sqlc.arg(key)), -1) AS integer) AS top_shard
+       -- The highest shard of the locked row's layout (shards, migration
+       -- 00009): rows written under another Shards (a redeployed config)
+       -- make the caller reshard on every row.
+       l.shards - 1 AS top_shard
 FROM (
-    SELECT shard, value, prev, ts FROM from_start
+    SELECT shard, value, prev, ts, shards FROM from_start
     UNION ALL
-    SELECT shard, value, prev, ts FROM below_start
+    SELECT shard, value, prev, ts, shards FROM below_start
     LIMIT 1
 ) AS l;
 
@@ -91,8 +91,7 @@ ORDER BY t.shard;
 -- TryLockShard.
 SELECT w.shard, w.value, w.prev, w.ts,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
-       CAST(COALESCE((SELECT max(m.shard) FROM txlimit AS m
-                      WHERE m.name = sqlc.arg(name) AND m.key = sqlc.arg(key)), -1) AS integer) AS top_shard
+       w.shards - 1 AS top_shard
 FROM txlimit AS w
 WHERE w.name = sqlc.arg(name) AND w.key = sqlc.arg(key) AND w.shard = sqlc.arg(shard)
 FOR UPDATE OF w;
@@ -111,16 +110,25 @@ ORDER BY t.shard;
 -- transactions hold. DO UPDATE … WHERE false updates nothing but locks the
 -- conflicting row (DO NOTHING would pass over it unlocked), so that every
 -- lock is taken in ascending order: a transaction never holds a higher shard
--- while it waits for a lower one.
-INSERT INTO txlimit (name, key, shard, value, ts)
-SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts)
+-- while it waits for a lower one. The rows are created with the number of
+-- shards of their layout (shards, migration 00009).
+INSERT INTO txlimit (name, key, shard, value, ts, shards)
+SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts), sqlc.arg(shards)::integer
 FROM generate_series(0, sqlc.arg(shards)::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false;
 
 -- name: WriteShard :exec
--- Stores the new state of one row the transaction holds: the write of an
--- unsharded limit and of the sharded fast path.
+-- Stores the new state of one row the transaction holds, the only row of
+-- an unsharded limit: the rows beyond it, if any, are deleted in the same
+-- transaction, so the layout is of one shard (shards, migration 00009) and
+-- the next call can take in one statement again.
+UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts), shards = 1
+WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
+
+-- name: WriteFastShard :exec
+-- Stores the new state of one row the transaction holds: the write of the
+-- sharded fast path, which takes from one shard of its layout.
 UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts)
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 
@@ -128,9 +136,10 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 -- Stores the new state of several rows of one (name, key) that the
 -- transaction holds. name and key are parameters of their own, not arrays:
 -- PostgreSQL then plans an index scan that the cached generic plan keeps,
--- where unnesting them too made it replan at every call.
+-- where unnesting them too made it replan at every call. The rows are those
+-- of the layout, 0 to the number of shards - 1 (shards, migration 00009).
 UPDATE txlimit AS t
-SET value = u.value, prev = u.prev, ts = u.ts
+SET value = u.value, prev = u.prev, ts = u.ts, shards = cardinality(sqlc.arg(shards)::text::integer[])
 FROM (
     SELECT unnest(sqlc.arg(shards)::text::integer[]) AS shard,
            unnest(sqlc.arg(vals)::text::double precision[]) AS value,
@@ -156,9 +165,10 @@ WHERE (name, key, shard) IN (
 -- then key, compared byte by byte (COLLATE "C", as Go compares strings),
 -- then shard. It waits for rows other transactions hold, and since every
 -- transaction goes through the rows in the same order, none can hold a later
--- row while it waits for an earlier one. Returns the rows it created.
-INSERT INTO txlimit (name, key, shard, value, ts)
-SELECT k.name, k.key, s.shard, k.value, k.ts
+-- row while it waits for an earlier one. Returns the rows it created, each
+-- with the number of shards of its layout (shards, migration 00009).
+INSERT INTO txlimit (name, key, shard, value, ts, shards)
+SELECT k.name, k.key, s.shard, k.value, k.ts, k.shards
 FROM (
     SELECT unnest(sqlc.arg(names)::text::text[]) AS name,
            unnest(sqlc.arg(keys)::text::text[]) AS key,
@@ -231,8 +241,8 @@ FOR UPDATE OF t SKIP LOCKED;
 -- DeleteShards, which take arrays of keys. LimitAll then runs InsertKeyShards
 -- for every key and LockShards for every key, both in the canonical order,
 -- and so takes its locks in the order InsertKeys and LockKeys take them.
-INSERT INTO txlimit (name, key, shard, value, ts)
-SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts)
+INSERT INTO txlimit (name, key, shard, value, ts, shards)
+SELECT sqlc.arg(name), sqlc.arg(key), s, sqlc.arg(value), sqlc.arg(ts), sqlc.arg(shards)::integer
 FROM generate_series(0, sqlc.arg(shards)::integer - 1) AS s
 ORDER BY s
 ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false
@@ -256,125 +266,141 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY (sqlc.arg(sh
 -- name: ProbeTable :exec
 -- Reads no row, but fails when the table or one of its columns is missing:
 -- the check behind Limiter.Ping.
-SELECT name, key, shard, value, prev, ts FROM txlimit LIMIT 0;
+SELECT name, key, shard, value, prev, ts, shards FROM txlimit LIMIT 0;
 
 -- name: TakeBucket :one
 -- One admitted call of a token bucket that is not a reservation, in one
 -- statement: it creates the key's row or locks it (waiting for the
 -- transaction that holds it), refills it to the clock, decides and writes,
--- with the functions of migration 00003 (algo's arithmetic, operation for
--- operation: TestTakeRowMatchesAlgo holds the rows it writes to algo). It
--- returns the new state and the clock, or no row when the call is not
--- granted, when the stored value is not finite, or when the key has rows
--- beyond shard 0 (written under a sharded config, to be pooled: resharded);
--- all of those are left to the store's Go path, and nothing is written. The
--- conflicting row is then locked all the same (ON CONFLICT locks it before
--- its WHERE is evaluated), which that locked path takes anyway.
+-- with the functions of migrations 00003 and 00009 (algo's arithmetic,
+-- operation for operation: TestTakeRowMatchesAlgo holds the rows it writes
+-- to algo). It returns the new state and the clock, or no row when the call
+-- is not granted, when the stored value is not finite, or when the key's
+-- rows are a sharded layout (shards, migration 00009: rows beyond shard 0,
+-- written under a sharded config, to be pooled); all of those are left to
+-- the store's Go path, and nothing is written. The conflicting row is then
+-- locked all the same (ON CONFLICT locks it before its WHERE is evaluated),
+-- which that locked path takes anyway.
 --
 -- A missing row is full (algo.Full): what a take leaves of it does not
--- depend on the clock, so the store computes it with algo (fresh_value, and
--- fresh_ok whether it grants) and the statement only stamps it. The INSERT
--- proposes that row only when it grants and the key has no rows beyond
--- shard 0: with such rows there is no conflict, so the ON CONFLICT branch
--- need not look again. On a conflict the latest version of the row (the one
--- ON CONFLICT locked, not the statement's snapshot) is refilled and decided.
+-- depend on the clock, so the store computes it with algo (fresh_value)
+-- and the statement only stamps it. The store sends the statement only
+-- when that row grants (driver.Fresh): no row of the key holds more than a
+-- full one, so a call a full row refuses is refused whatever the row. The
+-- row is proposed unconditionally, and on a conflict the latest version of
+-- the row (the one ON CONFLICT locked, not the statement's snapshot) is
+-- refilled and decided. A key with no shard 0 has no row at all (the rows
+-- of a layout are created 0 to Shards-1 together), so the insertion needs
+-- no test of its own.
+--
 -- A take sent in one pipeline with the caller's COMMIT (Limiter.CommitTx)
 -- runs the statement with each /*must*/ replaced by OR txlimit_deny()
 -- (internal/pgproto), so that every case that would return no row raises
 -- instead (SQLSTATE TXL01) and the server skips the COMMIT queued after
 -- it. The plain statement does not name the function: a call of a PL/pgSQL
--- function in a plan costs its every execution, called or not.
+-- function in a plan costs its every execution, called or not. So does
+-- every operation the statement names: PostgreSQL builds its expressions
+-- anew at each execution (BenchmarkServerInstructions counts them), which
+-- is why it takes the period as a float8, tests only the upper bound of the
+-- stored value (a value below -1e300, or -Inf, refills to no grant without
+-- overflowing), reads the clock of the refill from the proposed row, and
+-- decides by comparing the refilled value, before the cap, with fits_at:
+-- the least value for which algo's test (the capped value minus the count,
+-- within algo's tolerance) grants, which the store finds in Go
+-- (pgproto.leastGranting; every operation of that test rounds
+-- monotonically, so the comparison decides as the test does).
+--
 -- The clock is statement_timestamp(), the server's time at the call, stable
--- within the statement so that every use reads the same instant. The
--- elapsed time is written out where it is used rather than computed once in
--- a subquery: PostgreSQL sets a subquery up anew at every execution, which
--- costs more than repeating the few operations. period must be at most
--- 2^53 µs and every magnitude at most 1e200 (driver.InSQL).
+-- within the statement so that every use reads the same instant, or the
+-- injected now. The proposed row's ts is the later of the clock and
+-- full_ts, which for a token bucket is the epoch, so EXCLUDED.ts is the
+-- server's clock (after 1970) where now is NULL. The elapsed time is
+-- written out where it is used rather than computed once in a subquery:
+-- PostgreSQL sets a subquery up anew at every execution, which costs more
+-- than repeating the few operations. period must be at most 2^53 µs and
+-- every magnitude at most 1e200 (driver.InSQL).
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
-SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
-       txlimit_bucket_ts(sqlc.arg(full_ts)::timestamptz, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
-WHERE (sqlc.arg(fresh_ok)::boolean
-       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)) /*must*/
+VALUES (sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
+        txlimit_bucket_ts(sqlc.arg(full_ts)::timestamptz, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp())))
 ON CONFLICT (name, key, shard) DO UPDATE
-SET value = txlimit_kept(txlimit_bucket_refill(t.value,
-                CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
-    ts = txlimit_bucket_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()))
-WHERE (t.value BETWEEN -1e300 AND 1e300
-       AND (txlimit_fits(txlimit_bucket_refill(t.value,
-               CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-               sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
-           sqlc.arg(capacity)::float8))) /*must*/
+SET value = txlimit_kept(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8),
+                               sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
+    ts = txlimit_bucket_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts))
+WHERE (t.shards = 1 AND t.value <= 1e300
+       AND t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8) >= sqlc.arg(fits_at)::float8) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
 
 -- name: TakeWindow :one
 -- TakeBucket for a fixed window, with the window's functions: the row's
--- time moves to the start of the window the clock is in.
+-- time moves to the start of the window the clock is in, and the clock is
+-- read where it is used (the proposed row's ts is the start of its window,
+-- not the clock).
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
-SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
-       txlimit_window_ts(sqlc.arg(full_ts)::timestamptz, f.clock, f.e, sqlc.arg(period)::bigint)
-FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
-      FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
-WHERE (sqlc.arg(fresh_ok)::boolean
-       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)) /*must*/
+VALUES (sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
+        txlimit_window_start(sqlc.arg(full_ts)::timestamptz,
+                             txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), sqlc.arg(full_ts)::timestamptz),
+                             sqlc.arg(period)::bigint))
 ON CONFLICT (name, key, shard) DO UPDATE
-SET value = txlimit_kept(txlimit_window_refill(t.value,
-                CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
-    ts = txlimit_window_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()),
-             CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-             sqlc.arg(period)::bigint)
-WHERE (t.value BETWEEN -1e300 AND 1e300
-       AND (txlimit_fits(txlimit_window_refill(t.value,
-               CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-               sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
-           sqlc.arg(capacity)::float8))) /*must*/
+SET value = txlimit_kept(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint),
+                               sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
+    ts = txlimit_window_start(t.ts, txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts),
+                              sqlc.arg(period)::bigint)
+WHERE (t.shards = 1 AND t.value <= 1e300
+       AND t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint) >= sqlc.arg(fits_at)::float8) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
 
--- name: TakeReserve :one
--- TakeBucket for a reservation of either kind: the call fits, or it is
--- granted as a debt within max_reserved (0: no cap) whose wait is surely
--- below 2e15 µs (txlimit_wait_bounded; a longer one is left to the Go path,
--- which refuses waits a Decision cannot hold). A fresh row is proposed only
--- when the clock is not before its time, where what the store computed for
--- it holds.
+-- name: TakeBucketReserve :one
+-- TakeBucket for a reservation: the call fits, or it is granted as a debt
+-- within max_reserved (0: no cap) whose wait is surely below 2e15 µs
+-- (txlimit_wait_short; a longer one is left to the Go path, which refuses
+-- waits a Decision cannot hold). debt_at is fits_at for the debt's test
+-- (-Infinity without a cap); a call that fits keeps no debt (the value is
+-- floored at 0), one that does not keeps its debt. It tests both bounds of
+-- the stored value: a debt's wait divides by the rate, which could
+-- overflow.
 INSERT INTO txlimit AS t (name, key, shard, value, ts)
-SELECT sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
-       txlimit_refill_ts(sqlc.arg(kind)::integer, sqlc.arg(full_ts)::timestamptz, f.clock, f.e, sqlc.arg(period)::bigint)
-FROM (SELECT k.clock, CAST(extract(epoch FROM k.clock - sqlc.arg(full_ts)::timestamptz) * 1000000 AS bigint) AS e
-      FROM (SELECT COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS clock) AS k) AS f
-WHERE (sqlc.arg(fresh_ok)::boolean
-       AND NOT EXISTS (SELECT 1 FROM txlimit AS x
-                       WHERE x.name = sqlc.arg(name) AND x.key = sqlc.arg(key) AND x.shard > 0)) /*must*/
+VALUES (sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
+        txlimit_bucket_ts(sqlc.arg(full_ts)::timestamptz, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp())))
 ON CONFLICT (name, key, shard) DO UPDATE
-SET value = CASE WHEN txlimit_fits(txlimit_refill(sqlc.arg(kind)::integer, t.value,
-                          CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                          sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
-                      sqlc.arg(capacity)::float8)
-                 THEN txlimit_kept(txlimit_refill(sqlc.arg(kind)::integer, t.value,
-                          CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                          sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8)
-                 ELSE txlimit_refill(sqlc.arg(kind)::integer, t.value,
-                          CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                          sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8
-            END,
-    ts = txlimit_refill_ts(sqlc.arg(kind)::integer, t.ts, COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()),
-             CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-             sqlc.arg(period)::bigint)
-WHERE (t.value BETWEEN -1e300 AND 1e300
-       AND (txlimit_fits(txlimit_refill(sqlc.arg(kind)::integer, t.value,
-               CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-               sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
-           sqlc.arg(capacity)::float8)
-       OR (txlimit_within_debt(txlimit_refill(sqlc.arg(kind)::integer, t.value,
-                   CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                   sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
-               sqlc.arg(capacity)::float8, sqlc.arg(max_reserved)::float8)
-           AND txlimit_wait_bounded(txlimit_refill(sqlc.arg(kind)::integer, t.value,
-                   CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint),
-                   sqlc.arg(rate)::float8, sqlc.arg(period)::bigint, sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
-               sqlc.arg(rate)::float8, sqlc.arg(period)::bigint,
-               CAST(extract(epoch FROM COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) - t.ts) * 1000000 AS bigint))))) /*must*/
+SET value = greatest(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8),
+                          sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+                    CASE WHEN t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8) >= sqlc.arg(fits_at)::float8
+                         THEN 0 ELSE CAST('-Infinity' AS float8) END),
+    ts = txlimit_bucket_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts))
+WHERE (t.shards = 1 AND t.value BETWEEN -1e300 AND 1e300
+       AND t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8) >= sqlc.arg(debt_at)::float8
+       AND (t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8) >= sqlc.arg(fits_at)::float8
+            OR txlimit_wait_short(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8),
+                                             sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+                                       sqlc.arg(rate)::float8, sqlc.arg(period)::float8,
+                                       txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts)))) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
+
+-- name: TakeWindowReserve :one
+-- TakeBucketReserve for a fixed window.
+INSERT INTO txlimit AS t (name, key, shard, value, ts)
+VALUES (sqlc.arg(name), sqlc.arg(key), 0, sqlc.arg(fresh_value)::float8,
+        txlimit_window_start(sqlc.arg(full_ts)::timestamptz,
+                             txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), sqlc.arg(full_ts)::timestamptz),
+                             sqlc.arg(period)::bigint))
+ON CONFLICT (name, key, shard) DO UPDATE
+SET value = greatest(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint),
+                          sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+                    CASE WHEN t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint) >= sqlc.arg(fits_at)::float8
+                         THEN 0 ELSE CAST('-Infinity' AS float8) END),
+    ts = txlimit_window_start(t.ts, txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts),
+                              sqlc.arg(period)::bigint)
+WHERE (t.shards = 1 AND t.value BETWEEN -1e300 AND 1e300
+       AND t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint) >= sqlc.arg(debt_at)::float8
+       AND (t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint) >= sqlc.arg(fits_at)::float8
+            OR txlimit_wait_bounded(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint),
+                                               sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8,
+                                         sqlc.arg(rate)::float8, sqlc.arg(period)::bigint,
+                                         txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts)))) /*must*/
+RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
+
+-- name: Deny :exec
+-- Raises txlimit_deny's SQLSTATE TXL01: what a take at commit sends in
+-- place of the take when the call would not be granted even on a full row,
+-- so that the server skips the COMMIT queued after it.
+SELECT txlimit_deny();

@@ -12,7 +12,6 @@
 //	upsert      a minimal INSERT … ON CONFLICT DO UPDATE … RETURNING with the COMMIT
 //	take        txlimit's TakeBucket as a take at commit sends it, by hand
 //	take-plain  the same without the denial's function (txlimit_deny)
-//	take-noex   the same without its test for rows beyond shard 0
 //	commit      Limiter.Commit on pgstore
 //	limittx     LimitTx inside pgx.BeginFunc
 //	redis_rate  github.com/go-redis/redis_rate/v10 beside pgx.BeginFunc
@@ -37,7 +36,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,11 +44,13 @@ import (
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/pgdb"
 	"github.com/txlimit/txlimit/internal/testkit/benchfloor"
 	"github.com/txlimit/txlimit/internal/testkit/measure"
@@ -80,7 +80,7 @@ func main() {
 		clients  = flag.Int("clients", 32, "connections, one key each")
 		dur      = flag.Duration("d", 5*time.Second, "how long each subject runs a round")
 		rounds   = flag.Int("rounds", 3, "rounds")
-		only     = flag.String("s", "none,pipe,select1,update,upsert,take,take-plain,take-noex,commit,limittx,redis_rate", "subjects, comma-separated")
+		only     = flag.String("s", "none,pipe,select1,update,upsert,take,take-plain,commit,limittx,redis_rate", "subjects, comma-separated")
 		cg       = flag.String("cg", "", "callgrind's output directory: count the server's instructions a transaction")
 	)
 	flag.Parse()
@@ -92,7 +92,6 @@ func main() {
 
 func run(dsn, redisAddr string, clients int, dur time.Duration, rounds int, subjects []string, cg string) error {
 	ctx := context.Background()
-	take := pgdb.TakeBucket
 	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return err
@@ -107,7 +106,7 @@ func run(dsn, redisAddr string, clients int, dur time.Duration, rounds int, subj
 		return err
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	if err := setUp(ctx, cfg); err != nil {
+	if err := setUp(ctx, cfg, clients); err != nil {
 		return err
 	}
 	cfg.MaxConns = int32(clients)
@@ -120,7 +119,7 @@ func run(dsn, redisAddr string, clients int, dur time.Duration, rounds int, subj
 		return err
 	}
 	defer pool.Close()
-	steps, err := newSteps(ctx, pool, redisAddr, clients, take)
+	steps, err := newSteps(ctx, pool, redisAddr, clients)
 	if err != nil {
 		return err
 	}
@@ -144,8 +143,10 @@ func run(dsn, redisAddr string, clients int, dur time.Duration, rounds int, subj
 }
 
 // setUp migrates the schema and creates the business and hand-written
-// tables, on a pool of its own that it closes.
-func setUp(ctx context.Context, cfg *pgxpool.Config) error {
+// tables, on a pool of its own that it closes. The hand-written row of
+// every key exists before the first transaction, so that update, which
+// cannot create it, updates a row from its first call.
+func setUp(ctx context.Context, cfg *pgxpool.Config, clients int) error {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg.Copy())
 	if err != nil {
 		return err
@@ -156,13 +157,27 @@ func setUp(ctx context.Context, cfg *pgxpool.Config) error {
 	if err := migrations.Up(ctx, db, migrations.Postgres); err != nil {
 		return err
 	}
-	_, err = pool.Exec(ctx, benchfloor.PGBusinessDDL+"; "+rows)
+	if _, err = pool.Exec(ctx, benchfloor.PGBusinessDDL+"; "+rows); err != nil {
+		return err
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO exp_row (k, v, ts)
+		SELECT k, $2, statement_timestamp() FROM unnest($1::text[]) AS k`, keys(clients), float64(capacity))
 	return err
+}
+
+// keys are the keys of the subjects: k for the instruction counts, k0… for
+// the clients of the timed runs.
+func keys(clients int) []string {
+	out := []string{"k"}
+	for c := range clients {
+		out = append(out, fmt.Sprint("k", c))
+	}
+	return out
 }
 
 type step func(ctx context.Context, key string) error
 
-func newSteps(ctx context.Context, pool *pgxpool.Pool, redisAddr string, clients int, take string) (map[string]step, error) {
+func newSteps(ctx context.Context, pool *pgxpool.Pool, redisAddr string, clients int) (map[string]step, error) {
 	l, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
 		"exp": {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, Capacity: capacity}}, nil)
 	if err != nil {
@@ -197,17 +212,14 @@ func newSteps(ctx context.Context, pool *pgxpool.Pool, redisAddr string, clients
 			return tx.SendBatch(ctx, b).Close()
 		}
 	}
-	full := time.Now()
-	takeArgs := func(key string) []any {
-		// name, key, fresh_value, full_ts, now, fresh_ok, rate, period, capacity, count
-		return []any{"exp-hand", key, capacity - 1, full, nil, true, 1.0, time.Hour.Microseconds(), capacity, 1.0}
-	}
-	withTake := func(sql string) step {
-		return pipe(func(b *pgx.Batch, key string) { b.Queue(sql, takeArgs(key)...) })
-	}
-	noex := regexp.MustCompile(`(?s)AND NOT EXISTS \(SELECT 1 FROM txlimit AS x\s+WHERE x\.name = \$1 AND x\.key = \$2 AND x\.shard > 0\)`)
-	if !noex.MatchString(take) {
-		return nil, errors.New("TakeBucket has no test for rows beyond shard 0 to leave out: update take-noex")
+	// take: TakeBucket queued by its generated method, so that its
+	// arguments follow the statement; with must, as a take at commit
+	// sends it (internal/pgproto).
+	take := func(must bool) step {
+		return pipe(func(b *pgx.Batch, key string) {
+			cfg := algo.Config{Kind: algo.TokenBucket, Rate: 1, Period: time.Hour.Microseconds(), Capacity: capacity}
+			_, _ = pgdb.New().TakeBucket(ctx, queuer{b, must}, takeParams(cfg, key))
+		})
 	}
 	return map[string]step{
 		"none":       func(ctx context.Context, key string) error { return pgx.BeginFunc(ctx, pool, work(ctx, key)) },
@@ -215,9 +227,8 @@ func newSteps(ctx context.Context, pool *pgxpool.Pool, redisAddr string, clients
 		"select1":    pipe(func(b *pgx.Batch, _ string) { b.Queue("SELECT 1") }),
 		"update":     pipe(func(b *pgx.Batch, key string) { b.Queue(update, key, capacity, 1.0/3600) }),
 		"upsert":     pipe(func(b *pgx.Batch, key string) { b.Queue(upsert, key, capacity, 1.0/3600) }),
-		"take":       withTake(strings.ReplaceAll(take, "/*must*/", "OR txlimit_deny()")),
-		"take-plain": withTake(take),
-		"take-noex":  withTake(strings.ReplaceAll(noex.ReplaceAllString(take, ""), "/*must*/", "OR txlimit_deny()")),
+		"take":       take(true),
+		"take-plain": take(false),
 		"commit": func(ctx context.Context, key string) error {
 			_, err := l.Commit(ctx, work(ctx, key), txlimit.Request{Name: "exp", Key: key})
 			return err
@@ -245,6 +256,49 @@ func newSteps(ctx context.Context, pool *pgxpool.Pool, redisAddr string, clients
 		},
 	}, nil
 }
+
+// takeParams are TakeBucket's arguments for one token of key, which always
+// has tokens (capacity), as internal/pgproto computes them.
+func takeParams(cfg algo.Config, key string) pgdb.TakeBucketParams {
+	return pgdb.TakeBucketParams{Name: "exp-hand", Key: key, FreshValue: cfg.Capacity - 1,
+		FullTs: time.UnixMicro(0), Rate: cfg.Rate, Period: float64(cfg.Period), Capacity: cfg.Capacity, Count: 1}
+}
+
+// queuer is a pgdb.DBTX that queues the statement a generated method sends
+// into a batch instead of sending it, with must as a take at commit sends
+// it: each /*must*/ replaced by OR txlimit_deny().
+type queuer struct {
+	b    *pgx.Batch
+	must bool
+}
+
+func (q queuer) sql(sql string) string {
+	if q.must {
+		return strings.ReplaceAll(sql, "/*must*/", "OR txlimit_deny()")
+	}
+	return sql
+}
+
+func (q queuer) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	q.b.Queue(q.sql(sql), args...)
+	return pgconn.CommandTag{}, nil
+}
+
+func (q queuer) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	q.b.Queue(q.sql(sql), args...)
+	return nil, errQueued
+}
+
+func (q queuer) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	q.b.Queue(q.sql(sql), args...)
+	return queuedRow{}
+}
+
+var errQueued = errors.New("queued")
+
+type queuedRow struct{}
+
+func (queuedRow) Scan(...any) error { return errQueued }
 
 // runSubject runs s for dur on clients goroutines, each on its own key, after
 // one transaction each to warm up, and prints its row.
