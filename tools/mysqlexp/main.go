@@ -5,7 +5,10 @@
 // the CHECK, shorter columns, one VARBINARY key), a minimal one-statement
 // take (take_min: INSERT … ON DUPLICATE KEY UPDATE … RETURNING with no
 // arithmetic, the bound of any one-statement take) and mysqlstore itself
-// (txlimit), on the table its migrations create. It runs every variant for
+// (txlimit), on the table its migrations create; and the business
+// transaction as cmd/txlimit-bench runs it (BEGIN; INSERT an order;
+// LimitTx; COMMIT), each client on its own key (biz) or every client on one
+// (bizhot). It runs every variant for
 // -d with -clients connections, one key each, round after round
 // (interleaved), and prints calls/s, the server's CPU per call (utime+stime
 // of -pid, the mysqld process, from /proc), its own CPU per call, and the
@@ -14,6 +17,7 @@
 // exp_mysqlperf, which it drops and creates.
 //
 //	go run . -pid $(pgrep -x mariadbd) -clients 8 -rounds 8 -only floor,cur,one,txlimit
+//	go run . -pid $(pgrep -x mariadbd) -clients 32 -rounds 1 -d 3s -only biz,bizhot
 package main
 
 import (
@@ -71,6 +75,8 @@ var variants = []variant{
 	{"one600", "CREATE TABLE v_one600 (id VARBINARY(600) NOT NULL PRIMARY KEY, value DOUBLE NOT NULL, prev DOUBLE NOT NULL DEFAULT 0, ts DATETIME(6) NOT NULL) ENGINE=InnoDB ROW_FORMAT=DYNAMIC",
 		"INSERT INTO v_one600 (id, value, ts) VALUES (?, 1e9, UTC_TIMESTAMP(6))", "SELECT value, ts FROM v_one600 WHERE id = ? FOR UPDATE", "UPDATE v_one600 SET value = ?, ts = ? WHERE id = ?"},
 	{"txlimit", "", "", "", ""},
+	{"biz", "", "", "", ""},
+	{"bizhot", "", "", "", ""},
 	{"take_min", "", "", "INSERT INTO v_cur (name, `key`, shard, value, ts) VALUES (?, ?, 0, 1e9, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE value = value - 1, ts = UTC_TIMESTAMP(6) RETURNING value, ts, 1, UTC_TIMESTAMP(6)", ""},
 	{"onecols", "CREATE TABLE v_onecols (id VARBINARY(2310) NOT NULL PRIMARY KEY, name VARBINARY(256) NOT NULL, `key` VARBINARY(2048) NOT NULL, shard INT NOT NULL, value DOUBLE NOT NULL, prev DOUBLE NOT NULL DEFAULT 0, ts DATETIME(6) NOT NULL) ENGINE=InnoDB ROW_FORMAT=DYNAMIC",
 		"INSERT INTO v_onecols (id, name, `key`, shard, value, ts) VALUES (?, ?, ?, ?, 1e9, UTC_TIMESTAMP(6))", "SELECT value, ts FROM v_onecols WHERE id = ? FOR UPDATE", "UPDATE v_onecols SET value = ?, ts = ? WHERE id = ?"},
@@ -133,6 +139,9 @@ func main() {
 	must(migrations.Up(ctx, db, migrations.MySQL))
 	const name = "mysql-distinct"
 	limiter, err = txlimit.New(mysqlstore.New(db), map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, Capacity: 1e9}}, nil)
+	must(err)
+	_, err = db.Exec("CREATE TABLE bench_orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(600) NOT NULL, " +
+		"amount INT NOT NULL, created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))")
 	must(err)
 	for _, v := range variants {
 		if v.ddl == "" {
@@ -227,7 +236,15 @@ func run(ctx context.Context, db *sql.DB, v variant, name string, clients int, d
 				must(err)
 				var value float64
 				var ts time.Time
-				if v.name == "txlimit" {
+				if v.name == "txlimit" || v.name == "biz" || v.name == "bizhot" {
+					key := key
+					if v.name == "bizhot" {
+						key = "hot"
+					}
+					if v.name != "txlimit" {
+						_, err := tx.ExecContext(ctx, "INSERT INTO bench_orders (k, amount) VALUES (?, ?)", key, 1)
+						must(err)
+					}
 					res, err := limiter.LimitTx(ctx, tx, name, key)
 					must(err)
 					if !res.OK {
