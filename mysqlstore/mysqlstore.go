@@ -150,8 +150,8 @@ func (s *Store) mariaDB(ctx context.Context, tx *sql.Tx) (bool, error) {
 	case flavorMariaDB:
 		return true, nil
 	}
-	var version string
-	if err := tx.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+	version, err := queries.Version(ctx, tx)
+	if err != nil {
 		return false, wrap(ctx, tx, "ask the server's version", err)
 	}
 	if strings.Contains(strings.ToLower(version), "mariadb") {
