@@ -13,7 +13,11 @@
 // (interleaved), and prints calls/s, the server's CPU per call (utime+stime
 // of -pid, the mysqld process, from /proc), its own CPU per call, and the
 // CPU the rest of the machine used meanwhile ("other"); the medians skip
-// rounds whose "other" exceeds -maxother. It works in the database
+// rounds whose "other" exceeds -maxother. With -callgrind, -pid is a server
+// running under valgrind's callgrind (out-file in that directory): each run
+// is bracketed by callgrind_control -z and -d, and the server's instructions
+// per call, which do not move with the machine's load, are printed too. It
+// works in the database
 // exp_mysqlperf, which it drops and creates.
 //
 //	go run . -pid $(pgrep -x mariadbd) -clients 8 -rounds 8 -only floor,cur,one,txlimit
@@ -26,6 +30,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -115,6 +121,7 @@ func main() {
 	rounds := flag.Int("rounds", 3, "")
 	maxOther := flag.Float64("maxother", 0.15, "drop samples where other processes used more CPUs")
 	only := flag.String("only", "", "comma list")
+	flag.StringVar(&cgDir, "callgrind", "", "callgrind's output directory, when -pid runs under valgrind --tool=callgrind")
 	flag.Parse()
 	if *pid == "" {
 		fmt.Fprintln(os.Stderr, "mysqlexp: -pid is required (the server process: pgrep -x mariadbd)")
@@ -163,7 +170,8 @@ func main() {
 			if lastOther < *maxOther {
 				res[v.name] = append(res[v.name], [3]float64{calls, us, lastSelf})
 			}
-			fmt.Printf("round %d %-12s %8.0f calls/s %6.1f µs/call  client %5.1f µs/call  other %.2f cpus\n", r, v.name, calls, us, lastSelf, lastOther)
+			fmt.Printf("round %d %-12s %8.0f calls/s %6.1f µs/call  client %5.1f µs/call  other %.2f cpus  server %.0f instructions/call\n",
+				r, v.name, calls, us, lastSelf, lastOther, lastInstr)
 		}
 	}
 	fmt.Println("medians:")
@@ -220,6 +228,9 @@ func run(ctx context.Context, db *sql.DB, v variant, name string, clients int, d
 		c, err := db.Conn(ctx)
 		must(err)
 		conns[i] = c
+	}
+	if cgDir != "" {
+		must(exec.Command("callgrind_control", "-z", pid).Run())
 	}
 	c0 := cpu(pid)
 	s0, b0 := cpu("self"), busy()
@@ -280,11 +291,27 @@ func run(ctx context.Context, db *sql.DB, v variant, name string, clients int, d
 		c.Close()
 	}
 	calls := float64(n.Load())
+	if cgDir != "" {
+		must(exec.Command("callgrind_control", "-d", pid).Run())
+		dumps, err := filepath.Glob(filepath.Join(cgDir, "cg.*"))
+		must(err)
+		newest, at := "", time.Time{}
+		for _, d := range dumps {
+			if st, err := os.Stat(d); err == nil && st.ModTime().After(at) {
+				newest, at = d, st.ModTime()
+			}
+		}
+		total, err := measure.CallgrindTotal(newest)
+		must(err)
+		lastInstr = float64(total) / calls
+	}
 	return calls / el.Seconds(), float64(c1-c0) * 1e4 / calls
 }
 
 var (
 	lastOther, lastSelf float64
+	lastInstr           float64
+	cgDir               string
 	limiter             *txlimit.Limiter[*sql.Tx]
 )
 
