@@ -13,10 +13,12 @@
 // (interleaved), and prints calls/s, the server's CPU per call (utime+stime
 // of -pid, the mysqld process, from /proc), its own CPU per call, and the
 // CPU the rest of the machine used meanwhile ("other"); the medians skip
-// rounds whose "other" exceeds -maxother. With -callgrind, -pid is a server
-// running under valgrind's callgrind (out-file in that directory): each run
-// is bracketed by callgrind_control -z and -d, and the server's instructions
-// per call, which do not move with the machine's load, are printed too. It
+// rounds whose "other" exceeds -maxother. With -callgrind, -dsn is a server
+// running under valgrind's callgrind with --dump-before='refresh_status*'
+// and its out-file in that directory: each run is bracketed by FLUSH STATUS,
+// which makes callgrind dump its counts, and the server's instructions per
+// call, which do not move with the machine's load, are printed too
+// (callgrind_control needs ptrace, which a container may not allow). It
 // works in the database
 // exp_mysqlperf, which it drops and creates.
 //
@@ -30,8 +32,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -229,8 +231,12 @@ func run(ctx context.Context, db *sql.DB, v variant, name string, clients int, d
 		must(err)
 		conns[i] = c
 	}
+	var before []string
 	if cgDir != "" {
-		must(exec.Command("callgrind_control", "-z", pid).Run())
+		_, err := db.ExecContext(ctx, "FLUSH STATUS")
+		must(err)
+		before, err = filepath.Glob(filepath.Join(cgDir, "cg.*"))
+		must(err)
 	}
 	c0 := cpu(pid)
 	s0, b0 := cpu("self"), busy()
@@ -292,17 +298,18 @@ func run(ctx context.Context, db *sql.DB, v variant, name string, clients int, d
 	}
 	calls := float64(n.Load())
 	if cgDir != "" {
-		must(exec.Command("callgrind_control", "-d", pid).Run())
+		_, err := db.ExecContext(ctx, "FLUSH STATUS")
+		must(err)
 		dumps, err := filepath.Glob(filepath.Join(cgDir, "cg.*"))
 		must(err)
-		newest, at := "", time.Time{}
+		var total int64
 		for _, d := range dumps {
-			if st, err := os.Stat(d); err == nil && st.ModTime().After(at) {
-				newest, at = d, st.ModTime()
+			if !slices.Contains(before, d) {
+				n, err := measure.CallgrindTotal(d)
+				must(err)
+				total += n
 			}
 		}
-		total, err := measure.CallgrindTotal(newest)
-		must(err)
 		lastInstr = float64(total) / calls
 	}
 	return calls / el.Seconds(), float64(c1-c0) * 1e4 / calls

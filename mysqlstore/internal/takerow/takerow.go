@@ -1,7 +1,7 @@
 // Package takerow is mysqlstore's one-statement take: an admitted call on an
 // unsharded limit as one INSERT … ON DUPLICATE KEY UPDATE that refills,
-// decides and writes with algo's arithmetic in SQL (TakeBucket and
-// TakeWindow in mysqlstore/internal/rawsql/take.sql, which says how), and
+// decides and writes with algo's arithmetic in SQL (the statements of
+// mysqlstore/internal/rawsql/take.sql, which says how), and
 // what it did, read with RETURNING on MariaDB and by a second statement on
 // MySQL. It is a package of its own so that the differential test in
 // mysqlstore's tests, which runs on a real server, can hold the statement
@@ -19,13 +19,15 @@ import (
 	"github.com/txlimit/txlimit/mysqlstore/internal/rawsql"
 )
 
-// The statements, one per kind. On MariaDB the take returns what it did
-// (TakeReturning appended), in one round trip; on MySQL TakeRead reads it.
+// The statements: per kind, one for a plain take on the server's clock and
+// one for any call (take.sql says why). On MariaDB the take returns what it
+// did (TakeReturning appended), in one round trip; on MySQL TakeRead reads
+// it.
 var (
-	bucket, window                   = rawsql.Get("TakeBucket"), rawsql.Get("TakeWindow")
-	returning                        = rawsql.Get("TakeReturning").SQL
-	bucketReturning, windowReturning = bucket.SQL + "\n" + returning, window.SQL + "\n" + returning
-	read, readOK                     = rawsql.Get("TakeRead"), rawsql.Get("TakeReadOK")
+	bucket, bucketAny = rawsql.Get("TakeBucket"), rawsql.Get("TakeBucketAny")
+	window, windowAny = rawsql.Get("TakeWindow"), rawsql.Get("TakeWindowAny")
+	returning         = "\n" + rawsql.Get("TakeReturning").SQL
+	read, readOK      = rawsql.Get("TakeRead"), rawsql.Get("TakeReadOK")
 )
 
 // Result is what the statement did and TakeRead read back.
@@ -64,12 +66,18 @@ func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time, w
 	if now != nil {
 		clock = now.UTC()
 	}
-	st, query := bucket, bucketReturning
-	if c.Kind == algo.FixedWindow {
-		st, query = window, windowReturning
+	st := bucket
+	switch plain := !p.Reserve && now == nil; {
+	case c.Kind == algo.FixedWindow && plain:
+		st = window
+	case c.Kind == algo.FixedWindow:
+		st = windowAny
+	case !plain:
+		st = bucketAny
 	}
-	if !withReturning {
-		query = st.SQL
+	query := st.SQL
+	if withReturning {
+		query += returning
 	}
 	name, key := []byte(p.Name), []byte(p.Key)
 	args := st.Args(map[string]any{
