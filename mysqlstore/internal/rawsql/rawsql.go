@@ -11,6 +11,7 @@ package rawsql
 import (
 	"embed"
 	"fmt"
+	"io/fs"
 	"regexp"
 	"slices"
 	"strings"
@@ -28,32 +29,21 @@ type Stmt struct {
 }
 
 var (
-	header = regexp.MustCompile(`(?m)^-- name: (\w+)\n`)
-	param  = regexp.MustCompile(`:([a-z_]+)`)
-	all    = load()
-	used   = map[string]bool{}
+	param = regexp.MustCompile(`:([a-z_]+)`)
+	all   = load()
+	used  = map[string]bool{}
 )
 
 func load() map[string]Stmt {
 	out := map[string]Stmt{}
-	entries, err := files.ReadDir(".")
-	if err != nil {
-		panic(err)
-	}
-	for _, e := range entries {
-		b, err := files.ReadFile(e.Name())
-		if err != nil {
-			panic(err)
-		}
-		text := string(b)
-		marks := header.FindAllStringSubmatchIndex(text, -1)
-		for i, m := range marks {
-			end := len(text)
-			if i+1 < len(marks) {
-				end = marks[i+1][0]
-			}
+	paths, _ := fs.Glob(files, "*.sql") // embedded: no error to read
+	for _, path := range paths {
+		text, _ := files.ReadFile(path)
+		// What precedes the first header is the file's own comment.
+		for _, part := range strings.Split(string(text), "-- name: ")[1:] {
+			name, body, _ := strings.Cut(part, "\n")
 			var lines []string
-			for line := range strings.Lines(text[m[1]:end]) {
+			for line := range strings.Lines(body) {
 				if !strings.HasPrefix(strings.TrimSpace(line), "--") {
 					lines = append(lines, line)
 				}
@@ -63,7 +53,10 @@ func load() map[string]Stmt {
 				st.params = append(st.params, p[1:])
 				return "?"
 			})
-			out[text[m[2]:m[3]]] = st
+			if _, dup := out[name]; dup {
+				panic(fmt.Sprintf("rawsql: two statements named %s in mysqlstore/internal/rawsql/*.sql; rename one", name))
+			}
+			out[name] = st
 		}
 	}
 	return out
