@@ -3,6 +3,7 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,27 +15,16 @@ import (
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
 	gen "github.com/txlimit/txlimit/mysqlstore/internal/db"
+	"github.com/txlimit/txlimit/mysqlstore/internal/rawsql"
 )
 
-var queries = gen.New()
-
-// ensureRowsSQL creates the listed rows that are missing, as placeholders
-// (their limit's full state: the same as no row), and locks the ones that
-// exist, one after the other in the order of the list, waiting for the
-// transactions that hold them. ON DUPLICATE KEY UPDATE locks the row it
-// finds by its primary key and no gap (see takeRowSQL for why that matters);
-// its assignment changes nothing. The rows come as a JSON array of [name,
-// key, shard, value, ts, prev] (see rowWrite), the one way both MySQL and MariaDB
-// turn a list into rows: bound by hand, since sqlc's MySQL engine does not
-// parse JSON_TABLE.
-const ensureRowsSQL = `-- name: EnsureRows :execrows
-INSERT INTO txlimit (name, ` + "`key`" + `, shard, value, prev, ts)
-SELECT UNHEX(j.n), UNHEX(j.k), j.s, CAST(j.v AS DOUBLE), CAST(j.p AS DOUBLE), j.t
-FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]',
-                                   s INT PATH '$[2]', v VARCHAR(32) PATH '$[3]', t DATETIME(6) PATH '$[4]',
-                                   p VARCHAR(32) PATH '$[5]')) AS j
-ORDER BY j.i
-ON DUPLICATE KEY UPDATE shard = txlimit.shard`
+// The store's statements: sqlc's (queries/mysql), and the ones on lists of
+// rows, which sqlc's MySQL engine cannot compile (internal/rawsql/rows.sql).
+var (
+	queries                                    = gen.New()
+	ensureRowsSQL, writeRowsSQL, deleteRowsSQL = rawsql.Get("EnsureRows").SQL, rawsql.Get("WriteRows").SQL, rawsql.Get("DeleteRows").SQL
+	topsSQL, lockRowsSQL, lockIdleSQL          = rawsql.Get("Tops").SQL, rawsql.Get("LockRows").SQL, rawsql.Get("LockIdle").SQL
+)
 
 // ensure creates and locks rows 0..Shards-1 of each limit, in the order
 // given (which must be the canonical one when there are several).
@@ -56,7 +46,7 @@ func ensure(ctx context.Context, tx *sql.Tx, limits ...driver.Limit) error {
 	return nil
 }
 
-// placeholder is the row ensureSQL creates for l.
+// placeholder is the row ensure creates for l.
 func placeholder(l driver.Limit) algo.State { return l.Full() }
 
 // put is the row that stores state s of shard of l. Row 0 of a sharded
@@ -154,28 +144,6 @@ func lockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *time.Time) (l
 	return out, nil
 }
 
-// writeRowsSQL stores the new state of several rows the transaction holds
-// (or creates one that is missing), from a JSON array of [name, key, shard,
-// value, ts, prev], name and key in hexadecimal (so that no character set stands
-// between Go's bytes and the VARBINARY columns) and value as the shortest
-// decimal that reads back as the same float64 (MySQL parses it exactly with
-// CAST; a JSON number goes through the JSON parser, which need not).
-// Bound by hand: JSON_TABLE.
-const writeRowsSQL = `-- name: WriteRows :exec
-INSERT INTO txlimit (name, ` + "`key`" + `, shard, value, prev, ts)
-SELECT UNHEX(j.n), UNHEX(j.k), j.s, CAST(j.v AS DOUBLE), CAST(j.p AS DOUBLE), j.t
-FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]',
-                                   v VARCHAR(32) PATH '$[3]', t DATETIME(6) PATH '$[4]', p VARCHAR(32) PATH '$[5]')) AS j
-ON DUPLICATE KEY UPDATE value = CAST(j.v AS DOUBLE), prev = CAST(j.p AS DOUBLE), ts = j.t`
-
-// deleteRowsSQL deletes the rows listed as a JSON array of [name, key,
-// shard] (hexadecimal as in writeRowsSQL), which the transaction holds, by
-// their primary keys. Bound by hand: JSON_TABLE.
-const deleteRowsSQL = `-- name: DeleteRows :execrows
-DELETE t FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]')) AS j
-STRAIGHT_JOIN txlimit AS t FORCE INDEX (PRIMARY)
-    ON t.name = UNHEX(j.n) AND t.` + "`key`" + ` = UNHEX(j.k) AND t.shard = j.s`
-
 // rowWrite is the new state of one row.
 type rowWrite struct {
 	name, key string
@@ -201,15 +169,7 @@ func (r rowRef) MarshalJSON() ([]byte, error) {
 	return json.Marshal([]any{hexOf(r.name), hexOf(r.key), r.shard})
 }
 
-const hexDigits = "0123456789ABCDEF"
-
-func hexOf(s string) string {
-	b := make([]byte, 2*len(s))
-	for i := 0; i < len(s); i++ {
-		b[2*i], b[2*i+1] = hexDigits[s[i]>>4], hexDigits[s[i]&15]
-	}
-	return string(b)
-}
+func hexOf(s string) string { return hex.EncodeToString([]byte(s)) }
 
 // formatFloat is the shortest decimal that reads back as v.
 func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }

@@ -9,31 +9,7 @@ import (
 	"github.com/txlimit/txlimit/internal/driver"
 )
 
-// topsSQL reads the highest shard of each listed key as the transaction's
-// snapshot has it, locking nothing, from a JSON array of [name, key]
-// (hexadecimal): TakeAll locks those rows too, in their place in the
-// canonical order. Bound by hand: JSON_TABLE.
-const topsSQL = `-- name: Tops :many
-SELECT j.i, CAST(COALESCE((SELECT MAX(m.shard) FROM txlimit AS m
-                           WHERE m.name = UNHEX(j.n) AND m.` + "`key`" + ` = UNHEX(j.k)), -1) AS SIGNED) AS top
-FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]')) AS j
-ORDER BY j.i`
-
-// lockRowsSQL locks the listed rows, which exist, by their primary keys, in
-// the order of the JSON array of [name, key, shard] (hexadecimal), waiting
-// for the transactions that hold them, and reads them with the clock:
-// STRAIGHT_JOIN makes the array drive the join, and FORCE INDEX keeps the
-// optimizer from scanning the table (a locking scan locks every row it
-// reads). Bound by hand: JSON_TABLE.
-const lockRowsSQL = `-- name: LockRows :many
-SELECT j.i, t.shard, t.value, t.prev, t.ts, UTC_TIMESTAMP(6) AS clock
-FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]')) AS j
-STRAIGHT_JOIN txlimit AS t FORCE INDEX (PRIMARY)
-    ON t.name = UNHEX(j.n) AND t.` + "`key`" + ` = UNHEX(j.k) AND t.shard = j.s
-ORDER BY j.i
-FOR UPDATE`
-
-// keyRef is a (name, key) in the JSON arrays above.
+// keyRef is a (name, key) in the JSON arrays of Tops (rows.sql).
 type keyRef struct{ name, key string }
 
 func (k keyRef) MarshalJSON() ([]byte, error) {

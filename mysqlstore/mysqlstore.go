@@ -27,11 +27,10 @@
 //   - interpolateParams=true (required by Ping): without it the driver
 //     prepares each statement that has arguments on the server and runs it
 //     in a second round trip, which doubles the round trips of every call.
-//     The store's statements bind no float64 as a literal the server would
-//     read as DECIMAL (every argument is CAST, or, in the one-statement
-//     take, written as a DOUBLE literal such as 5e-01), so interpolation
-//     changes no result: the stored values are bit for bit the same either
-//     way.
+//     The store's statements read every float64 argument through CAST(…
+//     AS DOUBLE), never as the DECIMAL literal the driver writes, so
+//     interpolation changes no result: the stored values are bit for bit
+//     the same either way.
 //   - clientFoundRows unset or false (required by Ping): on MySQL the store
 //     reads the affected-rows count of its one-statement take to tell a
 //     grant from a denial; with clientFoundRows a row left as it was counts
@@ -158,8 +157,8 @@ func (s *backend) mariaDB(ctx context.Context, tx *sql.Tx) (bool, error) {
 	case flavorMariaDB:
 		return true, nil
 	}
-	var version string
-	if err := tx.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+	version, err := queries.Version(ctx, tx)
+	if err != nil {
 		return false, wrap(ctx, tx, "ask the server's version", err)
 	}
 	if strings.Contains(strings.ToLower(version), "mariadb") {

@@ -10,19 +10,6 @@ import (
 	gen "github.com/txlimit/txlimit/mysqlstore/internal/db"
 )
 
-// lockIdleSQL locks the listed rows that no other transaction holds, by
-// their primary keys, without waiting (SKIP LOCKED), and reads them with
-// the clock: a batch of Prune never waits for a row live traffic holds, and
-// locks no gap that live traffic's inserts would wait for. The rows come as
-// in lockRowsSQL. Bound by hand: JSON_TABLE.
-const lockIdleSQL = `-- name: LockIdle :many
-SELECT j.i, t.shard, t.value, t.prev, t.ts, UTC_TIMESTAMP(6) AS clock
-FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]')) AS j
-STRAIGHT_JOIN txlimit AS t FORCE INDEX (PRIMARY)
-    ON t.name = UNHEX(j.n) AND t.` + "`key`" + ` = UNHEX(j.k) AND t.shard = j.s
-ORDER BY j.i
-FOR UPDATE SKIP LOCKED`
-
 // prune is driver.Store.Prune. It reads the next keys after the cursor
 // with their rows' count and highest shard, locking nothing, then locks
 // the rows of the known ones that no other transaction holds, and deletes
