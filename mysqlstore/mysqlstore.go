@@ -6,9 +6,9 @@
 //	db, err := sql.Open("mysql", "app:secret@tcp(db:3306)/app?parseTime=true&interpolateParams=true")
 //	…
 //	if err := migrations.Up(ctx, db, migrations.MySQL); err != nil { … }
-//	store := mysqlstore.New(db)
-//	if err := store.Ping(ctx); err != nil { … } // names any DSN setting to fix
-//	limiter, err := txlimit.New(store, limits, nil)
+//	limiter, err := txlimit.New(mysqlstore.New(db), limits, nil)
+//	…
+//	if err := limiter.Ping(ctx); err != nil { … } // names any DSN setting to fix
 //
 // The limiter's TTx is then *sql.Tx, and LimitTx takes the transaction the
 // application already has open. The package imports no driver: the
@@ -16,8 +16,8 @@
 //
 // # The DSN
 //
-// Ping checks each of these by what the driver does, and its error names
-// the parameter to set:
+// Limiter.Ping checks each of these by what the driver does, and its error
+// names the parameter to set:
 //
 //   - parseTime=true (required): the store reads DATETIME(6) columns as
 //     time.Time; without it the driver returns bytes.
@@ -100,7 +100,8 @@
 // Database errors keep the driver's error (*mysql.MySQLError), so
 // errors.As reaches it and its number. A missing or outdated txlimit table
 // matches txlimit.ErrNotMigrated; a DSN setting the store needs, ErrDSN; a
-// database that is not MySQL, ErrWrongDatabase. A deadlock (1213) makes the
+// database that is not MySQL, ErrWrongDatabase (txlimit.Options.FailOpen
+// grants on neither: no retry cures them). A deadlock (1213) makes the
 // server roll the whole transaction back; a lock wait timeout (1205) undoes
 // the statement only, and the transaction must still be rolled back.
 // Retryable classifies those and the other errors after which running the
@@ -122,7 +123,9 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 	"github.com/txlimit/txlimit/internal/sqltx"
+	gen "github.com/txlimit/txlimit/mysqlstore/internal/db"
 )
 
 // Store is txlimit's store for MySQL and MariaDB on database/sql: give it to txlimit.New, which
@@ -133,8 +136,11 @@ type Store struct{ handle }
 // that no other package implements one.
 type handle = driver.Handle[*sql.Tx]
 
-// backend is the store's operations.
+// backend is the store's operations, and the engine's dialect for InnoDB:
+// row locks and SKIP LOCKED (engine.SkipLocker), but a row lock held until
+// the transaction ends, savepoint or not (engine.FreeLocker).
 type backend struct {
+	sqltx.Store
 	db *sql.DB
 	// flavor is what the server is, learnt from the first call's
 	// transaction: unknown, MySQL or MariaDB.
@@ -170,39 +176,22 @@ func (s *backend) mariaDB(ctx context.Context, tx *sql.Tx) (bool, error) {
 }
 
 var (
-	_ driver.Ops[*sql.Tx] = (*backend)(nil)
-	_ driver.ClockRanger  = (*backend)(nil)
+	_ driver.Ops[*sql.Tx]        = (*backend)(nil)
+	_ driver.ClockRanger         = (*backend)(nil)
+	_ engine.FreeLocker[*sql.Tx] = (*backend)(nil)
+	_ engine.Dialect[*sql.Tx]    = (*backend)(nil)
 )
 
 // New returns a store on db, a MySQL or MariaDB database opened with
 // go-sql-driver/mysql (or any driver that behaves as the package
 // documentation describes). db may be nil when only the …Tx forms of the
-// limiter are used; the other forms then return txlimit.ErrNoPool.
-func New(db *sql.DB) *Store { return &Store{driver.NewHandle[*sql.Tx](&backend{db: db})} }
-
-// InTx implements driver.Store. A transaction that only reads (Check,
-// Value) is begun read-only. It is rolled back when fn returns an error or
-// panics (the panic then continues) and committed otherwise.
-func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
-	return sqltx.InTx(ctx, s.db, readOnly, fn, beginErr, s.commitErr(ctx))
-}
-
-// Commit implements driver.Store: TakeAll in tx, then COMMIT when it
-// granted and ROLLBACK otherwise, a round trip each (database/sql sends one
-// statement at a time).
-func (s *backend) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return sqltx.Commit(ctx, tx, p, s.TakeAll, s.commitErr(ctx), committedNot)
-}
-
-// InTxCommit implements driver.Store.
-func (s *backend) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return sqltx.InTxCommit(ctx, s.db, fn, p, s.TakeAll, beginErr, s.commitErr(ctx), committedNot)
-}
-
-func beginErr(err error) error { return &beginError{err} } // Retryable: nothing ran
-
-func (s *backend) commitErr(ctx context.Context) func(error) error {
-	return func(err error) error { return wrap(ctx, nil, "commit", err) }
+// limiter are used; the other forms then return an *txlimit.InvalidError.
+func New(db *sql.DB) *Store {
+	s := &backend{db: db}
+	s.Store = sqltx.Store{DB: db, TakeAllFn: s.TakeAll, Refused: committedNot,
+		BeginErr:  func(_ context.Context, err error) error { return &beginError{err} }, // Retryable: nothing ran
+		CommitErr: func(ctx context.Context, err error) error { return wrap(ctx, nil, "commit", err) }}
+	return &Store{driver.NewHandle[*sql.Tx](s)}
 }
 
 // committedNot reports whether a COMMIT that failed with err surely did not
@@ -215,13 +204,11 @@ func committedNot(err error) bool {
 	return answered || errors.Is(err, sqldriver.ErrBadConn) || errors.Is(err, sql.ErrTxDone)
 }
 
-// Ping implements driver.Store: it checks that db answers, is MySQL 8.0.19+
+// Ping implements driver.Ops: it checks that db answers, is MySQL 8.0.19+
 // or MariaDB 10.6+, was opened with the DSN settings the package
 // documentation lists (ErrDSN otherwise, naming the parameter), and has the
 // txlimit table with every column the library uses (txlimit.ErrNotMigrated
 // otherwise).
-// The store has no escrow mode (txlimit.New refuses Config.Escrow on it), so
-// p.Escrow asks for nothing more.
 func (s *backend) Ping(ctx context.Context) error { return ping(ctx, s.db) }
 
 // ClockRange implements driver.ClockRanger: the instants a DATETIME(6)
@@ -230,41 +217,41 @@ func (s *backend) Ping(ctx context.Context) error { return ping(ctx, s.db) }
 // reading of txlimit.Options.Clock outside them before any statement.
 func (s *backend) ClockRange() (first, last time.Time) { return minTime, maxTime }
 
-// Take implements driver.Store.
+// Take implements driver.Ops (engine.Take). An unsharded limit is taken in
+// one statement (TakeRow); a sharded one is read first, and taken from one
+// shard no other transaction holds when one has twice the count
+// (TryShard); anything else, and whatever those leave undecided, locks
+// every row of the key and decides in Go (driver.Decide).
 func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
-	returning, err := s.mariaDB(ctx, tx)
-	if err != nil {
-		return driver.TakeResult{}, err
-	}
-	return take(ctx, tx, p, returning)
+	return engine.Take(ctx, s, tx, p)
 }
 
-// TakeAll implements driver.Store.
+// TakeAll implements driver.Ops (engine.TakeAll, on LockKeys).
 func (s *backend) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return takeAll(ctx, tx, p)
+	return engine.TakeAll(ctx, s, tx, p)
 }
 
-// Read implements driver.Store with plain reads, which lock nothing: the
-// transaction's snapshot, and its own writes.
+// Read implements driver.Ops and engine.Dialect with plain reads, which
+// lock nothing: the transaction's snapshot, and its own writes.
 func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
 	return readShards(ctx, tx, p.Name, p.Key, p.Now)
 }
 
-// Credit implements driver.Store.
+// Credit implements driver.Ops.
 func (s *backend) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
-	return credit(ctx, tx, p)
+	return engine.Credit(ctx, s, tx, p)
 }
 
-// Reset implements driver.Store. The store has no escrow calls to detach.
+// Reset implements driver.Ops.
 func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
-	return reset(ctx, tx, k)
+	return wrap(ctx, tx, "delete the limit's rows", queries.DeleteKey(ctx, tx, gen.DeleteKeyParams{Name: []byte(k.Name), Key: []byte(k.Key)}))
 }
 
-// Prune implements driver.Store: one batch in a short transaction of its
-// own.
+// Prune implements driver.Ops: one batch in a short transaction of its
+// own (ScanKeys, LockIdle).
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
-		res, err = prune(ctx, tx, p)
+		res, err = engine.Prune(ctx, s, tx, p)
 		return err
 	})
 	return res, err

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/sqltx"
 	"github.com/txlimit/txlimit/mysqlstore/internal/rawsql"
 )
 
@@ -49,10 +50,10 @@ var versionNumbers = regexp.MustCompile(`^(\d+)\.(\d+)\.(\d+)`)
 func checkVersion(ctx context.Context, db *sql.DB) error {
 	version, err := queries.Version(ctx, db)
 	if err != nil {
-		if wrong := wrongDatabase(ctx, db, err); wrong != nil {
+		if wrong := sqltx.WrongDatabase(ctx, db, err, ErrWrongDatabase, sqltx.MySQL); wrong != nil {
 			return wrong
 		}
-		return fmt.Errorf("txlimit/mysqlstore: ping: %w: %w", ErrWrongDatabase, err)
+		return driver.Setup(fmt.Errorf("txlimit/mysqlstore: ping: %w: %w", ErrWrongDatabase, err))
 	}
 	m := versionNumbers.FindStringSubmatch(version)
 	if m == nil {
@@ -64,12 +65,12 @@ func checkVersion(ctx context.Context, db *sql.DB) error {
 	v := major*1_000_000 + minor*1_000 + patch
 	if strings.Contains(strings.ToLower(version), "mariadb") {
 		if v < 10_006_000 {
-			return fmt.Errorf("%w: it is MariaDB %s; mysqlstore needs MariaDB 10.6 or later (SKIP LOCKED, JSON_TABLE)", ErrWrongDatabase, version)
+			return driver.Setup(fmt.Errorf("%w: it is MariaDB %s; mysqlstore needs MariaDB 10.6 or later (SKIP LOCKED, JSON_TABLE)", ErrWrongDatabase, version))
 		}
 		return nil
 	}
 	if v < 8_000_019 {
-		return fmt.Errorf("%w: it is MySQL %s; mysqlstore needs MySQL 8.0.19 or later", ErrWrongDatabase, version)
+		return driver.Setup(fmt.Errorf("%w: it is MySQL %s; mysqlstore needs MySQL 8.0.19 or later", ErrWrongDatabase, version))
 	}
 	return nil
 }
@@ -102,8 +103,8 @@ func checkFoundRows(ctx context.Context, db *sql.DB) (err error) {
 		}
 	}
 	if n != 0 {
-		return fmt.Errorf("%w: remove clientFoundRows from the DSN (or set clientFoundRows=false): the store counts the rows a "+
-			"statement changed, and with it the driver counts the rows it found", ErrDSN)
+		return dsnError("remove clientFoundRows from the DSN (or set clientFoundRows=false): the store counts the rows a " +
+			"statement changed, and with it the driver counts the rows it found")
 	}
 	return nil
 }
@@ -135,8 +136,8 @@ func checkInterpolation(ctx context.Context, db *sql.DB) error {
 		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
 	}
 	if after > before {
-		return fmt.Errorf("%w: add interpolateParams=true to the DSN: without it the driver prepares every statement that "+
-			"has arguments on the server and runs it in a second round trip, which doubles what a limited call costs", ErrDSN)
+		return dsnError("add interpolateParams=true to the DSN: without it the driver prepares every statement that " +
+			"has arguments on the server and runs it in a second round trip, which doubles what a limited call costs")
 	}
 	return nil
 }

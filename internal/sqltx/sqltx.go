@@ -102,28 +102,6 @@ func (s Store) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driv
 // TakeAll is a store's driver.Ops.TakeAll.
 type TakeAll func(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error)
 
-// InTx, Commit and InTxCommit are Store's for mysqlstore, until it embeds a
-// Store.
-func InTx(ctx context.Context, db *sql.DB, readOnly bool, fn func(tx *sql.Tx) error, begin, commit func(error) error) error {
-	return legacy(db, nil, begin, commit, nil).InTx(ctx, readOnly, fn)
-}
-
-func Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams, takeAll TakeAll, commit func(error) error, known func(error) bool) (driver.TakeAllResult, error) {
-	return legacy(nil, takeAll, nil, commit, known).Commit(ctx, tx, p)
-}
-
-func InTxCommit(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error, p driver.TakeAllParams, takeAll TakeAll,
-	begin, commit func(error) error, known func(error) bool,
-) (driver.TakeAllResult, error) {
-	return legacy(db, takeAll, begin, commit, known).InTxCommit(ctx, fn, p)
-}
-
-func legacy(db *sql.DB, takeAll TakeAll, begin, commit func(error) error, known func(error) bool) Store {
-	return Store{DB: db, TakeAllFn: takeAll, Refused: known,
-		BeginErr:  func(_ context.Context, err error) error { return begin(err) },
-		CommitErr: func(_ context.Context, err error) error { return commit(err) }}
-}
-
 // RunTx is the RunTx of a database/sql store (name says which, in errors):
 // fn in a transaction begun on db with opts, committed, the whole of it run
 // again from BEGIN, up to attempts runs, when it fails with an error
