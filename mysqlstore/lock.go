@@ -91,11 +91,6 @@ func shards(from, to int) []int32 {
 // they are held. Rows beyond Shards-1 (another config's) are locked after
 // them, still in shard order. The placeholders it holds are Created.
 func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *time.Time, _ bool) (engine.Locked, error) {
-	if now != nil {
-		if err := checkTime("the clock", *now); err != nil {
-			return engine.Locked{}, err
-		}
-	}
 	if err := ensure(ctx, tx, l); err != nil {
 		return engine.Locked{}, err
 	}
@@ -140,8 +135,9 @@ func held(l driver.Limit, rows []driver.Row, at time.Time) engine.Locked {
 	return out
 }
 
-// clockOr is the call's own clock, now, at the microseconds DATETIME(6)
-// holds, or the server's when now is nil.
+// clockOr is the call's own clock, now, or the server's when now is nil.
+// txlimit refuses a now that DATETIME(6) cannot hold (ClockRange) before any
+// statement, and write refuses a state that it cannot.
 func clockOr(now *time.Time, server time.Time) time.Time {
 	if now != nil {
 		return time.UnixMicro(now.UnixMicro()).UTC()
@@ -296,10 +292,10 @@ func (s *backend) TryShards(ctx context.Context, tx *sql.Tx, p driver.TakeParams
 	return rows, nil
 }
 
-// readShards reads every row of (name, key) as the transaction's snapshot
-// has them, and the clock, locking nothing.
-func readShards(ctx context.Context, tx *sql.Tx, name, key string, now *time.Time) (driver.ReadResult, error) {
-	rows, err := queries.ReadShards(ctx, tx, gen.ReadShardsParams{Name: []byte(name), Key: []byte(key)})
+// Read implements driver.Ops and engine.Dialect with plain reads, which
+// lock nothing: the transaction's snapshot, and its own writes.
+func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
+	rows, err := queries.ReadShards(ctx, tx, gen.ReadShardsParams{Name: []byte(p.Name), Key: []byte(p.Key)})
 	if err != nil {
 		return driver.ReadResult{}, wrap(ctx, tx, "read the limit's rows", err)
 	}
@@ -310,11 +306,8 @@ func readShards(ctx context.Context, tx *sql.Tx, name, key string, now *time.Tim
 			return driver.ReadResult{}, err
 		}
 	}
-	if now != nil {
-		if err := checkTime("the clock", *now); err != nil {
-			return driver.ReadResult{}, err
-		}
-		out.At = time.UnixMicro(now.UnixMicro()).UTC()
+	if p.Now != nil {
+		out.At = clockOr(p.Now, time.Time{})
 		return out, nil
 	}
 	out.At, err = queries.Clock(ctx, tx)

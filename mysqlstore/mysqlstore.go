@@ -76,24 +76,26 @@
 // Reset (a range DELETE) is the exception: it also locks the gap after the
 // key's rows until the transaction ends.
 //
-// An admitted call on an unsharded limit is one INSERT … ON DUPLICATE KEY
-// UPDATE that creates or locks the row, refills it, decides and writes; on
-// MariaDB its RETURNING gives the result in the same round trip, on MySQL a
-// second statement reads it. A denial costs the locked path after it: every
-// row of the key locked and decided in Go. Row 0 of a sharded limit carries
-// its number of shards in the prev column, so that the one statement leaves
-// a key that a sharded config wrote to the locked path, which pools its
-// shards (a redeployed Shards). A sharded limit is read first, locking nothing; a denial that state
-// decides is answered at once; otherwise one shard that holds twice the
-// count and no other transaction holds is locked with FOR UPDATE SKIP LOCKED
-// and taken from (three statements). InnoDB keeps a row lock until the
-// transaction ends, even one taken after a savepoint that was rolled back,
-// so unlike on PostgreSQL a shard that turns out to lack the tokens stays
-// locked while the call locks every shard. LimitAll creates and locks every
-// row of every limit in one statement, in the canonical order (name, then
-// key, compared as bytes: the columns are VARBINARY), so that two callers
-// never deadlock on them. Prune locks with SKIP LOCKED by primary key and
-// never waits for a row live traffic holds.
+// The take flow is package engine's, on the statements here. An admitted
+// call on an unsharded limit is one INSERT … ON DUPLICATE KEY UPDATE that
+// creates or locks the row, refills it, decides and writes; on MariaDB its
+// RETURNING gives the result in the same round trip, on MySQL a second
+// statement reads it. A denial costs the locked path after it: every row of
+// the key locked and decided in Go. Row 0 of a sharded limit carries its
+// number of shards in the prev column, so that the one statement leaves a
+// key that a sharded config wrote to the locked path, which pools its
+// shards (a redeployed Shards). A sharded limit is read first, locking
+// nothing; a denial that state decides is answered at once; otherwise one
+// shard that holds twice the count and no other transaction holds is locked
+// with FOR UPDATE SKIP LOCKED and taken from (three statements). InnoDB
+// keeps a row lock until the transaction ends, even one taken after a
+// savepoint that was rolled back, so a shard that turns out to lack the
+// tokens stays locked, and the call is decided on the shards no other
+// transaction holds, never waiting for another. LimitAll creates the
+// missing rows of every limit and then locks them all, a statement each, in
+// the canonical order (name, then key, compared as bytes: the columns are
+// VARBINARY), so that two callers never deadlock on them. Prune locks with
+// SKIP LOCKED by primary key and never waits for a row live traffic holds.
 //
 // # Errors
 //
@@ -157,22 +159,19 @@ const (
 // time: MariaDB's INSERT … RETURNING saves the one-statement take its
 // second round trip.
 func (s *backend) mariaDB(ctx context.Context, tx *sql.Tx) (bool, error) {
-	switch s.flavor.Load() {
-	case flavorMySQL:
-		return false, nil
-	case flavorMariaDB:
-		return true, nil
+	if f := s.flavor.Load(); f != flavorUnknown {
+		return f == flavorMariaDB, nil
 	}
 	version, err := queries.Version(ctx, tx)
 	if err != nil {
 		return false, wrap(ctx, tx, "ask the server's version", err)
 	}
+	flavor := flavorMySQL
 	if strings.Contains(strings.ToLower(version), "mariadb") {
-		s.flavor.Store(flavorMariaDB)
-		return true, nil
+		flavor = flavorMariaDB
 	}
-	s.flavor.Store(flavorMySQL)
-	return false, nil
+	s.flavor.Store(flavor)
+	return flavor == flavorMariaDB, nil
 }
 
 var (
@@ -229,12 +228,6 @@ func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (dr
 // TakeAll implements driver.Ops (engine.TakeAll, on LockKeys).
 func (s *backend) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return engine.TakeAll(ctx, s, tx, p)
-}
-
-// Read implements driver.Ops and engine.Dialect with plain reads, which
-// lock nothing: the transaction's snapshot, and its own writes.
-func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
-	return readShards(ctx, tx, p.Name, p.Key, p.Now)
 }
 
 // Credit implements driver.Ops.
