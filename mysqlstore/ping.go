@@ -13,10 +13,11 @@ import (
 	"github.com/txlimit/txlimit/mysqlstore/internal/rawsql"
 )
 
-// ping is driver.Store.Ping: the server is MySQL 8.0.19+ or MariaDB
+// ping is driver.Ops.Ping: the server is MySQL 8.0.19+ or MariaDB
 // 10.6+, the DSN has the settings the store needs (each told apart by what
 // the driver does, since the store imports no driver), and the txlimit
-// table is there with every column the library uses.
+// table is there with every column the library uses. Without a db it is
+// driver.ErrNoPool, which the Limiter reports as an *txlimit.InvalidError.
 func ping(ctx context.Context, db *sql.DB) error {
 	if db == nil {
 		return driver.ErrNoPool
@@ -88,7 +89,7 @@ func checkTimes(ctx context.Context, db *sql.DB) error {
 
 // checkFoundRows tells clientFoundRows=true by what it does (ProbeFoundRows).
 // The store reads that count to tell a grant from a denial in one statement
-// (takeRow), so with clientFoundRows=true a denial costs a round trip more.
+// (TakeRow), so with clientFoundRows=true a denial costs a round trip more.
 // The probe also shows that the user may write the table.
 func checkFoundRows(ctx context.Context, db *sql.DB) (err error) {
 	tx, err := db.BeginTx(ctx, nil)
