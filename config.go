@@ -99,13 +99,6 @@ func (k Kind) name() string {
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
 
-// maxWait is the longest wait a Result reports: half the range of
-// time.Duration, about 146 years (2^62 ns, in whole microseconds), so that
-// adding a jitter or a period to it cannot overflow. A denial whose wait is
-// longer says RetryAfter = maxWait; a reservation whose wait would reach it
-// is refused with an *InvalidError for its Count, and nothing is taken.
-const maxWait = time.Duration(algo.MaxWait) * time.Microsecond
-
 // maxShards is the largest Shards a Config may have.
 const maxShards = 1024
 

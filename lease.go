@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
 )
 
@@ -199,8 +200,12 @@ func (l *Limiter[TTx]) takeSlice(ctx context.Context, r request, want float64) (
 		// Its tokens are this window's: they are handed out and given
 		// back in it, its end measured from before the take on this
 		// clock, so never after it.
-		s.returnBy = before.Add(windowEnd(r, t.At).Sub(t.At))
-		s.until = minTime(s.until, s.returnBy)
+		period := r.config.Period.Microseconds()
+		end := time.UnixMicro(algo.WindowStart(r.limit.Origin, period, t.At.UnixMicro()) + period)
+		s.returnBy = before.Add(end.Sub(t.At))
+		if s.returnBy.Before(s.until) {
+			s.until = s.returnBy
+		}
 	}
 	return s, nil
 }
@@ -258,13 +263,6 @@ func (le *lease) awaitAhead(ctx context.Context, cancel bool) error {
 	return nil
 }
 
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
 // leaseNow is the clock leases last on: this process's, or Options.Clock
 // when a test sets it, so that a lease ends with the window the test's
 // clock leaves.
@@ -273,15 +271,6 @@ func (l *Limiter[TTx]) leaseNow() time.Time {
 		return l.clock()
 	}
 	return time.Now()
-}
-
-// windowEnd is the end of the window of Period that at is in, for r's
-// limit.
-func windowEnd(r request, at time.Time) time.Time {
-	period, origin := r.config.Period.Microseconds(), r.limit.Origin
-	us := at.UnixMicro() - origin
-	start := us - ((us%period)+period)%period
-	return time.UnixMicro(origin + start + period)
 }
 
 // endSlice gives s's tokens back to the limit (returnTokens) and empties

@@ -130,7 +130,13 @@ func (l *Limiter[TTx]) limitAllIn(ctx context.Context, tx *TTx, reqs []Request) 
 	rs, err := l.newRequests(reqs)
 	var res MultiResult
 	if err == nil {
-		res, err = in(ctx, l, tx, false, func(tx TTx) (MultiResult, error) { return l.limitAll(ctx, tx, rs, obs) })
+		res, err = in(ctx, l, tx, false, func(tx TTx) (MultiResult, error) {
+			all, err := l.store.TakeAll(ctx, tx, takeAllParams(rs, obs))
+			if err != nil {
+				return MultiResult{}, err
+			}
+			return multiResult(rs, all, obs)
+		})
 	}
 	return l.finishAll(ctx, opLimitAll, obs, rs, res, err, tx == nil)
 }
@@ -159,14 +165,6 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 		rs[i] = r
 	}
 	return rs, nil
-}
-
-func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
-	all, err := l.store.TakeAll(ctx, tx, takeAllParams(rs, obs))
-	if err != nil {
-		return MultiResult{}, err
-	}
-	return multiResult(rs, all, obs)
 }
 
 // takeAllParams is the store's TakeAll for rs, with one clock for the call:

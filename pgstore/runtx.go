@@ -46,24 +46,21 @@ const RunTxAttempts = 5
 // have committed and RunTx cannot tell; it returns that error at once, never
 // running fn again.
 func RunTx(ctx context.Context, db TxBeginner, txOptions pgx.TxOptions, fn func(pgx.Tx) error) error {
-	return retrytx.Run(ctx, "pgstore: RunTx", RunTxAttempts, Retryable, func() error { return runTx(ctx, db, txOptions, fn) })
-}
-
-// runTx is one run of RunTx.
-func runTx(ctx context.Context, db TxBeginner, txOptions pgx.TxOptions, fn func(pgx.Tx) error) error {
-	tx, err := db.BeginTx(ctx, txOptions)
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback(ctx)
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		if err = commitErr(err); errors.Is(err, driver.ErrCommitUnknown) {
-			return &retrytx.Ambiguous{Err: fmt.Errorf("pgstore: RunTx: %w", err)}
+	return retrytx.Run(ctx, "pgstore: RunTx", RunTxAttempts, Retryable, func() error {
+		tx, err := db.BeginTx(ctx, txOptions)
+		if err != nil {
+			return err
 		}
-		return err
-	}
-	return nil
+		if err := fn(tx); err != nil {
+			_ = tx.Rollback(ctx)
+			return err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			if err = commitErr(err); errors.Is(err, driver.ErrCommitUnknown) {
+				return &retrytx.Ambiguous{Err: fmt.Errorf("pgstore: RunTx: %w", err)}
+			}
+			return err
+		}
+		return nil
+	})
 }

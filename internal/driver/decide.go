@@ -238,34 +238,32 @@ func Fresh(p TakeParams) (algo.State, bool) {
 	return next[0], d.OK
 }
 
-// IsFull reports whether rows, every row l's key has, are at now the same as
-// no row: every shard the config has (rows of another Shards resharded, as
-// every call reads them) projects to exactly what a missing shard projects
-// to (Full, which States puts in its place). Once equal, the two stay equal
-// at every later instant, since Project of a full state depends only on
-// the window origin; a row whose time lies after now (a clock that stepped
-// back) is not equal, and is kept. Prune deletes the rows of such a key.
-func (l Limit) IsFull(rows []Row, now int64) bool {
-	shard := l.Shard(l.Shards)
-	empty := algo.Project(shard, l.Full(), now)
-	states, _ := l.States(rows, now)
-	for _, s := range states {
-		if algo.Project(shard, s, now) != empty {
-			return false
-		}
-	}
-	return true
-}
-
 // Known reports whether p judges the keys of the limit name.
 func (p PruneParams) Known(name string) bool {
 	_, ok := p.Limits[name]
 	return ok
 }
 
-// Full reports whether rows, every row (name, key) has, are full at now
-// (Limit.IsFull) under name's config; false for a name p does not know.
+// Full reports whether rows, every row (name, key) has, are at now the same
+// as no row under name's config (false for a name p does not know): every
+// shard (resharded, as every call reads them) projects to what a missing
+// shard (Limit.Full) projects to. Once equal, the two stay equal, since a
+// full state's projection depends only on the window origin; a row whose
+// time lies after now (a clock that stepped back) is not equal, and is kept.
 func (p PruneParams) Full(name, key string, rows []Row, now time.Time) bool {
 	c, ok := p.Limits[name]
-	return ok && c.Limit(name, key).IsFull(rows, now.UnixMicro())
+	if !ok {
+		return false
+	}
+	l := c.Limit(name, key)
+	at := now.UnixMicro()
+	shard := l.Shard(l.Shards)
+	empty := algo.Project(shard, l.Full(), at)
+	states, _ := l.States(rows, at)
+	for _, s := range states {
+		if algo.Project(shard, s, at) != empty {
+			return false
+		}
+	}
+	return true
 }

@@ -27,7 +27,7 @@ import (
 )
 
 // ErrNoPool is returned by Ops.InTx when the store was built without a
-// pool or database. txlimit re-exports it as txlimit.ErrNoPool.
+// pool or database; txlimit turns it into an *InvalidError.
 var ErrNoPool = errors.New("txlimit: the store has no pool or database; use the ...Tx forms or pass one to the store's New")
 
 // ErrNotMigrated matches (errors.Is) the error a store returns when the
@@ -134,7 +134,7 @@ type Ops[TTx any] interface {
 	// Prune runs one batch of Prune in a short transaction of its own on
 	// the store's pool: it examines up to p.Max keys after p.After, in the
 	// store's own key order, and deletes the rows of those that are full
-	// (Limit.IsFull) under their name's config in p.Limits, leaving the
+	// (PruneParams.Full) under their name's config in p.Limits, leaving the
 	// names p.Limits lacks alone, without waiting for rows that other
 	// transactions hold where the database allows it.
 	Prune(ctx context.Context, p PruneParams) (PruneResult, error)

@@ -182,14 +182,9 @@ func Granted(p driver.TakeParams, next algo.State, at time.Time) driver.TakeResu
 }
 
 // Take is driver.Ops.Take on d.
-func Take[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakeParams) (driver.TakeResult, error) {
-	lt := LockTimer{On: p.TimeLocks}
-	res, err := take(ctx, d, tx, p, &lt)
-	res.LockWait = lt.Total
-	return res, err
-}
-
-func take[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakeParams, lt *LockTimer) (driver.TakeResult, error) {
+func Take[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakeParams) (res driver.TakeResult, err error) {
+	lt := &LockTimer{On: p.TimeLocks}
+	defer func() { res.LockWait = lt.Total }()
 	if p.Shards == 1 && driver.InSQL(p) {
 		start := lt.Start()
 		res, ok, err := d.TakeRow(ctx, tx, p)
