@@ -2,17 +2,15 @@ package algo
 
 import "math"
 
-// The SlidingWindow state is a count, not tokens: Value is the count of the
-// current window (what was taken in it, plus what earlier windows passed on:
-// a debt beyond Rate, or, below zero, unused Rate saved up to Capacity),
-// Prev the count the previous window hands over, weighted by the part of
-// the previous window that the sliding window still covers, and TS the
-// start of the current window. The tokens are then
+// The SlidingWindow state is counts, not tokens (docs/windows.md): Value is
+// the count of the current window, which starts at TS (what was taken in
+// it, plus a debt passed on, or, below zero, unused Rate saved up), Prev the
+// count the previous window hands over. The tokens are
 //
 //	Rate - Value - Prev·(TS+Period-now)/Period
 //
 // and Value never goes below low = Rate - Capacity (the count of a full
-// window), so they never exceed Capacity. See SlidingWindow.
+// window), so they never exceed Capacity.
 
 // low returns the count of a full window: Rate - Capacity.
 func (c Config) low() float64 { return c.Rate - c.Capacity }
@@ -69,13 +67,12 @@ type slidingPool struct {
 	at   int64 // the call's instant (see Pooled)
 }
 
-// poolSliding projects each shard to the call's instant and merges them.
-// Shards stamped by the same write share a window and their counts and
-// Prevs add up. A shard whose window started earlier (only after the
-// config changed) is moved to the latest window: what its Prev still holds
-// back at the call's instant is then given back by the end of the later
-// window, more slowly, and its next window starts later: it never gives
-// more, at any instant, than it would have.
+// poolSliding projects each shard to the call's instant and merges them:
+// shards stamped by the same write share a window, and their counts and
+// Prevs add up. A shard whose window started earlier (after a config
+// change) is moved to the latest window, where what its Prev still holds
+// back is given back more slowly: never more, at any instant, than it would
+// have.
 func poolSliding(c Config, states []State, now int64) slidingPool {
 	at := instant(states, now)
 	projected := make([]State, len(states))
