@@ -21,36 +21,29 @@ type leases struct {
 }
 
 // lease is the tokens of one (name, key) this Limiter took from the limit
-// and hands out from memory to the commit forms: the slice it hands out
-// from and, with Config.LeaseAhead, at most one more taken ahead. Each
-// slice keeps its own times, so that a token is spent or given back within
-// the time of the take it came from.
+// and hands out from memory to Commit: the slice it hands out from (cur)
+// and, with Config.LeaseAhead, at most one taken ahead (next), which
+// replaces it when it is spent or over. Each slice keeps its own times, so
+// that a token is spent or given back within the time of its take.
 type lease struct {
-	mu sync.Mutex
-	// cur is the slice handed out from; next the one taken ahead, which
-	// replaces it when it is spent or over.
+	mu        sync.Mutex
 	cur, next slice
-	// ahead is the take of next in flight, nil when there is none: there
-	// is at most one take of a lease at a time, and next is empty while it
+	// ahead is the take of next in flight, or nil; next is empty while it
 	// runs.
 	ahead *takeAhead
-	// gens counts the slices taken, for their gen.
-	gens uint64
+	gens  uint64 // slices taken, for their gen
 }
 
 // slice is the tokens of one take of a lease; the zero slice is none.
 type slice struct {
 	tokens float64
 	// until is when the slice ends, on this process's clock: LeaseFor
-	// after it was taken, or earlier, at the end of the window its tokens
-	// were taken in.
+	// after it was taken, or at the end of its FixedWindow if sooner.
 	until time.Time
 	// returnBy is until for a TokenBucket, the end of the window for a
-	// FixedWindow: its unspent tokens go back to the limit before then,
-	// and are dropped after (returnTokens).
+	// FixedWindow: the time its unspent tokens may go back (returnTokens).
 	returnBy time.Time
-	// config is what the tokens were taken under, for their return.
-	config Config
+	config   Config // the tokens were taken under
 	// gen names the take, never 0: a token handed out from a slice goes
 	// back to it only while it lasts.
 	gen uint64
@@ -116,12 +109,10 @@ type leased struct {
 
 // fromLease hands r's tokens out of its key's lease. When the slice held
 // is over or lacks them, it is ended and the slice taken ahead replaces it
-// (waiting for it when its take is in flight), or else a new one is taken
-// here: up to max(Lease, r.count) tokens in a short transaction of the
-// Limiter's own. When the limit does not have r.count tokens, res is the
-// denial (OK false), with the wait Check gives. With LeaseAhead, a slice
-// left with fewer than LeaseAhead tokens has the next one taken in the
-// background, so that its callers do not wait for it.
+// (waited for while its take is in flight), or else takeLease takes one;
+// res is its denial when the limit lacks r.count tokens. With LeaseAhead,
+// a slice left with fewer than LeaseAhead tokens has the next one taken in
+// the background.
 func (l *Limiter[TTx]) fromLease(ctx context.Context, r request) (res Result, got leased, err error) {
 	le := l.leases.get(driver.KeyRef{Name: r.name, Key: r.key})
 	le.mu.Lock()
@@ -153,9 +144,9 @@ func (l *Limiter[TTx]) fromLease(ctx context.Context, r request) (res Result, go
 	return res, leased{le: le, gen: le.cur.gen, count: r.count, returnBy: le.cur.returnBy}, nil
 }
 
-// takeLease takes a new slice for r into le.cur, which is empty: up to
-// max(Lease, r.count) tokens. Fewer than r.count is a denial, and what was
-// taken goes back at once.
+// takeLease takes a new slice of up to max(Lease, r.count) tokens into
+// le.cur, which is empty. Fewer than r.count is a denial, with the wait
+// Check gives, and what was taken goes back at once.
 func (l *Limiter[TTx]) takeLease(ctx context.Context, r request, le *lease) (Result, error) {
 	s, err := l.takeSlice(ctx, r, max(r.config.Lease, r.count))
 	if err != nil {
@@ -167,10 +158,8 @@ func (l *Limiter[TTx]) takeLease(ctx context.Context, r request, le *lease) (Res
 				return Result{}, err
 			}
 		}
-		// The denial, with the wait the limit gives r itself. Tokens that
-		// came back since the take (another process's credit) may make
-		// Check grant: the call is still denied, having taken nothing,
-		// with RetryAfter 0.
+		// Tokens credited since the take may make Check grant: the call
+		// is still denied, with RetryAfter 0.
 		res, err := in(ctx, l, nil, true, func(tx TTx) (Result, error) { return l.check(ctx, tx, r) })
 		res.OK, res.Taken = false, 0
 		return res, err
@@ -182,9 +171,8 @@ func (l *Limiter[TTx]) takeLease(ctx context.Context, r request, le *lease) (Res
 }
 
 // takeSlice takes up to want tokens of r's limit in a short transaction of
-// the Limiter's own, as a slice lasting LeaseFor from before the take, and
-// a FixedWindow's no longer than the window they were taken in. Its gen is
-// the caller's to set.
+// its own, as a slice lasting LeaseFor from before the take (a
+// FixedWindow's, no longer than its window). The caller sets its gen.
 func (l *Limiter[TTx]) takeSlice(ctx context.Context, r request, want float64) (slice, error) {
 	p := r.take()
 	p.Count, p.UpTo, p.Reserve, p.ReadAll = want, true, false, false
@@ -197,9 +185,8 @@ func (l *Limiter[TTx]) takeSlice(ctx context.Context, r request, want float64) (
 	s := slice{tokens: t.Taken, config: r.config, until: before.Add(r.config.LeaseFor)}
 	s.returnBy = s.until
 	if r.config.Kind == FixedWindow {
-		// Its tokens are this window's: they are handed out and given
-		// back in it, its end measured from before the take on this
-		// clock, so never after it.
+		// The tokens are this window's: its end, measured on this clock
+		// from before the take, is never later than the window's.
 		period := r.config.Period.Microseconds()
 		end := time.UnixMicro(algo.WindowStart(r.limit.Origin, period, t.At.UnixMicro()) + period)
 		s.returnBy = before.Add(end.Sub(t.At))
@@ -210,13 +197,10 @@ func (l *Limiter[TTx]) takeSlice(ctx context.Context, r request, want float64) (
 	return s, nil
 }
 
-// startTakeAhead takes le's next slice in the background (LeaseAhead),
-// le.mu held: up to Lease tokens, in a context of its own that the
-// caller's ending does not cancel (other callers will hand its tokens
-// out), bounded by LeaseFor, past which the slice would be over on
-// landing. A take that fails is reported to the Observer (Op
-// "lease_ahead") and otherwise ignored: the call that finds the lease
-// empty takes one itself.
+// startTakeAhead takes le's next slice of up to Lease tokens in the
+// background, le.mu held, in a context the caller's ending does not cancel
+// (other callers hand its tokens out), bounded by LeaseFor. A take that
+// fails only goes to the Observer (Op "lease_ahead").
 func (l *Limiter[TTx]) startTakeAhead(ctx context.Context, r request, le *lease) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.config.LeaseFor)
 	ahead := &takeAhead{done: make(chan struct{}), cancel: cancel}
@@ -240,9 +224,9 @@ func (l *Limiter[TTx]) startTakeAhead(ctx context.Context, r request, le *lease)
 	}()
 }
 
-// awaitAhead waits, le.mu held, until le has no take ahead in flight,
-// unlocking le.mu meanwhile. When ctx ends first it returns ctx's error,
-// having cancelled the take and waited for it to end when cancel is set.
+// awaitAhead waits, le.mu held (and unlocked meanwhile), until le has no
+// take ahead in flight, or returns ctx's error, having cancelled the take
+// and waited for it to end when cancel is set.
 func (le *lease) awaitAhead(ctx context.Context, cancel bool) error {
 	for le.ahead != nil {
 		ahead := le.ahead
@@ -263,9 +247,7 @@ func (le *lease) awaitAhead(ctx context.Context, cancel bool) error {
 	return nil
 }
 
-// leaseNow is the clock leases last on: this process's, or Options.Clock
-// when a test sets it, so that a lease ends with the window the test's
-// clock leaves.
+// leaseNow is the clock leases last on: this process's, or Options.Clock.
 func (l *Limiter[TTx]) leaseNow() time.Time {
 	if l.clock != nil {
 		return l.clock()
@@ -274,7 +256,7 @@ func (l *Limiter[TTx]) leaseNow() time.Time {
 }
 
 // endSlice gives s's tokens back to the limit (returnTokens) and empties
-// it: the tokens handed out from it go back to the limit from now on.
+// it, so that those handed out from it go back to the limit too.
 func (l *Limiter[TTx]) endSlice(ctx context.Context, name, key string, s *slice) error {
 	if err := l.returnTokens(ctx, name, key, s.config, s.tokens, s.returnBy); err != nil {
 		return err
@@ -295,12 +277,10 @@ func (l *Limiter[TTx]) giveBack(ctx context.Context, r request, got leased) erro
 	return l.returnTokens(ctx, r.name, r.key, r.config, got.count, got.returnBy)
 }
 
-// returnTokens gives n unspent tokens of a lease back to the limit (Credit)
-// before returnBy, and drops them after: a token bucket's are spent or given
-// back within LeaseFor of being taken, a FixedWindow's within the window
-// they were taken in. A credit later would add tokens that the bucket's
-// Capacity, or the window's end, would have cut meanwhile, and the limit
-// could admit more than it would without leases.
+// returnTokens credits n unspent tokens of a lease back to the limit before
+// returnBy and drops them after: a later credit would add tokens that the
+// bucket's Capacity, or the window's end, would have cut meanwhile, and the
+// limit could admit more than it would without leases.
 func (l *Limiter[TTx]) returnTokens(ctx context.Context, name, key string, c Config, n float64, returnBy time.Time) error {
 	if n <= 0 || !l.leaseNow().Before(returnBy) {
 		return nil
@@ -308,8 +288,8 @@ func (l *Limiter[TTx]) returnTokens(ctx context.Context, name, key string, c Con
 	return l.creditIn(ctx, nil, name, key, n, []Option{Inline(c)})
 }
 
-// Leased is the tokens of (name, key) that this Limiter holds in a lease
-// (Config.Lease): taken from the limit and not yet handed out.
+// leased is the tokens of (name, key) that this Limiter holds in leases and
+// has not handed out.
 func (l *Limiter[TTx]) leased(name, key string) float64 {
 	l.leases.mu.Lock()
 	le := l.leases.m[driver.KeyRef{Name: name, Key: key}]
@@ -365,10 +345,10 @@ func (c Config) leaseProblem() string {
 	return ""
 }
 
-// leaseAheadProblem is what is wrong with c's LeaseAhead, or "". It may
-// equal Lease, not exceed it: a slice holds at most Lease tokens once it
-// has handed one out, so LeaseAhead = Lease already takes the next slice
-// at a slice's first call, and more would promise what it cannot do.
+// leaseAheadProblem is what is wrong with c's LeaseAhead, or "". More than
+// Lease would promise what it cannot do: a slice holds at most Lease once it
+// has handed a token out, so LeaseAhead = Lease already takes the next
+// slice at a slice's first call.
 func (c Config) leaseAheadProblem() string {
 	switch {
 	case c.LeaseAhead == 0:

@@ -33,7 +33,7 @@ const (
 // the next window's. The windows depend only on the zone's rules (Go's
 // tzdata) and the instant, so every process computes the same boundaries.
 type Calendar struct {
-	Unit CalendarUnit
+	Unit    CalendarUnit
 	Weekday time.Weekday // the first day of a Week window
 	// Location is the time zone of the windows. nil is UTC.
 	Location *time.Location
