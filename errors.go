@@ -16,8 +16,8 @@ var (
 	ErrRateLimited = errors.New("txlimit: rate limited")
 	// ErrNotMigrated matches the error of every call on a database whose
 	// txlimit table is missing or out of date: run migrations.Up first.
-	// Limiter.Ping reports it at startup. Options.FailOpen never grants on
-	// it: it is a mistake in the deployment, not an outage.
+	// Limiter.Ping reports it at startup; Options.FailOpen never grants on
+	// it.
 	ErrNotMigrated = driver.ErrNotMigrated
 	// ErrCommitUnknown matches the error of CommitTx and Commit when the
 	// connection failed after the COMMIT was sent and before its answer
@@ -72,11 +72,9 @@ func validName(name string) error {
 	return validText("name", name, name)
 }
 
-// maxKeyLen bounds the length in bytes of a limit's key, and maxNameLen
-// that of its name, so that (name, key, shard) fits one index entry on every
-// store (PostgreSQL's B-tree takes at most 2704 bytes). A longer key is an
-// *InvalidError on every store; hash it first (for example the hex of its
-// SHA-256) when it can be longer.
+// maxNameLen and maxKeyLen bound the bytes of a limit's name and key, so
+// that (name, key, shard) fits one index entry on every store (PostgreSQL's
+// B-tree takes at most 2704 bytes).
 const (
 	maxNameLen = 256
 	maxKeyLen  = 2048
@@ -100,12 +98,17 @@ func validText(field, limit, s string) error {
 	return nil
 }
 
-// storeErr is err as a caller sees it: a store built without a pool, which
-// the forms without Tx need, is the caller's mistake, an *InvalidError.
+// storeErr is err as a caller sees it: a store without the pool a form
+// without Tx needs is an *InvalidError.
 func storeErr(err error) error {
 	if errors.Is(err, driver.ErrNoPool) {
 		return &InvalidError{Field: "store", Problem: "has no pool or database, which this form needs to run a " +
 			"transaction of its own: pass one to the store's New, or use the …Tx form in a transaction of yours"}
 	}
 	return err
+}
+
+// invalid is the *InvalidError of limit's field, its problem formatted.
+func invalid(limit, field, problem string, args ...any) *InvalidError {
+	return &InvalidError{Limit: limit, Field: field, Problem: fmt.Sprintf(problem, args...)}
 }
