@@ -68,23 +68,20 @@ func (k Kind) calendar() algo.CalendarUnit {
 	return algo.Day + algo.CalendarUnit(k-Daily)
 }
 
-// name is k as errors name it.
+// kindNames are the Kinds as errors name them.
+var kindNames = [...]string{
+	TokenBucket:   "TokenBucket",
+	FixedWindow:   "FixedWindow",
+	SlidingWindow: "SlidingWindow",
+	Daily:         "Daily",
+	Weekly:        "Weekly",
+	Monthly:       "Monthly",
+	Yearly:        "Yearly",
+}
+
 func (k Kind) name() string {
-	switch k {
-	case TokenBucket:
-		return "TokenBucket"
-	case FixedWindow:
-		return "FixedWindow"
-	case SlidingWindow:
-		return "SlidingWindow"
-	case Daily:
-		return "Daily"
-	case Weekly:
-		return "Weekly"
-	case Monthly:
-		return "Monthly"
-	case Yearly:
-		return "Yearly"
+	if k >= TokenBucket && k <= Yearly {
+		return kindNames[k]
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -228,13 +225,26 @@ func (c Config) normalized(name string) (Config, error) {
 		return bad("ReportRemaining", "applies to sharded limits (Shards > 1), whose calls may read one shard only; "+
 			"an unsharded limit always reports Remaining: leave it false, or set Shards")
 	}
-	if problem := c.leaseProblem(); problem != "" {
-		return bad("Lease", "%v, got %v", problem, c.Lease)
-	}
-	if problem := c.leaseAheadProblem(); problem != "" {
-		return bad("LeaseAhead", "%v, got %v", problem, c.LeaseAhead)
-	}
+	// LeaseAhead may equal Lease, not exceed it: a slice holds at most Lease
+	// once it has handed a token out, so LeaseAhead = Lease already takes
+	// the next slice at a slice's first call.
 	switch {
+	case c.Lease != 0 && (!finite(c.Lease) || c.Lease < 0):
+		return bad("Lease", "must be a finite number of tokens >= 0 (0: no lease), got %v", c.Lease)
+	case c.Lease > c.Capacity:
+		return bad("Lease", "exceeds Capacity: a lease takes at most what the limit holds, got %v", c.Lease)
+	case c.Lease != 0 && c.Kind != TokenBucket && c.Kind != FixedWindow:
+		return bad("Lease", "applies to TokenBucket and FixedWindow limits, whose tokens a lease can hold, not to a %v, got %v",
+			c.Kind.name(), c.Lease)
+	case c.LeaseAhead != 0 && (!finite(c.LeaseAhead) || c.LeaseAhead < 0):
+		return bad("LeaseAhead", "must be a finite number of tokens >= 0 (0: the next lease is taken when the lease runs out), got %v",
+			c.LeaseAhead)
+	case c.LeaseAhead != 0 && c.Lease == 0:
+		return bad("LeaseAhead", "needs Lease: it is how low a lease runs before the next one is taken; set Lease too, "+
+			"or leave LeaseAhead 0, got %v", c.LeaseAhead)
+	case c.LeaseAhead > c.Lease:
+		return bad("LeaseAhead", "exceeds Lease (%v): LeaseAhead = Lease already takes the next lease at a lease's first call; "+
+			"set at most Lease, such as Lease/2, got %v", c.Lease, c.LeaseAhead)
 	case c.LeaseFor < 0:
 		return bad("LeaseFor", "must be >= 0 (0 means one second, with Lease), got %v", c.LeaseFor)
 	case c.LeaseFor > 0 && c.Lease == 0:

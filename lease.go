@@ -2,7 +2,6 @@ package txlimit
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -328,37 +327,4 @@ func (l *Limiter[TTx]) ReturnLeases(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// leaseProblem is what is wrong with c's Lease, or "".
-func (c Config) leaseProblem() string {
-	switch {
-	case c.Lease == 0:
-		return ""
-	case !finite(c.Lease) || c.Lease < 0:
-		return "must be a finite number of tokens >= 0 (0: no lease)"
-	case c.Lease > c.Capacity:
-		return "exceeds Capacity: a lease takes at most what the limit holds"
-	case c.Kind != TokenBucket && c.Kind != FixedWindow:
-		return "applies to TokenBucket and FixedWindow limits, whose tokens a lease can hold, not to a " + c.Kind.name()
-	}
-	return ""
-}
-
-// leaseAheadProblem is what is wrong with c's LeaseAhead, or "". More than
-// Lease would promise what it cannot do: a slice holds at most Lease once it
-// has handed a token out, so LeaseAhead = Lease already takes the next
-// slice at a slice's first call.
-func (c Config) leaseAheadProblem() string {
-	switch {
-	case c.LeaseAhead == 0:
-		return ""
-	case !finite(c.LeaseAhead) || c.LeaseAhead < 0:
-		return "must be a finite number of tokens >= 0 (0: the next lease is taken when the lease runs out)"
-	case c.Lease == 0:
-		return "needs Lease: it is how low a lease runs before the next one is taken; set Lease too, or leave LeaseAhead 0"
-	case c.LeaseAhead > c.Lease:
-		return fmt.Sprintf("exceeds Lease (%v): LeaseAhead = Lease already takes the next lease at a lease's first call; set at most Lease, such as Lease/2", c.Lease)
-	}
-	return ""
 }

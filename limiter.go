@@ -215,7 +215,11 @@ func (l *Limiter[TTx]) ResetTx(ctx context.Context, tx TTx, name, key string) er
 }
 
 func (l *Limiter[TTx]) resetIn(ctx context.Context, tx *TTx, name, key string) error {
-	r, err := l.keyRequest(name, key)
+	r := request{name: name, key: key, obs: l.observe()}
+	err := validName(name)
+	if err == nil {
+		err = validText("key", name, key)
+	}
 	if err == nil {
 		_, err = in(ctx, l, tx, false, func(tx TTx) (struct{}, error) {
 			return struct{}{}, l.store.Reset(ctx, tx, driver.KeyRef{Name: r.name, Key: r.key})

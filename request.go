@@ -162,12 +162,3 @@ func (l *Limiter[TTx]) limitRequest(name, key string, opts []Option) (request, e
 func (r request) failedOpen(at time.Time) Result {
 	return Result{Name: r.name, Key: r.key, Count: r.count, OK: true, FailedOpen: true, At: at}
 }
-
-// keyRequest validates a call that names a key and needs no config.
-func (l *Limiter[TTx]) keyRequest(name, key string) (request, error) {
-	r := request{name: name, key: key, obs: l.observe()}
-	if err := validName(name); err != nil {
-		return r, err
-	}
-	return r, validText("key", name, key)
-}
