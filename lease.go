@@ -12,13 +12,6 @@ import (
 // defaultLeaseFor is how long a lease lasts when Config.LeaseFor is 0.
 const defaultLeaseFor = time.Second
 
-// leases are the leases a Limiter holds (Config.Lease), one per (name,
-// key) at most.
-type leases struct {
-	mu sync.Mutex
-	m  map[driver.KeyRef]*lease
-}
-
 // lease is the tokens of one (name, key) this Limiter took from the limit
 // and hands out from memory to Commit: the slice it hands out from (cur)
 // and, with Config.LeaseAhead, at most one taken ahead (next), which
@@ -59,40 +52,23 @@ type takeAhead struct {
 	cancel context.CancelFunc
 }
 
-func (ls *leases) get(k driver.KeyRef) *lease {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if ls.m == nil {
-		ls.m = map[driver.KeyRef]*lease{}
+// leaseOf is k's lease, made when there is none.
+func (l *Limiter[TTx]) leaseOf(k driver.KeyRef) *lease {
+	le, ok := l.leases.Load(k)
+	if !ok {
+		le, _ = l.leases.LoadOrStore(k, &lease{})
 	}
-	le := ls.m[k]
-	if le == nil {
-		le = &lease{}
-		ls.m[k] = le
-	}
-	return le
-}
-
-// all is every lease, for ReturnLeases.
-func (ls *leases) all() map[driver.KeyRef]*lease {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	out := make(map[driver.KeyRef]*lease, len(ls.m))
-	for k, le := range ls.m {
-		out[k] = le
-	}
-	return out
+	return le.(*lease)
 }
 
 // settle waits until no lease of k is being taken, so that a read of the
 // limit's row and of the lease's tokens agree (Check).
-func (ls *leases) settle(ctx context.Context, k driver.KeyRef) error {
-	ls.mu.Lock()
-	le := ls.m[k]
-	ls.mu.Unlock()
-	if le == nil {
+func (l *Limiter[TTx]) settle(ctx context.Context, k driver.KeyRef) error {
+	v, ok := l.leases.Load(k)
+	if !ok {
 		return nil
 	}
+	le := v.(*lease)
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	return le.awaitAhead(ctx, false)
@@ -113,7 +89,7 @@ type leased struct {
 // a slice left with fewer than LeaseAhead tokens has the next one taken in
 // the background.
 func (l *Limiter[TTx]) fromLease(ctx context.Context, r request) (res Result, got leased, err error) {
-	le := l.leases.get(driver.KeyRef{Name: r.name, Key: r.key})
+	le := l.leaseOf(driver.KeyRef{Name: r.name, Key: r.key})
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	for !le.cur.serves(r.count, l.leaseNow()) {
@@ -290,12 +266,11 @@ func (l *Limiter[TTx]) returnTokens(ctx context.Context, name, key string, c Con
 // leased is the tokens of (name, key) that this Limiter holds in leases and
 // has not handed out.
 func (l *Limiter[TTx]) leased(name, key string) float64 {
-	l.leases.mu.Lock()
-	le := l.leases.m[driver.KeyRef{Name: name, Key: key}]
-	l.leases.mu.Unlock()
-	if le == nil {
+	v, ok := l.leases.Load(driver.KeyRef{Name: name, Key: key})
+	if !ok {
 		return 0
 	}
+	le := v.(*lease)
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	return le.cur.tokens + le.next.tokens
@@ -311,20 +286,19 @@ func (l *Limiter[TTx]) leased(name, key string) float64 {
 // calls running meanwhile start one. A lease taken afterwards works as
 // before. It returns the first error and leaves the slices of that lease
 // not yet returned as they were.
-func (l *Limiter[TTx]) ReturnLeases(ctx context.Context) error {
-	for k, le := range l.leases.all() {
+func (l *Limiter[TTx]) ReturnLeases(ctx context.Context) (err error) {
+	l.leases.Range(func(k, v any) bool {
+		key, le := k.(driver.KeyRef), v.(*lease)
 		le.mu.Lock()
-		err := le.awaitAhead(ctx, true)
+		defer le.mu.Unlock()
+		err = le.awaitAhead(ctx, true)
 		if err == nil {
-			err = l.endSlice(ctx, k.Name, k.Key, &le.cur)
+			err = l.endSlice(ctx, key.Name, key.Key, &le.cur)
 		}
 		if err == nil {
-			err = l.endSlice(ctx, k.Name, k.Key, &le.next)
+			err = l.endSlice(ctx, key.Name, key.Key, &le.next)
 		}
-		le.mu.Unlock()
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return err == nil
+	})
+	return err
 }

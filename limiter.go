@@ -3,6 +3,7 @@ package txlimit
 import (
 	"context"
 	"reflect"
+	"sync"
 	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -57,7 +58,7 @@ type Limiter[TTx any] struct {
 	observer        func(context.Context, Event)
 	failOpenOnError bool
 	prune           pruneCursor
-	leases          leases // Config.Lease's
+	leases          sync.Map // driver.KeyRef to its *lease (Config.Lease)
 }
 
 // New returns a Limiter on store with the named limits. Every config is
@@ -184,7 +185,7 @@ func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, op
 func (l *Limiter[TTx]) checkIn(ctx context.Context, tx *TTx, name, key string, opts []Option) (Result, error) {
 	r, err := l.limitRequest(name, key, opts)
 	if err == nil && tx == nil {
-		err = l.leases.settle(ctx, driver.KeyRef{Name: r.name, Key: r.key})
+		err = l.settle(ctx, driver.KeyRef{Name: r.name, Key: r.key})
 	}
 	var res Result
 	if err == nil {
