@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -57,8 +58,8 @@ type Limiter[TTx any] struct {
 	clock           func() time.Time
 	observer        func(context.Context, Event)
 	failOpenOnError bool
-	prune           pruneCursor
-	leases          sync.Map // driver.KeyRef to its *lease (Config.Lease)
+	pruneAfter      atomic.Pointer[driver.KeyRef] // where the next Prune starts
+	leases          sync.Map                      // driver.KeyRef to its *lease (Config.Lease)
 }
 
 // New returns a Limiter on store with the named limits. Every config is

@@ -3,7 +3,6 @@ package txlimit
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/txlimit/txlimit/internal/driver"
 )
@@ -41,12 +40,6 @@ type PruneResult struct {
 	// Complete reports whether the call reached the last key: false when
 	// MaxBatches stopped it first.
 	Complete bool
-}
-
-// pruneCursor is where the next Prune call of a Limiter starts.
-type pruneCursor struct {
-	mu    sync.Mutex
-	after driver.KeyRef
 }
 
 // Prune deletes the state of limits that have refilled to capacity. A
@@ -92,15 +85,12 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 		limits[name] = nc.stored()
 	}
 
-	l.prune.mu.Lock()
-	after := l.prune.after
-	l.prune.mu.Unlock()
+	var after driver.KeyRef
+	if p := l.pruneAfter.Load(); p != nil {
+		after = *p
+	}
 	var res PruneResult
-	defer func() {
-		l.prune.mu.Lock()
-		l.prune.after = after
-		l.prune.mu.Unlock()
-	}()
+	defer func() { l.pruneAfter.Store(&after) }()
 	for o.MaxBatches == 0 || res.Batches < o.MaxBatches {
 		if err := ctx.Err(); err != nil {
 			return res, err
