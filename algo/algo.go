@@ -27,27 +27,15 @@ const (
 	// or of each calendar unit (Config.Calendar).
 	FixedWindow
 	// SlidingWindow admits at most Rate in a window of Period that slides
-	// with the clock, by the sliding window counter: the count of the
-	// current fixed window plus the previous window's, weighted by the part
-	// of it the sliding window still covers:
-	//
-	//	prev·(1 - elapsed/Period) + curr + count <= Rate
-	//
-	// where elapsed is the time since the current window started (aligned
-	// as a FixedWindow's). The weight is exact, never rounded, so a limit
-	// never resets early. The state is counts, not tokens:
-	// a debt is paid at Rate per Period, and a changed Rate applies at once.
-	//
-	// Worst case: when the previous window's calls all came at its end, a
-	// window of Period straddling the boundary admits them and nearly all
-	// of the next window's. With Capacity b and Rate r per Period p, any
-	// span of length L (reservations aside) admits at most
+	// with the clock, by the sliding window counter with an exact weight
+	// (txlimit.SlidingWindow); its state is counts (sliding.go). Worst case:
+	// with Capacity b and Rate r per Period p, any span of length L
+	// (reservations aside) admits at most
 	//
 	//	b + min(r, b)·(L - 1µs)/p
 	//
-	// tokens: just under 2·Rate for L = p and the default b = r.
-	// docs/windows.md gives the tighter configurations and the rules in
-	// full.
+	// tokens, just under 2·Rate for L = p and the default b = r
+	// (docs/windows.md).
 	SlidingWindow
 )
 

@@ -1,19 +1,14 @@
 // Package jitter spreads the retries of callers that were told to wait the
 // same time. It imports only the standard library, so that any layer of
-// txlimit (the retry loop of pgstore.RunTx and pgsqlstore.RunTx,
-// Limiter.Wait) and any application can use it.
+// txlimit (the stores' RunTx, Limiter.Wait) and any application can use it.
 //
 // Spread(retryAfter, spread) returns retryAfter plus a duration drawn
-// uniformly from [0, spread), at nanosecond grain:
-//
-//   - It is never shorter than retryAfter: a retry before then is denied for
-//     certain, so "full jitter" over [0, retryAfter+spread) would only add
-//     wasted transactions.
-//   - A negative retryAfter counts as zero, and a spread <= 0 adds nothing:
-//     Spread(d, 0) == d for every d >= 0.
-//   - A sum beyond the largest time.Duration is the largest time.Duration;
-//     it never wraps around to a negative wait.
-//   - It never panics.
+// uniformly from [0, spread), at nanosecond grain. It is never shorter than
+// retryAfter (a retry before then is denied for certain, so "full jitter"
+// would only waste transactions); a negative retryAfter counts as zero and
+// a spread <= 0 adds nothing (Spread(d, 0) == d for every d >= 0); a sum
+// beyond the largest time.Duration is that, never a negative wait; it never
+// panics.
 //
 // Callers denied on the same (name, key) at about the same moment are told
 // the same RetryAfter. If they all come back at that instant, the limit has
@@ -23,9 +18,8 @@
 // arrive about as fast as the tokens do. Choose spread about n ×
 // Period/Rate for a token bucket, n being how many callers may wait on one
 // key, and up to Period for a fixed window. Across keys there is little to
-// spread: their buckets drained at different moments, and a fixed window
-// without Config.Start has a phase of its own per key. A reservation needs
-// no jitter: each on a key is due later than the one before it.
+// spread, and a reservation needs none: each on a key is due later than the
+// one before it.
 package jitter
 
 import (

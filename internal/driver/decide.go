@@ -125,27 +125,23 @@ func DecideAll(p TakeAllParams, rows [][]Row, now time.Time) (TakeAllResult, [][
 			least = min(least, taken)
 		}
 	}
-	for i, t := range p.Takes {
-		if out.OK && t.UpTo && out.Results[i].Taken > least {
-			// least fits: it is no more than this limit took alone.
-			var d algo.Decision
-			nexts[i], d = algo.TakeShards(t.Shard(t.Shards), current[i], at, least, false)
-			out.Results[i].Decision, out.Results[i].Taken = d, least
-		}
-	}
 	writes := make([][]Row, len(p.Takes))
 	for i, t := range p.Takes {
-		switch {
-		case out.OK:
-			out.Results[i].States = nexts[i]
-			writes[i] = t.Rows(nexts[i])
-		default:
-			out.Results[i].States = current[i]
-			out.Results[i].Taken = 0
+		r := &out.Results[i]
+		if !out.OK {
+			r.States, r.Taken = current[i], 0
 			if resharded[i] {
 				writes[i] = t.Rows(current[i])
 			}
+			continue
 		}
+		if t.UpTo && r.Taken > least {
+			// least fits: it is no more than this limit took alone.
+			nexts[i], r.Decision = algo.TakeShards(t.Shard(t.Shards), current[i], at, least, false)
+			r.Taken = least
+		}
+		r.States = nexts[i]
+		writes[i] = t.Rows(nexts[i])
 	}
 	return out, writes
 }
