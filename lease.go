@@ -52,15 +52,6 @@ type takeAhead struct {
 	cancel context.CancelFunc
 }
 
-// leaseOf is k's lease, made when there is none.
-func (l *Limiter[TTx]) leaseOf(k driver.KeyRef) *lease {
-	le, ok := l.leases.Load(k)
-	if !ok {
-		le, _ = l.leases.LoadOrStore(k, &lease{})
-	}
-	return le.(*lease)
-}
-
 // settle waits until no lease of k is being taken, so that a read of the
 // limit's row and of the lease's tokens agree (Check).
 func (l *Limiter[TTx]) settle(ctx context.Context, k driver.KeyRef) error {
@@ -89,7 +80,12 @@ type leased struct {
 // a slice left with fewer than LeaseAhead tokens has the next one taken in
 // the background.
 func (l *Limiter[TTx]) fromLease(ctx context.Context, r request) (res Result, got leased, err error) {
-	le := l.leaseOf(driver.KeyRef{Name: r.name, Key: r.key})
+	k := driver.KeyRef{Name: r.name, Key: r.key}
+	v, ok := l.leases.Load(k)
+	if !ok {
+		v, _ = l.leases.LoadOrStore(k, &lease{})
+	}
+	le := v.(*lease)
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	for !le.cur.serves(r.count, l.leaseNow()) {

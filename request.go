@@ -86,7 +86,11 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observat
 		r.config = c
 	}
 	if !finite(o.count) || o.count < 0 {
-		return r, invalid(name, r.countField(), "must be a finite number >= 0, got %v", o.count)
+		field := "Count"
+		if o.upTo {
+			field = "UpTo"
+		}
+		return r, invalid(name, field, "must be a finite number >= 0, got %v", o.count)
 	}
 	r.limit = r.config.stored().Limit(name, key)
 	var err error
@@ -96,14 +100,6 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observat
 
 // shard is the configuration of one of r's shards.
 func (r request) shard() algo.Config { return r.limit.Shard(r.limit.Shards) }
-
-// countField names the option that set r's count.
-func (r request) countField() string {
-	if r.upTo {
-		return "UpTo"
-	}
-	return "Count"
-}
 
 // checkCount rejects a count that no wait would grant.
 func (r request) checkCount() error {

@@ -1,7 +1,6 @@
 package txlimit
 
 import (
-	"fmt"
 	"math"
 	"time"
 
@@ -70,7 +69,9 @@ func (r Result) Err() error {
 func (r request) result(t driver.TakeResult) (Result, error) {
 	d := t.Decision
 	if d.Overflow {
-		return Result{}, r.overflowError()
+		return Result{}, invalid(r.name, "Count", "%v reserved at Rate %v per %v would put the limit in a debt it repays "+
+			"only after about 146 years or more, or beyond what a float64 holds; nothing was taken. Lower Count, raise Rate, "+
+			"or set MaxReserved to cap the debt", r.count, r.config.Rate, r.config.Period)
 	}
 	res := Result{
 		Name: r.name, Key: r.key, Count: r.count, OK: d.OK, Taken: t.Taken,
@@ -84,28 +85,12 @@ func (r request) result(t driver.TakeResult) (Result, error) {
 	if t.States != nil {
 		now := t.At.UnixMicro()
 		res.Remaining = algo.Pooled(r.shard(), t.States, now)
-		res.NextToken = r.nextToken(t.States, now, res.Remaining)
+		// The time until a request of target tokens would fit is exactly
+		// the time until the limit holds them.
+		if target := math.Floor(max(res.Remaining, 0)) + 1; target <= r.config.Capacity {
+			_, next := algo.TakeShards(r.shard(), t.States, now, target, false)
+			res.NextToken = time.Duration(next.RetryAfter) * time.Microsecond
+		}
 	}
 	return res, nil
-}
-
-// overflowError is the error of a reservation algo refused (Overflow).
-func (r request) overflowError() error {
-	c := r.config
-	return &InvalidError{Limit: r.name, Field: "Count", Problem: fmt.Sprintf(
-		"%v reserved at Rate %v per %v would put the limit in a debt it repays only after about 146 years or more, "+
-			"or beyond what a float64 holds; nothing was taken. Lower Count, raise Rate, or set MaxReserved to cap the debt",
-		r.count, c.Rate, c.Period)}
-}
-
-// nextToken is Result.NextToken for the shards.
-func (r request) nextToken(states []algo.State, now int64, remaining float64) time.Duration {
-	target := math.Floor(max(remaining, 0)) + 1
-	if target > r.config.Capacity {
-		return 0
-	}
-	// The time until a request of target tokens would fit is exactly the
-	// time until the limit holds target tokens.
-	_, d := algo.TakeShards(r.shard(), states, now, target, false)
-	return time.Duration(d.RetryAfter) * time.Microsecond
 }
