@@ -107,11 +107,10 @@ func Full(c Config, origin int64) State {
 		return State{Value: c.Capacity, TS: start}
 	case c.Kind == SlidingWindow:
 		return State{Value: c.low(), TS: floorMod(origin, c.Period)}
-	}
-	if c.Kind == FixedWindow {
+	case c.Kind == FixedWindow:
 		return State{Value: c.Capacity, TS: floorMod(origin, c.Period)}
 	}
-	return State{Value: c.Capacity, TS: 0}
+	return State{Value: c.Capacity}
 }
 
 // Project advances s to now without consuming anything. Time running

@@ -145,23 +145,15 @@ func zoneEnd(at time.Time) (int64, bool) {
 	return time.Date(at.UTC().Year()+1, time.January, 1, 0, 0, 0, 0, time.UTC).UnixMicro(), true
 }
 
+// afterLimit is, per unit, a count of windows that reaches past MaxWait
+// (about 53,300 days).
+var afterLimit = [...]float64{Day: 60_000, Week: 9_000, Month: 1_800, Year: 150}
+
 // after returns the start of the window n (at least 1) windows after the
 // one that holds t. A count that would reach past MaxWait (and a NaN) is
 // capped, which keeps the dates in range: the caller clamps the wait.
 func (cal Calendar) after(t int64, n float64) int64 {
-	// MaxWait is about 53,300 days; each of these counts reaches past it.
-	var limit float64
-	switch cal.Unit {
-	case Day:
-		limit = 60_000
-	case Week:
-		limit = 9_000
-	case Month:
-		limit = 1_800
-	default:
-		limit = 150
-	}
-	if !(n < limit) { // a NaN too: a wait that cannot be computed is MaxWait
+	if limit := afterLimit[cal.Unit]; !(n < limit) { // a NaN too: MaxWait
 		n = limit
 	}
 	i, _ := cal.window(t)
