@@ -169,13 +169,11 @@ func (l *Limiter[TTx]) deniedByLease(ctx context.Context, rs []request, denied i
 		if err != nil {
 			return MultiResult{}, err
 		}
+		checked.Taken = 0 // nothing was taken
 		out.Results[i] = checked
 		if !checked.OK {
 			out.RetryAfter = max(out.RetryAfter, checked.RetryAfter)
 		}
-	}
-	for i := range out.Results {
-		out.Results[i].Taken = 0
 	}
 	return out, nil
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -125,12 +126,7 @@ func (k Keyer) Key(peer netip.Addr, values []string) (string, error) {
 }
 
 func (k Keyer) isTrusted(a netip.Addr) bool {
-	for _, p := range k.trusted {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(k.trusted, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
 // AddrKey is the key of the address a, unmapped and without a zone: an IPv4

@@ -112,7 +112,6 @@ func (s *backend) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Prune implements driver.Ops.
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
 		res, err = s.Proto.Prune(ctx, sqlTx{tx}, p)

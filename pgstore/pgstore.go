@@ -74,7 +74,6 @@ func SingleKeyStatements() Option {
 	return func(s *backend) { s.Proto.SingleKey = true }
 }
 
-// InTx implements driver.Ops.
 func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) error) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
@@ -86,7 +85,6 @@ func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) er
 	return mapErr(pgx.BeginTxFunc(ctx, s.pool, opts, fn))
 }
 
-// Ping implements driver.Ops.
 func (s *backend) Ping(ctx context.Context) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
@@ -100,7 +98,6 @@ func mapErr(err error) error {
 		"; set DefaultQueryExecMode to pgx.QueryExecModeExec or QueryExecModeSimpleProtocol on the pool's config")
 }
 
-// Prune implements driver.Ops.
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx pgx.Tx) (err error) {
 		res, err = s.Proto.Prune(ctx, tx, p)

@@ -143,22 +143,18 @@ func (s *backend) Ping(ctx context.Context) error {
 	return wrap(ctx, s.db, "ping", s.queries.ProbeTable(ctx, s.db))
 }
 
-// Take implements driver.Ops.
 func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
 	return engine.Take(ctx, s, tx, p)
 }
 
-// TakeAll implements driver.Ops.
 func (s *backend) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return engine.TakeAll(ctx, s, tx, p)
 }
 
-// Credit implements driver.Ops.
 func (s *backend) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
 	return engine.Credit(ctx, s, tx, p)
 }
 
-// Reset implements driver.Ops.
 func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
 	return wrap(ctx, tx, "delete key", s.queries.DeleteKey(ctx, s.on(tx), gen.DeleteKeyParams{Name: k.Name, Key: k.Key}))
 }
@@ -192,7 +188,6 @@ func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (dr
 	return out, nil
 }
 
-// TakeRow implements engine.Dialect.
 func (s *backend) TakeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, bool, error) {
 	res, ok, err := s.takeRow(ctx, tx, p, clock(p.Now))
 	s.stmts.learnMode(ctx, tx)
@@ -218,7 +213,6 @@ func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *
 	return out, nil
 }
 
-// LockKeys implements engine.Dialect.
 func (s *backend) LockKeys(ctx context.Context, tx *sql.Tx, ls []driver.Limit, now *time.Time) ([]engine.Locked, time.Time, error) {
 	out := make([]engine.Locked, len(ls))
 	var at time.Time
@@ -232,7 +226,6 @@ func (s *backend) LockKeys(ctx context.Context, tx *sql.Tx, ls []driver.Limit, n
 	return out, at, nil
 }
 
-// Write implements engine.Dialect.
 func (s *backend) Write(ctx context.Context, tx *sql.Tx, writes []engine.KeyWrite, deletes []engine.RowRef) (int64, error) {
 	for _, w := range writes {
 		for i, st := range w.States {
@@ -262,7 +255,6 @@ func (s *backend) Write(ctx context.Context, tx *sql.Tx, writes []engine.KeyWrit
 	return deleted, nil
 }
 
-// ScanKeys implements engine.Dialect.
 func (s *backend) ScanKeys(ctx context.Context, tx *sql.Tx, after driver.KeyRef, max int) ([]engine.Key, error) {
 	scanned, err := s.queries.ScanKeys(ctx, s.on(tx), gen.ScanKeysParams{AfterName: after.Name, AfterKey: after.Key, MaxKeys: int64(max)})
 	keys := make([]engine.Key, len(scanned))
