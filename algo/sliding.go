@@ -21,9 +21,7 @@ func projectSliding(c Config, s State, now int64) State {
 	if low := c.low(); count < low {
 		// More than Capacity would be there by the end of the window (a
 		// row written under a larger Capacity or a lower Rate): the count
-		// rises to low, and the surplus comes off what Prev still holds
-		// back. The tokens are then Capacity at the window's end and never
-		// more than before at any instant of it.
+		// rises to low, and the surplus comes off what Prev holds back.
 		prev = math.Max(0, prev-(low-count))
 		count = low
 	}
@@ -93,13 +91,10 @@ func poolSliding(c Config, states []State, now int64) slidingPool {
 	return p
 }
 
-// with returns n shards of c (n shards of one limit) holding the pooled
-// count count and p's prev, spread evenly and stamped p.ts. A count below
-// the n shards' low (a credit past the window's count, or a reshard under a
-// lower Capacity) would hold more than Capacity at the end of the window:
-// it stops at low and the rest comes off what prev still holds back at the
-// call's instant, so that the tokens then are exactly Rate·n - count - what
-// prev held back, capped at the pooled Capacity.
+// with returns n shards of c holding the pooled count and p's prev, spread
+// evenly and stamped p.ts. A count below the n shards' low (a credit past
+// the window's count, or a reshard under a lower Capacity) stops at low,
+// and the rest comes off what prev holds back at the call's instant.
 func (p slidingPool) with(c Config, n int, count float64) []State {
 	nf := float64(n)
 	prev := p.prev

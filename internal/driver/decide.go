@@ -11,11 +11,10 @@ import (
 )
 
 // States returns the state of each of l's shards at now from every row of
-// l's key (in any order), and whether they had to be resharded. A missing
-// row is full. Rows are created and deleted a whole key at a time, so rows
-// up to shard m-1 were written under m shards; when m is not l.Shards, they
-// are pooled under the m-shard config and spread over the new shards
-// (algo.Reshard), keeping the same tokens and the same debt.
+// l's key, and whether they had to be resharded. A missing row is full.
+// Rows are created and deleted a whole key at a time, so rows up to shard
+// m-1 were written under m shards; when m is not l.Shards, they are
+// resharded (algo.Reshard).
 func (l Limit) States(rows []Row, now int64) (states []algo.State, resharded bool) {
 	m := 0
 	for _, r := range rows {
@@ -68,9 +67,8 @@ func (p TakeParams) take(states []algo.State, now int64) (next []algo.State, d a
 }
 
 // Decide is the decision of Take on every row of the limit, which the store
-// holds, and whether the store must write the states: on a grant, or when
-// the rows were resharded (which changes no decision). It then deletes the
-// rows of shards at or beyond p.Shards (Extra).
+// holds, and whether the store must write the states (and delete the Extra
+// rows): on a grant, or when the rows were resharded.
 func Decide(p TakeParams, rows []Row, now time.Time) (TakeResult, bool) {
 	at := now.UnixMicro()
 	states, resharded := p.States(rows, at)
@@ -225,10 +223,8 @@ func (p PruneParams) Known(name string) bool {
 
 // Full reports whether rows, every row (name, key) has, are at now the same
 // as no row under name's config (false for a name p does not know): every
-// shard (resharded, as every call reads them) projects to what a missing
-// shard (Limit.Full) projects to. Once equal, the two stay equal, since a
-// full state's projection depends only on the window origin; a row whose
-// time lies after now (a clock that stepped back) is not equal, and is kept.
+// shard, resharded, projects to what a missing one does, and will at every
+// later instant. A row whose time lies after now is kept.
 func (p PruneParams) Full(name, key string, rows []Row, now time.Time) bool {
 	c, ok := p.Limits[name]
 	if !ok {

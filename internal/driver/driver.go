@@ -52,9 +52,9 @@ func (e setupError) Is(target error) bool { return target == ErrSetup }
 // (txlimit.ErrCommitUnknown).
 var ErrCommitUnknown = errors.New("txlimit: the connection failed while COMMIT was under way; the transaction may or may not have committed")
 
-// Store is a store as txlimit.New takes it (pgstore.Store, ...), which
-// embeds a Handle on its Ops. Its method is unexported, so that only this
-// module's stores implement it, while txlimit.New still infers TTx from it.
+// Store is a store as txlimit.New takes it (pgstore.Store, ...): its method
+// is unexported, so that only this module's stores implement it, while
+// txlimit.New still infers TTx from it.
 type Store[TTx any] interface {
 	ops() Ops[TTx]
 }
@@ -126,11 +126,9 @@ type Ops[TTx any] interface {
 }
 
 // TakeInBatch is the Limiter's side of pgstore.SendBatch, set by package
-// txlimit, since pgstore cannot call the Limiter's unexported methods.
-// limiter is a *txlimit.Limiter, reqs a []txlimit.Request, and the result a
-// txlimit.MultiResult. The Limiter validates reqs and calls send with its
-// store's Ops and the takes, which send takes as TakeAll does, ahead of the
-// batch's statements.
+// txlimit (limiter is a *txlimit.Limiter, reqs a []txlimit.Request, the
+// result a txlimit.MultiResult): it calls send with its store's Ops and
+// the takes, which send takes as TakeAll does, ahead of the batch.
 var TakeInBatch func(ctx context.Context, limiter any, reqs any, send func(ops any, p TakeAllParams) (TakeAllResult, error)) (any, error)
 
 // ClockRanger is what a store whose database cannot hold every instant adds

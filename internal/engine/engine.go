@@ -37,12 +37,10 @@ type Dialect[TTx any] interface {
 	Read(ctx context.Context, tx TTx, p driver.ReadParams) (driver.ReadResult, error)
 
 	// LockKey locks every row of l's key in shard order, waiting for other
-	// transactions, and reads them with the clock (or *now). Where the
-	// database locks only rows that exist, a key with no row gets rows
-	// 0..Shards-1, created full, when create is set, and otherwise
-	// Locked.None; one that must create rows to lock them without a gap lock
-	// creates them regardless (Created); one whose lock covers every row
-	// (SQLite) creates none.
+	// transactions, and reads them with the clock (or *now). A key with no
+	// row gets rows 0..Shards-1, created full, when create is set (always,
+	// where locking a missing row would take a gap lock), and otherwise
+	// Locked.None; where the lock covers every row (SQLite), none.
 	LockKey(ctx context.Context, tx TTx, l driver.Limit, now *time.Time, create bool) (Locked, error)
 
 	// LockKeys is LockKey with create for each limit of ls, in their
@@ -90,11 +88,10 @@ type Releaser[TTx any] interface {
 }
 
 // FreeLocker is a SkipLocker that holds what TryShard locked until the
-// transaction ends (InnoDB, savepoint or not). Holding a shard, a call must
-// not wait for another, which a call locking every shard in order may hold
-// while it waits for this one. So the committed rows choose the shards to
-// try, and one that still falls short is decided with the other free
-// shards (takeFromFree).
+// transaction ends (InnoDB). Holding a shard, a call must not wait for
+// another, which a call locking every shard in order may hold while it
+// waits for this one: the committed rows choose the shard, and one that
+// falls short is decided with the other free shards (takeFromFree).
 type FreeLocker[TTx any] interface {
 	// TryShards locks the rows of shards of p's key that no other
 	// transaction holds, without waiting, and reads them.
@@ -144,8 +141,8 @@ type Tried struct {
 	Now time.Time
 }
 
-// Key is a key ScanKeys found, with its number of rows and highest shard
-// where the scan reads them (for a LockIdle that locks rows by primary key).
+// Key is a key ScanKeys found, with its rows and highest shard where the
+// scan reads them.
 type Key struct {
 	driver.KeyRef
 	Rows int64
@@ -159,8 +156,7 @@ type Held struct {
 	Whole bool
 }
 
-// Granted is the result of TakeRow's grant, next being the row's new state
-// at at.
+// Granted is the result of TakeRow's grant, next being the new state.
 func Granted(p driver.TakeParams, next algo.State, at time.Time) driver.TakeResult {
 	return driver.TakeResult{Decision: driver.Granted(p.Config, next, at.UnixMicro()), At: at,
 		States: []algo.State{next}, Taken: p.Count}
@@ -265,8 +261,8 @@ func takeSharded[TTx any](ctx context.Context, d Dialect[TTx], sl SkipLocker[TTx
 }
 
 // takeOneShard locks the first free shard of order and takes from it alone
-// when it has the tokens (driver.DecideOne). Otherwise a Releaser lets it go
-// and the caller goes on, and a FreeLocker decides on the free shards.
+// when it has the tokens; otherwise a Releaser lets it go, and a FreeLocker
+// decides on the free shards.
 func takeOneShard[TTx any](ctx context.Context, sl SkipLocker[TTx], rel Releaser[TTx], fl FreeLocker[TTx], tx TTx,
 	p driver.TakeParams, order []int32, snapshot []algo.State, lt *LockTimer,
 ) (driver.TakeResult, bool, error) {
@@ -402,8 +398,7 @@ func TakeAll[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.Take
 	return out, nil
 }
 
-// Credit is driver.Ops.Credit on d. A key with no row is full: there is
-// nothing to give back to it.
+// Credit is driver.Ops.Credit on d. A key with no row is full already.
 func Credit[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.CreditParams) error {
 	k, err := d.LockKey(ctx, tx, p.Limit, p.Now, false)
 	switch {
@@ -415,9 +410,8 @@ func Credit[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.Credi
 	return store(ctx, d, tx, p.Limit, k, driver.CreditStates(p, k.Had, k.At))
 }
 
-// Prune is one batch of driver.Ops.Prune on d, in tx: the rows of every
-// key it holds whole and finds full are deleted. A key with a row held
-// elsewhere is in use, and is left for a later run.
+// Prune is one batch of driver.Ops.Prune on d, in tx: it deletes the rows
+// of every key it holds whole and finds full.
 func Prune[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.PruneParams) (driver.PruneResult, error) {
 	keys, err := d.ScanKeys(ctx, tx, p.After, p.Max)
 	if err != nil || len(keys) == 0 {
@@ -458,8 +452,7 @@ func Prune[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.PruneP
 }
 
 // store writes states to rows 0..Shards-1 of l's key, of which the
-// transaction holds k, and deletes the rows beyond them (a limit redeployed
-// with fewer shards).
+// transaction holds k, and deletes the rows beyond them.
 func store[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, l driver.Limit, k Locked, states []algo.State) error {
 	_, err := d.Write(ctx, tx, []KeyWrite{{Limit: l, States: states, Locked: k}}, refs(l, driver.Extra(k.Had, l.Shards)))
 	return err
