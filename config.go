@@ -34,11 +34,9 @@ const (
 	// the next window's: with Capacity b and Rate r, any span of length L
 	// admits at most b + min(r, b)·(L - 1µs)/Period, reservations aside;
 	// just under 2·Rate for L = Period and the default b = r. Capacity r/2
-	// bounds every window of Period at r (admitting r/2 per Period);
-	// docs/windows.md compares the window shapes.
-	//
-	// Its state is counts, not tokens: Reset a limit's keys when its Kind
-	// changes to or from SlidingWindow.
+	// bounds every window of Period at r (docs/windows.md). Its state is
+	// counts, not tokens: Reset a limit's keys when its Kind changes to or
+	// from SlidingWindow.
 	SlidingWindow Kind = Kind(algo.SlidingWindow)
 
 	// Daily, Weekly, Monthly and Yearly are fixed windows of the calendar

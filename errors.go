@@ -16,14 +16,12 @@ var (
 	ErrRateLimited = errors.New("txlimit: rate limited")
 	// ErrNotMigrated matches the error of every call on a database whose
 	// txlimit table is missing or out of date: run migrations.Up first.
-	// Limiter.Ping reports it at startup; Options.FailOpen never grants on
-	// it.
+	// Options.FailOpen never grants on it.
 	ErrNotMigrated = driver.ErrNotMigrated
 	// ErrCommitUnknown matches the error of CommitTx and Commit when the
 	// connection failed after the COMMIT was sent and before its answer
-	// came: the transaction, and the tokens with it, may or may not have
-	// committed. Find out from the transaction's own rows before running
-	// its work again.
+	// came: the transaction and its tokens may or may not have committed.
+	// Find out from its own rows before running its work again.
 	ErrCommitUnknown = driver.ErrCommitUnknown
 )
 

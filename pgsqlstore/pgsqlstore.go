@@ -8,12 +8,9 @@
 //	if err := migrations.Up(ctx, db, migrations.Postgres); err != nil { … }
 //	limiter, err := txlimit.New(pgsqlstore.New(db), limits, nil)
 //
-// The limiter's TTx is then *sql.Tx, and LimitTx takes the transaction the
-// application already has open. The package imports no driver: the
-// application opens its *sql.DB with the one it already uses.
-//
-// It runs pgstore's code, with the same semantics, on the *sql.Tx (sqltx.go
-// adapts it): use pgstore when the application's transactions are pgx.Tx,
+// The package imports no driver: the application opens its *sql.DB with
+// the one it uses. It runs pgstore's code, with the same semantics, on the
+// *sql.Tx: use pgstore when the application's transactions are pgx.Tx,
 // pgsqlstore when they are *sql.Tx. database/sql sends one statement per
 // round trip where pgx sends a batch: an admitted call on an unsharded
 // limit is one round trip in both, a sharded or LimitAll call more here.

@@ -3,24 +3,20 @@
 //	pool, _ := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 //	limiter, err := txlimit.New(pgstore.New(pool), limits, nil)
 //
-// The limiter's TTx is then pgx.Tx, and LimitTx takes the transaction the
-// application already has open; the rows it locks stay locked until that
-// transaction ends. An admitted call on an unsharded token bucket or fixed
-// window is one statement (INSERT … ON CONFLICT DO UPDATE … WHERE <fits>
-// RETURNING) that refills the row to the server's clock, decides and writes
-// with the migrations' SQL functions (algo's arithmetic); other calls lock
-// the rows with SELECT … FOR UPDATE and decide in Go. A sharded limit takes
-// the first shard no other transaction holds (FOR UPDATE SKIP LOCKED, in a
-// savepoint the call ends). PostgreSQL 14 or later. The store keeps no
-// session state.
+// An admitted call on an unsharded token bucket or fixed window is one
+// statement (INSERT … ON CONFLICT DO UPDATE … WHERE <fits> RETURNING) that
+// refills the row to the server's clock, decides and writes with the
+// migrations' SQL functions (algo's arithmetic); other calls lock the rows
+// with SELECT … FOR UPDATE and decide in Go. A sharded limit takes the
+// first shard no other transaction holds (FOR UPDATE SKIP LOCKED, in a
+// savepoint the call ends). PostgreSQL 14 or later; no session state.
 //
 // Behind PgBouncer in transaction mode, pgx's default exec mode fails on a
 // share of the calls with SQLSTATE 42P05 or 26000 (the store's error says
 // so): set pgx.ConnConfig.DefaultQueryExecMode to QueryExecModeExec or
 // QueryExecModeSimpleProtocol for such pools (docs/scale-out.md). Database
-// errors keep the *pgconn.PgError (errors.As reaches it); a missing or
-// outdated table matches txlimit.ErrNotMigrated; Retryable classifies what
-// may be run again.
+// errors keep the *pgconn.PgError for errors.As; a missing or outdated
+// table matches txlimit.ErrNotMigrated.
 package pgstore
 
 import (

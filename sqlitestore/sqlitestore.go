@@ -1,8 +1,6 @@
-// Package sqlitestore is the SQLite store of txlimit, on database/sql.
-//
-// It imports no SQLite driver: the application opens its *sql.DB with the
-// driver it already uses and passes it to New. With the pure-Go
-// modernc.org/sqlite driver (driver name "sqlite"):
+// Package sqlitestore is the SQLite store of txlimit, on database/sql. It
+// imports no SQLite driver: the application opens its *sql.DB with the one
+// it uses. With the pure-Go modernc.org/sqlite (driver name "sqlite"):
 //
 //	db, err := sql.Open("sqlite",
 //		"file:app.db?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
@@ -10,27 +8,24 @@
 //	if err := migrations.Up(ctx, db, migrations.SQLite); err != nil { … }
 //	limiter, err := txlimit.New(sqlitestore.New(db), limits, nil)
 //
-// The limiter's TTx is then *sql.Tx, and LimitTx takes the transaction the
-// application already has open. With github.com/mattn/go-sqlite3 the same
-// settings are "file:app.db?_busy_timeout=5000&_journal_mode=WAL&_txlock=immediate".
+// With github.com/mattn/go-sqlite3 the same settings are
+// "file:app.db?_busy_timeout=5000&_journal_mode=WAL&_txlock=immediate".
 //
 // SQLite has one writer at a time and no row locks: a transaction that
 // consumes a limit takes the database's write lock before it reads the
-// limit's rows, and keeps it until it ends. The DSN's three settings make
-// that work under concurrency: busy_timeout, so that a writer waits for the
-// lock instead of failing with SQLITE_BUSY; WAL, so that readers and the
-// writer do not block each other; and _txlock=immediate, so that a
-// transaction that reads before it writes takes the write lock at BEGIN
-// (SQLite cannot let a deferred one wait for it). Every connection of the
-// pool needs them, so they belong in the DSN; use a file, not ":memory:".
-// docs/sqlite.md says why for each.
+// limit's rows, and keeps it until it ends. The DSN's settings make that
+// work under concurrency: busy_timeout (a writer waits for the lock rather
+// than fail with SQLITE_BUSY), WAL (readers and the writer do not block
+// each other) and _txlock=immediate (a transaction that reads before it
+// writes takes the write lock at BEGIN: SQLite cannot let a deferred one
+// wait for it). Every connection of the pool needs them, so they belong in
+// the DSN; use a file, not ":memory:" (docs/sqlite.md).
 //
-// SQLITE_BUSY and every other database error is returned as an error, whose
-// driver error errors.As reaches, never a denial or a grant; roll back and,
-// for SQLITE_BUSY, run the transaction again. SQLite has no server clock: the
-// store reads the process's. Shards add no concurrency here (the write lock
-// covers every row), but a sharded limit admits exactly what the same
-// unsharded limit would.
+// Every database error, SQLITE_BUSY included, is returned as an error
+// (errors.As reaches the driver's), never as a denial or a grant; roll back
+// and, for SQLITE_BUSY, run the transaction again. The store reads the
+// process's clock. Shards add no concurrency here, but a sharded limit
+// admits exactly what the same unsharded limit would.
 package sqlitestore
 
 import (
