@@ -102,16 +102,13 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, op string, obs *observatio
 // spent if and only if tx commits, and a denial is not an error.
 //
 // Every row of every limit is locked, waiting for other transactions, in one
-// canonical order (name, then key, byte by byte, then shard), whatever the
-// order of reqs, so that two LimitAllTx calls on the same limits never
-// deadlock on them. A sharded limit is always locked whole here (no free
-// shard is picked): use LimitTx for a single hot sharded limit. The locks
-// are held until tx ends, so do not then take the same limits in another
-// order in the same transaction.
-//
-// Each (name, key) may appear once: give one request the sum of the counts.
-// Bad input in any request is an *InvalidError before anything is read or
-// written.
+// canonical order (name, then key, byte by byte, then shard), so that two
+// LimitAllTx calls on the same limits never deadlock on them. A sharded
+// limit is locked whole here: use LimitTx for a single hot sharded limit.
+// The locks are held until tx ends, so do not then take the same limits in
+// another order in the same transaction. Each (name, key) may appear once:
+// give one request the sum of the counts. Bad input in any request is an
+// *InvalidError before anything is read or written.
 func (l *Limiter[TTx]) LimitAllTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
 	return l.limitAllIn(ctx, &tx, reqs)
 }

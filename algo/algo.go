@@ -151,15 +151,13 @@ func Take(c Config, s State, now int64, count float64, reserve bool) (State, Dec
 }
 
 // TakeShards consumes count tokens from a limit split into len(states)
-// shards, each configured by c (one shard's share of Rate, Capacity and
-// MaxReserved). The shards are pooled at the call's instant (see Pooled):
-// the request fits when their values add up to count. When it does not and
-// reserve is set, the tokens are granted anyway as a reservation unless the
-// debt would exceed the pooled MaxReserved (or overflow: Decision.Overflow).
-//
-// A grant spreads what is left evenly over the shards, all stamped with
-// that instant, so that a reservation's RetryAfter is exactly that of one
-// unsharded bucket. A denial returns the states unchanged (the same slice).
+// shards, each configured by c (one shard's share). The request fits when
+// the shards pool count (see Pooled); when it does not and reserve is set,
+// it is granted as a reservation unless the debt would exceed the pooled
+// MaxReserved (or overflow). A grant spreads what is left evenly over the
+// shards, all stamped with the call's instant, so that a reservation's
+// RetryAfter is exactly that of one unsharded bucket. A denial returns the
+// states unchanged (the same slice).
 func TakeShards(c Config, states []State, now int64, count float64, reserve bool) ([]State, Decision) {
 	n := float64(len(states))
 	var sliding slidingPool
@@ -219,10 +217,9 @@ func Pooled(c Config, states []State, now int64) float64 {
 	return v
 }
 
-// CreditShards gives count tokens back to a limit split into shards, never
-// lifting the pooled value above the pooled capacity, and spreads the result
-// evenly, stamped like a grant of TakeShards. The values stay finite for
-// any finite count.
+// CreditShards gives count tokens back to a limit split into shards, up to
+// the pooled capacity, spread and stamped like a grant. The values stay
+// finite for any finite count.
 func CreditShards(c Config, states []State, now int64, count float64) []State {
 	if c.Kind == SlidingWindow {
 		p := poolSliding(c, states, now)
@@ -357,8 +354,7 @@ func floorMod(a, m int64) int64 {
 }
 
 // clampDuration rounds a wait up to whole microseconds within [0,
-// MaxWait]. A NaN (a wait that cannot be computed) is MaxWait, so that a
-// denial never says "now".
+// MaxWait]; a NaN is MaxWait, so that a denial never says "now".
 func clampDuration(us float64) int64 {
 	switch {
 	case math.IsNaN(us) || us >= float64(MaxWait):

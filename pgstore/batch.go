@@ -34,9 +34,8 @@ import (
 //
 // When every limit is an unsharded token bucket or fixed window, the takes
 // lead the batch and the call is one round trip; other limits are taken
-// first as LimitAllTx takes them, and b is sent once they granted. A limit
-// with Config.Lease is taken from its row. docs/commit.md compares the
-// modes.
+// first, as LimitAllTx takes them. A limit with Config.Lease is taken from
+// its row. docs/commit.md compares the modes.
 func SendBatch(ctx context.Context, l *txlimit.Limiter[pgx.Tx], tx pgx.Tx, b *pgx.Batch, reqs ...txlimit.Request) (txlimit.MultiResult, error) {
 	if b == nil {
 		return txlimit.MultiResult{}, &txlimit.InvalidError{Field: "batch", Problem: "is nil; pass the batch whose " +

@@ -24,12 +24,9 @@ import (
 //     (3D000).
 //
 // The transaction did not commit in any of these cases. Context
-// cancellation, deadlines and bad input are not retryable.
-// pgsqlstore.Retryable classifies alike.
-//
-// An error from COMMIT itself on a lost connection is different: the commit
-// may or may not have happened. Retry such a transaction only when its
-// write is idempotent.
+// cancellation, deadlines and bad input are not retryable. An error from
+// COMMIT itself on a lost connection is different: the commit may or may
+// not have happened; retry only a transaction whose write is idempotent.
 func Retryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false

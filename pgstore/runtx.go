@@ -21,13 +21,12 @@ type TxBeginner interface {
 const RunTxAttempts = 5
 
 // RunTx runs fn in a transaction begun on db with txOptions and commits it,
-// as pgx.BeginTxFunc does, and runs the whole transaction again, from BEGIN,
-// when it fails with an error Retryable accepts, up to RunTxAttempts runs
-// (then it returns the last error). Any other error (fn's own, bad input, a
-// cancelled context) is returned at once, after the rollback, as it is.
-// Between runs it waits a backoff that doubles from 10ms, each drawn
-// uniformly from its upper half, and it stops when ctx ends or its deadline
-// would pass in the wait.
+// as pgx.BeginTxFunc does, and runs the whole transaction again when it
+// fails with an error Retryable accepts, up to RunTxAttempts runs. Any
+// other error (fn's own, bad input, a cancelled context) is returned at
+// once, after the rollback. Between runs it waits a backoff that doubles
+// from 10ms, each drawn uniformly from its upper half, and it stops when
+// ctx ends or its deadline would pass in the wait.
 //
 // fn may run more than once: it must do nothing outside the transaction that
 // a second run would repeat (send an email, charge a card), or do it
