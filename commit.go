@@ -26,11 +26,10 @@ import (
 //
 // On pgstore, when every limit is an unsharded token bucket or fixed
 // window, the takes go with the COMMIT in one pipeline, so the rows are
-// locked only while the commit runs (pgx then needs one more round trip to
-// close tx, which Commit saves). Other limits, and every limit on the
-// database/sql stores, are taken as LimitAllTx takes them before the
-// COMMIT. A limit with Config.Lease is taken from its row: a lease's own
-// transaction would wait for tx. docs/commit.md compares the modes.
+// locked only while the commit runs (pgx then needs a round trip to close
+// tx, which Commit saves); other limits, and every limit on the
+// database/sql stores, are taken as LimitAllTx takes them. A limit with
+// Config.Lease is taken from its row. docs/commit.md compares the modes.
 func (l *Limiter[TTx]) CommitTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
 	return l.commitIn(ctx, &tx, nil, reqs)
 }

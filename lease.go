@@ -272,16 +272,15 @@ func (l *Limiter[TTx]) leased(name, key string) float64 {
 	return le.cur.tokens + le.next.tokens
 }
 
-// ReturnLeases ends every lease the Limiter holds (Config.Lease), each in a
-// short transaction of its own, giving their unspent tokens back to their
-// limits (those of a lease past its time are dropped, as at its next
-// call): call it when the process stops, so that the tokens are not lost
-// with it. A lease being taken ahead (Config.LeaseAhead) is waited for and
-// returned too; when ctx ends first, its take is cancelled, and ReturnLeases
-// returns once it has stopped: no goroutine of a lease outlives it, unless
-// calls running meanwhile start one. A lease taken afterwards works as
-// before. It returns the first error and leaves the slices of that lease
-// not yet returned as they were.
+// ReturnLeases ends every lease the Limiter holds (Config.Lease), giving
+// their unspent tokens back to their limits, each in a short transaction of
+// its own (those of a lease past its time are dropped): call it when the
+// process stops, so that the tokens are not lost with it. A lease being
+// taken ahead is waited for and returned too; when ctx ends first, its take
+// is cancelled and stopped before ReturnLeases returns, so that no
+// goroutine of a lease outlives it (unless calls running meanwhile start
+// one). Leases taken afterwards work as before. It returns the first error,
+// leaving that lease's slices not yet returned as they were.
 func (l *Limiter[TTx]) ReturnLeases(ctx context.Context) (err error) {
 	l.leases.Range(func(k, v any) bool {
 		key, le := k.(driver.KeyRef), v.(*lease)

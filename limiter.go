@@ -32,11 +32,8 @@ type Options struct {
 	// caller's work. Defaults to false: every error is returned.
 	FailOpen bool
 
-	// Observer, when set, is told about every call of the Limiter, with its
-	// decision or its error and the time spent waiting for row locks: one
-	// Event per call (per limit of LimitAll and the commit forms), each
-	// batch of Prune, and a lease taken ahead that failed. Use it to export
-	// metrics or logs (otelobserver, promobserver). It is called on the
+	// Observer, when set, is told about every call of the Limiter (Event),
+	// for metrics or logs (otelobserver, promobserver). It is called on the
 	// caller's goroutine once the call has decided (for the …Tx forms,
 	// before the caller's transaction ends; for a lease taken ahead, on the
 	// goroutine that took it): it must be fast, safe for concurrent use, and

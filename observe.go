@@ -22,7 +22,8 @@ const (
 	opLeaseAhead = "lease_ahead"
 )
 
-// Event is one call as Options.Observer sees it.
+// Event is one call as Options.Observer sees it, with its decision or its
+// error and the time spent waiting for row locks.
 type Event struct {
 	// Op names the operation, with its …Tx form: "limit", "check",
 	// "credit" (Count is the count credited), "reset"; "limit_all", one

@@ -12,13 +12,11 @@ import (
 // granted Result: Limit in a loop, for workers that would rather wait than
 // be told no. Count(n) makes it what x/time/rate calls WaitN.
 //
-// Each attempt is a Limit call, in a short transaction of its own. After a
-// denial Wait sleeps, holding no transaction and no connection, for the
-// denial's RetryAfter plus a random extra drawn uniformly from [0, spread)
-// (jitter.Spread), spread being the time the limit takes to add the count
-// (count × Period/Rate), at most Period: callers waiting on one key come
-// back spread over about the time one grant's tokens take to arrive, and a
-// token that arrives while they wait is granted within spread.
+// Each attempt is a Limit call. After a denial Wait sleeps, holding no
+// transaction and no connection, for the denial's RetryAfter plus a random
+// extra drawn uniformly from [0, spread) (jitter.Spread), spread being the
+// time the limit takes to add the count (count × Period/Rate), at most
+// Period: a token that arrives while callers wait is granted within spread.
 //
 // If ctx has a deadline and the denial's RetryAfter would end after it, Wait
 // returns at once with the denied Result and an error that matches both
@@ -36,10 +34,10 @@ import (
 // Reserve: a reservation is granted at once; call Limit with Reserve and
 // sleep the Result's RetryAfter.
 //
-// The tokens are spent whatever the caller does next. There is no WaitTx:
-// sleeping in the caller's transaction would hold its locks for the wait.
-// To spend the tokens only if the caller's work commits, wait with Check's
-// RetryAfter outside the transaction and take them with LimitTx inside it.
+// The tokens are spent whatever the caller does next. There is no WaitTx
+// (it would hold the caller's locks while it sleeps): to spend the tokens
+// only if the work commits, wait with Check's RetryAfter outside the
+// transaction and take them with LimitTx inside it.
 func (l *Limiter[TTx]) Wait(ctx context.Context, name, key string, opts ...Option) (Result, error) {
 	return l.wait(ctx, sleep, name, key, opts)
 }

@@ -23,14 +23,11 @@ type stmtCache struct {
 }
 
 // get returns the prepared statement for query, or nil when it is not
-// prepared yet, and then may start preparing it.
-//
-// Preparing takes a connection from the pool while the caller holds one:
-// with SetMaxOpenConns(1) a synchronous prepare would wait for the caller's
-// own transaction, hence the background. A new connection reads the
-// schema: in rollback-journal mode its read lock can make another
-// connection's COMMIT fail with SQLITE_BUSY when busy_timeout is not set,
-// so nothing is prepared until the database is known to be in WAL mode.
+// prepared yet, and then may start preparing it in the background: on the
+// caller's goroutine it would wait for a connection the caller may hold
+// (SetMaxOpenConns(1)). Nothing is prepared until the database is known to
+// be in WAL mode: in rollback-journal mode the read lock of a new
+// connection can make another's COMMIT fail with SQLITE_BUSY.
 func (c *stmtCache) get(query string) *sql.Stmt {
 	if c == nil {
 		return nil

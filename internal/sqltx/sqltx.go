@@ -1,7 +1,6 @@
-// Package sqltx is what the stores on database/sql (pgsqlstore,
-// sqlitestore, mysqlstore) share: their driver.Ops.InTx, Commit and
-// InTxCommit, the RunTx of pgsqlstore and mysqlstore, and the error that
-// names the database a store was given when it is another.
+// Package sqltx is what the stores on database/sql share: their InTx,
+// Commit and InTxCommit, their RunTx, and the error that names the database
+// a store was given when it is another.
 package sqltx
 
 import (
@@ -117,11 +116,9 @@ func legacy(db *sql.DB, takeAll TakeAll, begin, commit func(error) error, known 
 		CommitErr: func(_ context.Context, err error) error { return commit(err) }}
 }
 
-// RunTx is the RunTx of the database/sql store name (retrytx.Run over a
-// transaction begun on db with opts). begin turns the error of BeginTx into
-// the store's; answered reports whether the database refused a COMMIT that
-// failed with err: otherwise its outcome is unknown, and it is not run
-// again.
+// RunTx is the RunTx of the database/sql store name (retrytx.Run). begin
+// turns the error of BeginTx into the store's; answered reports whether the
+// database refused a COMMIT that failed with err: else it is not run again.
 func RunTx(ctx context.Context, name string, attempts int, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error,
 	retryable func(error) bool, begin func(error) error, answered func(error) bool,
 ) error {
