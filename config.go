@@ -42,15 +42,14 @@ const (
 	// Daily, Weekly, Monthly and Yearly are fixed windows of the calendar
 	// in Config.Zone, which they require: "10,000 a month, reset on the 1st
 	// at midnight in the customer's zone". Rate tokens come at the start of
-	// each window; unused ones roll over up to Capacity, as in every
-	// FixedWindow, and a raised Rate arrives with the next window (Credit
-	// the difference to apply it at once). A window starts at local
-	// midnight of its first day (Config.WeekStart, the 1st of a month,
-	// January 1st), so a day lasts 23 to 25 hours across daylight saving
-	// changes; where the clocks skip midnight the window starts when they
-	// jump, where midnight comes twice, at the first. The boundaries follow
-	// the database's clock and Go's time zone rules (import time/tzdata on
-	// a machine without them). Period must be 0.
+	// each window; unused ones roll over up to Capacity, and a raised Rate
+	// arrives with the next window (Credit the difference to apply it at
+	// once). A window starts at local midnight of its first day
+	// (Config.WeekStart, the 1st of a month, January 1st), so a day lasts 23
+	// to 25 hours across daylight saving changes; where the clocks skip
+	// midnight it starts when they jump, where midnight comes twice, at the
+	// first. Go's time zone rules decide (import time/tzdata on a machine
+	// without them). Period must be 0.
 	Daily   Kind = 4
 	Weekly  Kind = 5
 	Monthly Kind = 6
@@ -161,14 +160,13 @@ type Config struct {
 	LeaseFor time.Duration
 	// LeaseAhead takes the next lease of a key in the background once the
 	// one held has fewer than LeaseAhead tokens left, so that a hot key's
-	// callers never queue behind its row. The lease taken ahead keeps its
-	// own end and is handed out once the one held is spent or over; a take
-	// ahead that fails leaves the next call to take a lease itself. A
-	// Limiter then parks up to Lease + LeaseAhead tokens of a key, and up
-	// to two leases' worth counting those in open transactions
-	// (docs/commit.md). At most Lease; needs Lease. Defaults to 0: the call
-	// that finds the lease empty takes the next, while the key's other
-	// callers wait.
+	// callers never queue behind its row; it keeps its own end, serves once
+	// the one held is spent or over, and if its take fails, the next call
+	// takes a lease itself. A Limiter then parks up to Lease + LeaseAhead
+	// tokens of a key, and up to two leases' worth counting those in open
+	// transactions (docs/commit.md). At most Lease; needs Lease. Defaults to
+	// 0: the call that finds the lease empty takes the next, while the
+	// others wait.
 	LeaseAhead float64
 
 	// loc is Zone, loaded by normalized.

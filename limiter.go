@@ -23,13 +23,11 @@ type Options struct {
 	// when the store fails (the database is down, the pool exhausted past
 	// the context's deadline, a lock timeout), they return an OK Result
 	// with FailedOpen set and a nil error, consuming nothing, and the error
-	// goes to the Observer. Bad input (*InvalidError, a store without a
-	// pool included), ErrNotMigrated, a setup the store cannot work in
-	// (another kind of database, a DSN or pooler mode it cannot use) and a
-	// cancelled context are still errors. The …Tx forms never fail open
-	// (the caller's transaction has failed, and only the caller can decide
-	// what to do with it), nor does Commit, whose transaction holds the
-	// caller's work. Defaults to false: every error is returned.
+	// goes to the Observer. Bad input (*InvalidError), ErrNotMigrated, a
+	// setup the store cannot work in (another kind of database, a DSN or
+	// pooler mode it cannot use) and a cancelled context are still errors.
+	// The …Tx forms never fail open (only the caller can decide what to do
+	// with its failed transaction), nor does Commit. Defaults to false.
 	FailOpen bool
 
 	// Observer, when set, is told about every call of the Limiter (Event),

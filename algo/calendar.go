@@ -20,18 +20,14 @@ const (
 )
 
 // Calendar makes the windows of a FixedWindow calendar units in a time zone
-// instead of multiples of Period. The zero value (no Unit) keeps windows of
-// Period.
-//
+// instead of multiples of Period (the zero value keeps windows of Period).
 // A window starts at the first instant whose local date and time (in
 // Location) is at or after midnight of its first day: local midnight, or
 // the jump where the clocks skip midnight (Asia/Kathmandu on 1986-01-01),
 // or the first midnight where it happens twice (America/Havana in
-// November; the local time that follows belongs to the new window even
-// while it reads the day before). A date a zone skips entirely
-// (Pacific/Apia, 2011-12-30) is a window of no length: its Rate comes with
-// the next window's. The windows depend only on the zone's rules (Go's
-// tzdata) and the instant, so every process computes the same boundaries.
+// November). A date a zone skips (Pacific/Apia, 2011-12-30) is a window of
+// no length: its Rate comes with the next. The windows depend only on the
+// zone's rules (Go's tzdata) and the instant.
 type Calendar struct {
 	Unit    CalendarUnit
 	Weekday time.Weekday // the first day of a Week window
@@ -130,10 +126,9 @@ func firstAtOrAfter(loc *time.Location, wall int64) int64 {
 }
 
 // zoneEnd returns when the period of the zone in effect at at ends, or
-// false when it never does. Past the last transition its tzdata lists
-// (2037), ZoneBounds on December 31 of a leap year ends the year's last
-// period at December 31 00:00 UTC, before at (Go 1.26); the offset is
-// right, so the period is taken to run on to the next UTC year.
+// false when it never does. Past the zone's last transition (2037),
+// ZoneBounds on December 31 of a leap year ends the period before at (Go
+// 1.26); its offset is right, so it is taken to run to the next UTC year.
 func zoneEnd(at time.Time) (int64, bool) {
 	_, end := at.ZoneBounds()
 	switch {

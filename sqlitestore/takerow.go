@@ -12,12 +12,11 @@ import (
 )
 
 // takeRowSQL takes one admitted call from one row in one statement: it
-// refills the row (or the full state full_value at full_ts when there is
-// none) to the clock at, decides and writes as algo.Take does, and returns
-// the new state. It returns no row, writing nothing, when the call is not
-// granted, when the stored value is not finite, or when the key has rows
-// beyond shard 0 (to be pooled): the Go path then decides. Being a write,
-// it takes SQLite's write lock before it reads the row.
+// refills the row (or the full state full_value at full_ts) to the clock
+// at, decides and writes as algo.Take does, and returns the new state. It
+// returns no row, writing nothing, when the call is not granted, the stored
+// value is not finite or the key has rows beyond shard 0: the Go path then
+// decides. Being a write, it takes the write lock before it reads the row.
 //
 // The arithmetic is algo's, operation for operation, on REAL and INTEGER
 // microseconds, so that the state written is algo's bit for bit
