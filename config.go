@@ -118,17 +118,17 @@ type Config struct {
 	Shards int
 	// ReportRemaining makes every call on a sharded limit report
 	// Result.Remaining and NextToken, which a call served from one free
-	// shard otherwise leaves unknown (Result.Partial): it then reads every
-	// shard in the statement that takes its own (no extra round trip, more
-	// work on the hottest path). Set it for a limit whose Remaining is
-	// shown (httplimit's RateLimit header). Shards > 1 only: an unsharded
-	// limit always reports Remaining. Defaults to false.
+	// shard otherwise leaves unknown (Result.Partial), by reading every shard
+	// in the statement that takes its own (more work on the hottest path).
+	// Set it for a limit whose Remaining is shown (httplimit's RateLimit
+	// header). Shards > 1 only: an unsharded limit always reports
+	// Remaining. Defaults to false.
 	ReportRemaining bool
 
-	// Start aligns the windows of a FixedWindow or SlidingWindow: windows
-	// begin at Start plus whole multiples of Period. When zero, each
-	// (name, key) gets a stable offset in [0, Period) from a hash of the
-	// two, which spreads the resets of many keys over the period.
+	// Start aligns the windows of a FixedWindow or SlidingWindow to Start
+	// plus whole multiples of Period. When zero, each (name, key) gets a
+	// stable offset in [0, Period) from a hash of the two, which spreads the
+	// resets of many keys over the period.
 	Start time.Time
 	// Zone is the IANA time zone of a calendar Kind's windows, such as
 	// "Europe/Berlin", or "UTC". Required for a calendar Kind, so that a

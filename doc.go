@@ -63,15 +63,13 @@
 //
 // # Hot keys
 //
-// LimitTx locks the limit's rows until the caller's transaction ends: two
-// transactions cannot both spend the same tokens, and a limit that many
-// transactions share serializes them. There are two answers
+// LimitTx locks the limit's rows until the caller's transaction ends, so a
+// limit that many transactions share serializes them. There are two answers
 // (docs/hot-keys.md). Before the work, Config.Shards spreads the limit over
-// rows that calls take without waiting for one another, never admitting more
-// than one unsharded limit would. At commit, Config.Lease lets Commit hand a
-// key's tokens out from memory, taken from its row a slice at a time, so
-// that most transactions never touch the row; LeaseAhead takes the next
-// slice before the one held runs out.
+// rows that calls take without waiting for one another, never admitting
+// more than one unsharded limit would. At commit, Config.Lease lets Commit
+// hand a key's tokens out from memory, taken from its row a slice at a
+// time; LeaseAhead takes the next slice before the one held runs out.
 //
 // # Transactions and locks
 //

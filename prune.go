@@ -42,20 +42,18 @@ type PruneResult struct {
 	Complete bool
 }
 
-// Prune deletes the state of limits that have refilled to capacity. A
-// missing row is read as full, so Prune changes no decision; it keeps the
-// table as small as the set of limits that are depleted.
-//
-// Prune goes through the keys in batches of PruneOptions.BatchSize, each in
-// a short transaction of its own on the store's pool (without one it
-// returns an *InvalidError). It deletes the rows of a (name, key) together,
-// only when it holds all of them and every shard, projected to now, is
-// exactly what a missing row would be. On PostgreSQL and MySQL it never
-// waits for a row that live traffic holds (SKIP LOCKED): a key in use is
-// left to a later run. On SQLite each batch takes the write lock, like any
-// writer. Rows whose name has no configuration are left alone. Prune stops
-// at the first error (a cancelled ctx included) and returns it with what
-// it had done.
+// Prune deletes the state of limits that have refilled to capacity, which a
+// missing row means too: it changes no decision, and keeps the table as
+// small as the set of limits that are depleted. It goes through the keys in
+// batches of PruneOptions.BatchSize, each in a short transaction of its own
+// on the store's pool (without one it returns an *InvalidError). It deletes
+// the rows of a (name, key) together, only when it holds all of them and
+// every shard, projected to now, is exactly what a missing row would be. On
+// PostgreSQL and MySQL it never waits for a row that live traffic holds
+// (SKIP LOCKED): a key in use is left to a later run. On SQLite each batch
+// takes the write lock, like any writer. Rows whose name has no
+// configuration are left alone. Prune stops at the first error (a cancelled
+// ctx included) and returns it with what it had done.
 func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResult, error) {
 	var o PruneOptions
 	if opts != nil {

@@ -32,13 +32,12 @@ type Result struct {
 	RetryAfter time.Duration
 	At         time.Time // the clock reading the decision was made at
 	// Remaining is the number of tokens the limit holds after the call,
-	// summed over all shards and projected to At (after a denial or a
-	// Check, nothing was taken); negative while reservations are
-	// outstanding. It is read under the call's locks, except where the call
-	// locked nothing or not every shard (a denial decided on committed
-	// state, one free shard read with Config.ReportRemaining): there the
-	// other shards count as last committed, and may be changing. It is 0
-	// when Partial is set.
+	// summed over all shards and projected to At; negative while
+	// reservations are outstanding. It is read under the call's locks,
+	// except where the call locked nothing or not every shard (a denial
+	// decided on committed state, one free shard read with
+	// Config.ReportRemaining): there the other shards count as last
+	// committed. It is 0 when Partial is set.
 	Remaining float64
 	// NextToken is the time from At until the limit holds one whole token
 	// more than floor(Remaining) (at least one), if no call takes or gives

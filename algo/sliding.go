@@ -2,10 +2,9 @@ package algo
 
 import "math"
 
-// The SlidingWindow state is counts, not tokens (docs/windows.md): Value is
-// the count of the current window, which starts at TS (what was taken in
-// it, plus a debt passed on, or, below zero, unused Rate saved up), Prev the
-// count the previous window hands over. The tokens are
+// The SlidingWindow state is counts (docs/windows.md): Value is the count of
+// the current window, which starts at TS (below zero, unused Rate saved
+// up), Prev the count the previous window hands over. The tokens are
 //
 //	Rate - Value - Prev·(TS+Period-now)/Period
 //

@@ -11,15 +11,13 @@
 // panics.
 //
 // Callers denied on the same (name, key) at about the same moment are told
-// the same RetryAfter. If they all come back at that instant, the limit has
-// tokens for one of them (a fixed window, for Rate of them); the others
-// queue on its row lock, are denied again with a new common RetryAfter, and
-// come back together once more: a retry storm. Spread over spread, they
+// the same RetryAfter. If they all come back then, the limit has tokens for
+// one of them (a fixed window, for Rate); the others queue on its row lock
+// and are denied again, together: a retry storm. Spread over spread, they
 // arrive about as fast as the tokens do. Choose spread about n ×
 // Period/Rate for a token bucket, n being how many callers may wait on one
-// key, and up to Period for a fixed window. Across keys there is little to
-// spread, and a reservation needs none: each on a key is due later than the
-// one before it.
+// key, and up to Period for a fixed window. A reservation needs none: each
+// on a key is due later than the one before it.
 package jitter
 
 import (

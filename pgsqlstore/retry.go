@@ -14,11 +14,11 @@ import (
 // pgstore.Retryable classifies errors, with either driver.
 //
 // lib/pq reports some failures to connect (target_session_attrs refusing a
-// host) as plain errors, known as such only where they happen: the BeginTx
-// of RunTx or of a transaction the limiter opens itself. An error of the
-// application's own db.BeginTx with lib/pq is classified by its type alone
-// (a network error or a SQLSTATE). An error from COMMIT on a lost
-// connection is not retryable: the commit may or may not have happened.
+// host) as plain errors, known as such only in the BeginTx of RunTx or of a
+// transaction the limiter opens: an error of the application's own
+// db.BeginTx with lib/pq is classified by its type alone (a network error
+// or a SQLSTATE). An error from COMMIT on a lost connection is not
+// retryable: the commit may or may not have happened.
 func Retryable(err error) bool {
 	var begin *beginError
 	var connectErr *pgconn.ConnectError

@@ -6,11 +6,9 @@
 // a batch of Prune.
 //
 // A Dialect says where its database differs by the interfaces it adds
-// (SkipLocker, Releaser, FreeLocker). Its SQL, its errors and the rows its
-// database must create before locking them (InnoDB's gap locks:
-// Locked.Created) are its own. The engine sends nothing between a
-// dialect's operations, so that each is one round trip where the driver
-// pipelines.
+// (SkipLocker, Releaser, FreeLocker); its SQL and errors are its own. The
+// engine sends nothing between a dialect's operations, so that each is one
+// round trip where the driver pipelines.
 package engine
 
 import (
