@@ -56,10 +56,9 @@ func (l *Limiter[TTx]) commitIn(ctx context.Context, tx *TTx, fn func(TTx) error
 	})
 }
 
-// takeWith is a call whose work is fixed before the limits are taken (at
-// commit or in the caller's batch: when): send has the store take them and
-// run the work. With leases (Commit) the leased limits are taken from their
-// leases first. A denial is the error.
+// takeWith is a call whose work is fixed before the limits are taken (when):
+// send has the store take them and run the work, after the leased limits
+// are taken from their leases (with leases). A denial is the error.
 func (l *Limiter[TTx]) takeWith(ctx context.Context, op, when string, reqs []Request, leases bool,
 	send func(driver.TakeAllParams) (driver.TakeAllResult, error)) (MultiResult, error) {
 	obs := l.observe()

@@ -39,10 +39,9 @@ func (e *RateLimitedError) Error() string {
 // Is makes errors.Is(err, ErrRateLimited) true.
 func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimited }
 
-// InvalidError reports bad input: a config, a name, a key, a count, an
-// option a form cannot honour (it names the form that can), or a store
-// without the pool a form without Tx needs. When it is returned nothing was
-// written. errors.As(err, new(*InvalidError)) tells it apart.
+// InvalidError reports bad input, and that nothing was written: a config, a
+// name, a key, a count, an option a form cannot honour (it names the form
+// that can), a store without the pool a form without Tx needs.
 type InvalidError struct {
 	Limit   string // the limit's name, when known
 	Field   string // the offending field or argument

@@ -13,10 +13,9 @@ import (
 const defaultLeaseFor = time.Second
 
 // lease is the tokens of one (name, key) this Limiter took from the limit
-// and hands out from memory to Commit: the slice it hands out from (cur)
-// and, with Config.LeaseAhead, at most one taken ahead (next), which
-// replaces it when it is spent or over. Each slice keeps its own times, so
-// that a token is spent or given back within the time of its take.
+// and hands out to Commit: the slice it hands out from (cur) and, with
+// Config.LeaseAhead, one taken ahead (next) to replace it. Each slice keeps
+// its own times, so that a token is spent or given back within its take's.
 type lease struct {
 	mu        sync.Mutex
 	cur, next slice
@@ -73,12 +72,10 @@ type leased struct {
 	returnBy time.Time // the slice's
 }
 
-// fromLease hands r's tokens out of its key's lease. When the slice held
-// is over or lacks them, it is ended and the slice taken ahead replaces it
-// (waited for while its take is in flight), or else takeLease takes one;
-// res is its denial when the limit lacks r.count tokens. With LeaseAhead,
-// a slice left with fewer than LeaseAhead tokens has the next one taken in
-// the background.
+// fromLease hands r's tokens out of its key's lease. A slice that is over
+// or lacks them is ended, and the one taken ahead replaces it (waited for
+// while in flight), or else takeLease takes one, or res is its denial.
+// With LeaseAhead, a slice left with fewer tokens has the next one taken.
 func (l *Limiter[TTx]) fromLease(ctx context.Context, r request) (res Result, got leased, err error) {
 	k := driver.KeyRef{Name: r.name, Key: r.key}
 	v, ok := l.leases.Load(k)

@@ -160,10 +160,9 @@ func (l *Limiter[TTx]) finish(ctx context.Context, op string, r request, res Res
 	return res, err
 }
 
-// Check is CheckTx in a short transaction of its own. It first waits for a
-// lease of the key being taken (Config.LeaseAhead's in the background), so
-// that Remaining and Leased agree while no other call is made. With
-// Options.FailOpen, a failure of the store answers OK (see Options).
+// Check is CheckTx in a short transaction of its own, after waiting for a
+// lease of the key being taken ahead, so that Remaining and Leased agree.
+// With Options.FailOpen, a failure of the store answers OK (see Options).
 func (l *Limiter[TTx]) Check(ctx context.Context, name, key string, opts ...Option) (Result, error) {
 	return l.checkIn(ctx, nil, name, key, opts)
 }

@@ -48,9 +48,8 @@ type Event struct {
 	FailedOpen bool          // as Result.FailedOpen
 	Duration   time.Duration // how long the call took, as its caller waited
 	// LockWait is the part of Duration spent in the statements that lock
-	// the limit's rows, waiting for other transactions and for the round
-	// trips. A LockWait close to Duration on a busy limit says it needs
-	// Shards.
+	// the limit's rows. A LockWait close to Duration on a busy limit says
+	// it needs Shards.
 	LockWait time.Duration
 	// Outcome classifies the event for a metric label: "allowed",
 	// "reserved", "denied", "failed_open" or "error".

@@ -39,9 +39,8 @@ func UpTo(n float64) Option { return func(o *callOptions) { o.count, o.upTo = n,
 // *InvalidError for Count, taking nothing.
 func Reserve() Option { return func(o *callOptions) { o.reserve = true } }
 
-// Inline gives the limit's configuration in the call. It is required for a
-// name that was not given to New and replaces the configuration of one that
-// was.
+// Inline gives the limit's configuration in the call: required for a name
+// not given to New, it replaces the configuration of one that was.
 func Inline(c Config) Option { return func(o *callOptions) { cc := c; o.config = &cc } }
 
 // request is one call, validated by newRequest.

@@ -1,8 +1,6 @@
 // Package clientip finds the IP address of a client behind trusted reverse
-// proxies and turns it into a limit key: the rules behind the ClientIPKey
-// of httplimit and grpclimit, whose ClientIP is this Config, so that a
-// server answering HTTP and gRPC behind the same proxies configures both
-// with one value.
+// proxies and turns it into a limit key for httplimit and grpclimit, whose
+// ClientIP is this Config: one value configures both.
 package clientip
 
 import (

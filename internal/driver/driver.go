@@ -1,12 +1,9 @@
 // Package driver is the seam between txlimit's Limiter and a database: the
 // Ops interface every store implements, the parameters of its operations,
-// and the pure decisions on a store's rows (algo applied to rows) that
-// package engine makes. The Limiter validates the input and shapes the
-// results; it makes no choice that depends on the database.
-//
-// The seam is sealed: the package is internal, and the Store that
-// txlimit.New takes has an unexported method, which a type gets only by
-// embedding a Handle.
+// and the pure decisions on a store's rows that package engine makes. The
+// Limiter makes no choice that depends on the database. The seam is
+// sealed: the package is internal, and the Store that txlimit.New takes
+// has an unexported method, which a type gets only by embedding a Handle.
 package driver
 
 import (

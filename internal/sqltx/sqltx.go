@@ -17,10 +17,9 @@ import (
 	"github.com/txlimit/txlimit/internal/retrytx"
 )
 
-// Store is the InTx, Commit and InTxCommit of driver.Ops for a store on
-// database/sql, which embeds it. BeginErr and CommitErr turn the errors of
-// BeginTx and COMMIT into the store's; Refused reports whether a COMMIT
-// that failed with err surely did not commit (else driver.ErrCommitUnknown).
+// Store is the InTx, Commit and InTxCommit of a store on database/sql.
+// BeginErr and CommitErr turn the errors of BeginTx and COMMIT into the
+// store's; Refused reports whether a failed COMMIT surely did not commit.
 type Store struct {
 	DB                  *sql.DB
 	TakeAllFn           TakeAll
@@ -94,8 +93,7 @@ func (s Store) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driv
 // TakeAll is a store's driver.Ops.TakeAll.
 type TakeAll func(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error)
 
-// InTx, Commit and InTxCommit are Store's for mysqlstore, until it embeds a
-// Store.
+// InTx, Commit and InTxCommit are Store's for mysqlstore, until it embeds one.
 func InTx(ctx context.Context, db *sql.DB, readOnly bool, fn func(tx *sql.Tx) error, begin, commit func(error) error) error {
 	return legacy(db, nil, begin, commit, nil).InTx(ctx, readOnly, fn)
 }
