@@ -34,7 +34,8 @@
 #    which must exit 0.
 #
 # It checks commits, not the work tree: commit first (it says when the tree
-# has changes it leaves out). -trimpath keeps the build cache shared with
+# has changes it leaves out). It needs the repository's tags (a clone
+# without them takes R for unreleased and checks HEAD as R). -trimpath keeps the build cache shared with
 # other runs although the module cache is a new one each time: the first run
 # compiles the dependencies (a few minutes on 2 cores), later ones take
 # seconds.
