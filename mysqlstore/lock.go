@@ -152,12 +152,6 @@ type rowWrite struct {
 	state     algo.State
 }
 
-// rowRef names one row.
-type rowRef struct {
-	name, key string
-	shard     int32
-}
-
 func (w rowWrite) MarshalJSON() ([]byte, error) {
 	if err := checkTime("a limit's state", time.UnixMicro(w.state.TS)); err != nil {
 		return nil, err
@@ -166,8 +160,14 @@ func (w rowWrite) MarshalJSON() ([]byte, error) {
 		formatFloat(w.state.Value), formatTime(time.UnixMicro(w.state.TS)), formatFloat(w.state.Prev)})
 }
 
-func (r rowRef) MarshalJSON() ([]byte, error) {
-	return json.Marshal([]any{hexOf(r.name), hexOf(r.key), r.shard})
+// jsonRef is a key, or with a shard one of its rows, in the JSON lists of
+// rows.sql.
+func jsonRef(k driver.KeyRef, shard ...int32) []any {
+	out := []any{hexOf(k.Name), hexOf(k.Key)}
+	for _, sh := range shard {
+		out = append(out, sh)
+	}
+	return out
 }
 
 func hexOf(s string) string { return hex.EncodeToString([]byte(s)) }
@@ -224,10 +224,10 @@ func deleteRows(ctx context.Context, tx *sql.Tx, rows []engine.RowRef) (int64, e
 	if len(rows) == 0 {
 		return 0, nil
 	}
-	list := make([]rowRef, len(rows))
+	list := make([][]any, len(rows))
 	var ofKey []int32
 	for i, r := range rows {
-		list[i] = rowRef{name: r.Name, key: r.Key, shard: r.Shard}
+		list[i] = jsonRef(r.KeyRef, r.Shard)
 		if r.KeyRef == rows[0].KeyRef {
 			ofKey = append(ofKey, r.Shard)
 		}

@@ -10,13 +10,6 @@ import (
 	"github.com/txlimit/txlimit/internal/engine"
 )
 
-// keyRef is a (name, key) in the JSON arrays of Tops (rows.sql).
-type keyRef struct{ name, key string }
-
-func (k keyRef) MarshalJSON() ([]byte, error) {
-	return json.Marshal([]string{hexOf(k.name), hexOf(k.key)})
-}
-
 // LockKeys implements engine.Dialect: every row of every limit of ls, in
 // the canonical order (name, then key, byte by byte, then shard), created
 // when missing (ensure, in one statement) and locked in one statement
@@ -24,9 +17,9 @@ func (k keyRef) MarshalJSON() ([]byte, error) {
 // locks nothing), so that rows another config left beyond Shards are
 // locked in their place in the order rather than after every key.
 func (s *backend) LockKeys(ctx context.Context, tx *sql.Tx, ls []driver.Limit, now *time.Time) ([]engine.Locked, time.Time, error) {
-	refs := make([]keyRef, len(ls))
+	refs := make([]driver.KeyRef, len(ls))
 	for i, l := range ls {
-		refs[i] = keyRef{l.Name, l.Key}
+		refs[i] = driver.KeyRef{Name: l.Name, Key: l.Key}
 	}
 	tops, err := readTops(ctx, tx, refs)
 	if err != nil {
@@ -52,8 +45,12 @@ func (s *backend) LockKeys(ctx context.Context, tx *sql.Tx, ls []driver.Limit, n
 
 // readTops returns the highest shard of each key (-1 for none) as the
 // transaction's snapshot has it.
-func readTops(ctx context.Context, tx *sql.Tx, refs []keyRef) ([]int, error) {
-	arg, err := json.Marshal(refs)
+func readTops(ctx context.Context, tx *sql.Tx, refs []driver.KeyRef) ([]int, error) {
+	list := make([][]any, len(refs))
+	for i, k := range refs {
+		list[i] = jsonRef(k)
+	}
+	arg, err := json.Marshal(list)
 	if err != nil {
 		return nil, err
 	}
@@ -77,12 +74,12 @@ func readTops(ctx context.Context, tx *sql.Tx, refs []keyRef) ([]int, error) {
 // query (LockRows, which waits for the rows other transactions hold, or
 // LockIdle, which passes over them), and reads them: out[i] are the rows
 // of keys[i] it holds, at the clock of the last.
-func lockRows(ctx context.Context, tx *sql.Tx, query, op string, keys []keyRef, tops []int) (out [][]driver.Row, at time.Time, err error) {
-	var list []rowRef
+func lockRows(ctx context.Context, tx *sql.Tx, query, op string, keys []driver.KeyRef, tops []int) (out [][]driver.Row, at time.Time, err error) {
+	var list [][]any
 	var owner []int
 	for i, k := range keys {
 		for sh := range tops[i] + 1 {
-			list = append(list, rowRef{name: k.name, key: k.key, shard: int32(sh)})
+			list = append(list, jsonRef(k, int32(sh)))
 			owner = append(owner, i)
 		}
 	}

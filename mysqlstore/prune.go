@@ -30,10 +30,10 @@ func (s *backend) ScanKeys(ctx context.Context, tx *sql.Tx, after driver.KeyRef,
 // a row live traffic holds nor locks a gap its inserts would wait for. A
 // key is Whole when the transaction holds every row the scan counted.
 func (s *backend) LockIdle(ctx context.Context, tx *sql.Tx, keys []engine.Key, now *time.Time) ([]engine.Held, time.Time, error) {
-	refs := make([]keyRef, len(keys))
+	refs := make([]driver.KeyRef, len(keys))
 	tops := make([]int, len(keys))
 	for i, k := range keys {
-		refs[i], tops[i] = keyRef{k.Name, k.Key}, int(k.Top)
+		refs[i], tops[i] = k.KeyRef, int(k.Top)
 	}
 	rows, at, err := lockRows(ctx, tx, lockIdleSQL, "lock idle rows", refs, tops)
 	if err != nil {
