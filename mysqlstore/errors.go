@@ -36,42 +36,23 @@ var mysqlErrorType = struct{ pkg, name string }{"github.com/go-sql-driver/mysql"
 // errNumber returns the server's error number of the first MySQL error in
 // err's chain.
 func errNumber(err error) (uint16, bool) {
-	for err != nil {
-		if n, ok := numberOf(err); ok {
-			return n, true
+	if v := reflect.ValueOf(err); v.Kind() == reflect.Pointer && !v.IsNil() && v.Elem().Kind() == reflect.Struct {
+		t, f := v.Elem().Type(), v.Elem().FieldByName("Number")
+		if t.PkgPath() == mysqlErrorType.pkg && t.Name() == mysqlErrorType.name && f.CanUint() {
+			return uint16(f.Uint()), true
 		}
-		switch u := err.(type) {
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				if n, ok := errNumber(e); ok {
-					return n, true
-				}
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return errNumber(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if n, ok := errNumber(e); ok {
+				return n, true
 			}
-			return 0, false
-		default:
-			return 0, false
 		}
 	}
 	return 0, false
-}
-
-func numberOf(err error) (uint16, bool) {
-	v := reflect.ValueOf(err)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return 0, false
-	}
-	v = v.Elem()
-	t := v.Type()
-	if t.Kind() != reflect.Struct || t.PkgPath() != mysqlErrorType.pkg || t.Name() != mysqlErrorType.name {
-		return 0, false
-	}
-	f := v.FieldByName("Number")
-	if !f.IsValid() || !f.CanUint() {
-		return 0, false
-	}
-	return uint16(f.Uint()), true
 }
 
 // ErrWrongDatabase matches (errors.Is) the error of a call on a *sql.DB or

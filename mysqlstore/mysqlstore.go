@@ -203,24 +203,13 @@ func committedNot(err error) bool {
 	return answered || errors.Is(err, sqldriver.ErrBadConn) || errors.Is(err, sql.ErrTxDone)
 }
 
-// Ping implements driver.Ops: it checks that db answers, is MySQL 8.0.19+
-// or MariaDB 10.6+, was opened with the DSN settings the package
-// documentation lists (ErrDSN otherwise, naming the parameter), and has the
-// txlimit table with every column the library uses (txlimit.ErrNotMigrated
-// otherwise).
 func (s *backend) Ping(ctx context.Context) error { return ping(ctx, s.db) }
 
-// ClockRange implements driver.ClockRanger: the instants a DATETIME(6)
-// column holds, the years 1000 to 9999 (MySQL stores earlier ones, or a
-// zero date under a lax sql_mode, without saying so). txlimit refuses a
-// reading of txlimit.Options.Clock outside them before any statement.
+// ClockRange is the years 1000 to 9999 that DATETIME(6) holds (MySQL stores
+// others, or a zero date under a lax sql_mode, without saying so).
 func (s *backend) ClockRange() (first, last time.Time) { return minTime, maxTime }
 
-// Take implements driver.Ops (engine.Take). An unsharded limit is taken in
-// one statement (TakeRow); a sharded one is read first, and taken from one
-// shard no other transaction holds when one has twice the count
-// (TryShard); anything else, and whatever those leave undecided, locks
-// every row of the key and decides in Go (driver.Decide).
+// Take is engine.Take (see Locking in the package documentation).
 func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
 	return engine.Take(ctx, s, tx, p)
 }

@@ -13,11 +13,12 @@ import (
 	"github.com/txlimit/txlimit/mysqlstore/internal/rawsql"
 )
 
-// ping is driver.Ops.Ping: the server is MySQL 8.0.19+ or MariaDB
-// 10.6+, the DSN has the settings the store needs (each told apart by what
-// the driver does, since the store imports no driver), and the txlimit
-// table is there with every column the library uses. Without a db it is
-// driver.ErrNoPool, which the Limiter reports as an *txlimit.InvalidError.
+// ping is driver.Ops.Ping: the server is MySQL 8.0.19+ or MariaDB 10.6+,
+// the DSN has the settings the store needs (ErrDSN naming the parameter;
+// each told apart by what the driver does, since the store imports no
+// driver), and the txlimit table has every column the library uses
+// (txlimit.ErrNotMigrated). Without a db it is driver.ErrNoPool, which the
+// Limiter reports as an *txlimit.InvalidError.
 func ping(ctx context.Context, db *sql.DB) error {
 	if db == nil {
 		return driver.ErrNoPool
