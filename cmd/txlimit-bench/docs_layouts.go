@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // A docLayout writes one kind of generated block (docs.go) from a run's
@@ -38,7 +39,7 @@ var docLayouts = map[string]*docLayout{
 			{label: "business transaction, one hot key: `Commit` with " + leaseLabel + " ÷ `redis_rate`",
 				cells: []docCell{over(pg("business-hot", implCommitLease), pg("business-hot", implRedisRate))}},
 		},
-		caption: "Each figure is one row's transactions a second over the other's, both measured in the run.",
+		caption: "Ratios of transactions a second, both sides measured in the run.",
 	}.layout(),
 
 	// docs/performance.md: txlimit against the SQL it replaces.
@@ -90,7 +91,7 @@ var docLayouts = map[string]*docLayout{
 
 	// docs/performance.md: the other stores.
 	"stores": docTable{
-		corner:  "same run",
+		corner:  "transactions a second, same run",
 		clients: pgClients,
 		lines: []docLine{
 			{label: "`pgsqlstore` ÷ `pgstore`, each client its own key", cells: []docCell{over(pg("distinct", implTxlimitSQL), pg("distinct", implTxlimit))}},
@@ -277,15 +278,15 @@ func (t docTable) render(rep *Report) (string, error) {
 		return "", fmt.Errorf("%s has %s: measure them (the run's -subjects, -clients, -shards, -sqlite, -mysql) or change the layout in cmd/txlimit-bench/docs_layouts.go",
 			docsResults, strings.Join(missing, "; "))
 	}
-	b.WriteString("\n" + t.caption)
+	caption := t.caption
 	if lo, hi, ok := spreadRange(used); ok && !t.spreadInCells {
+		spread := fmt.Sprintf("±%d–%d%%", lo, hi)
 		if lo == hi {
-			fmt.Fprintf(&b, " The runs behind these figures spread by ±%d%% (half their range over the median).", lo)
-		} else {
-			fmt.Fprintf(&b, " The runs behind these figures spread by ±%d–%d%% (half their range over the median).", lo, hi)
+			spread = fmt.Sprintf("±%d%%", lo)
 		}
+		caption += " The runs behind these figures spread by " + spread + " (half their range over the median)."
 	}
-	b.WriteString("\n")
+	b.WriteString("\n" + wrap(caption))
 	return b.String(), nil
 }
 
@@ -360,7 +361,7 @@ func renderRun(rep *Report, link string) (string, error) {
 		servers = append(servers, "SQLite "+rep.SQLite)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "From one run of `%s` on %s: %s on %s, %d CPUs", benchCommand(rep.Command), runDate(rep), rep.Go, rep.Platform, rep.CPUs)
+	fmt.Fprintf(&b, "The bench's figures here come from one run of `%s` on %s: %s on %s, %d CPUs", benchCommand(rep.Command), runDate(rep), rep.Go, rep.Platform, rep.CPUs)
 	if rep.LoadStart != "" && rep.LoadEnd != "" {
 		fmt.Fprintf(&b, " (load average %s at its start, %s at its end)", firstWords(rep.LoadStart, 1), firstWords(rep.LoadEnd, 1))
 	}
@@ -375,8 +376,45 @@ func renderRun(rep *Report, link string) (string, error) {
 	if n := len(rep.Checks); n > 0 {
 		fmt.Fprintf(&b, "; all %d admission checks passed", n)
 	}
-	fmt.Fprintf(&b, ". The run's whole output: [%s](%s).\n", link, link)
-	return b.String(), nil
+	fmt.Fprintf(&b, ". The run's whole output: [%s](%s).", link, link)
+	return wrap(b.String()), nil
+}
+
+// docsWidth is the width the docs' paragraphs are wrapped to.
+const docsWidth = 95
+
+// wrap fills a paragraph into lines of at most docsWidth characters where
+// it can, never breaking a code span, and ends it with a newline.
+func wrap(paragraph string) string {
+	var words []string
+	inCode := false
+	for _, w := range strings.Fields(paragraph) {
+		if inCode {
+			words[len(words)-1] += " " + w
+		} else {
+			words = append(words, w)
+		}
+		if strings.Count(w, "`")%2 == 1 {
+			inCode = !inCode
+		}
+	}
+	var b strings.Builder
+	width := 0
+	for i, w := range words {
+		n := utf8.RuneCountInString(w)
+		switch {
+		case i == 0:
+		case width+1+n > docsWidth:
+			b.WriteString("\n")
+			width = 0
+		default:
+			b.WriteString(" ")
+			width++
+		}
+		b.WriteString(w)
+		width += n
+	}
+	return b.String() + "\n"
 }
 
 func runDate(rep *Report) string { return rep.Generated.UTC().Format("2006-01-02 15:04 MST") }
