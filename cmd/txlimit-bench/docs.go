@@ -38,7 +38,7 @@ import (
 // hold the command that measured them (in backticks) and its date
 // (YYYY-MM-DD). Outside a block, a table row that quotes a ratio (0.95×) or
 // a spread (±12%) is an error: a figure of a run is generated or external,
-// never copied.
+// never copied. Markers in fenced code blocks are text.
 
 // docsResults is the results file the docs quote, from the repository's
 // root: the one `-out ../../docs/bench` writes.
@@ -168,8 +168,24 @@ func rewriteDoc(name, text string, rep *Report) (out string, stale, problems []s
 	var body []string       // its lines
 	hasRun, tableLine := false, 0
 	flagged := false // in a table already reported as quoting figures
+	fence := ""      // the fence of the code block being read, whose lines are text
 	for i, line := range lines {
 		n := i + 1
+		if open == "" {
+			trimmed := strings.TrimSpace(line)
+			switch {
+			case fence != "":
+				if strings.HasPrefix(trimmed, fence) && strings.Trim(trimmed, fence[:1]) == "" {
+					fence = ""
+				}
+				b.WriteString(line)
+				continue
+			case strings.HasPrefix(trimmed, "```") || strings.HasPrefix(trimmed, "~~~"):
+				fence = trimmed[:len(trimmed)-len(strings.TrimLeft(trimmed, trimmed[:1]))]
+				b.WriteString(line)
+				continue
+			}
+		}
 		m := docMarker.FindStringSubmatch(strings.TrimRight(line, "\r\n"))
 		switch {
 		case m == nil && open == "":
