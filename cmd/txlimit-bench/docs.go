@@ -223,7 +223,7 @@ func rewriteDoc(name, text string, rep *Report) (out string, stale, problems []s
 				now = old
 			default:
 				l := docLayouts[open]
-				if l.table {
+				if l.table != nil {
 					tableLine = openLine
 				} else {
 					hasRun = true

@@ -9,11 +9,20 @@ import (
 	"unicode/utf8"
 )
 
-// A docLayout writes one kind of generated block (docs.go) from a run's
-// results; link is the path from the document to the run's results.md.
+// A docLayout is one kind of generated block (docs.go): the run paragraph,
+// or a table of the run's figures (which needs a run paragraph in its
+// file).
 type docLayout struct {
-	table  bool // a table of the run's figures, which needs a run block in its file
-	render func(rep *Report, link string) (string, error)
+	table *docTable // nil for the run paragraph
+}
+
+// render writes the block from a run's results; link is the path from the
+// document to the run's results.md.
+func (l *docLayout) render(rep *Report, link string) (string, error) {
+	if l.table == nil {
+		return renderRun(rep, link)
+	}
+	return l.table.render(rep)
 }
 
 // docLayouts are the blocks the docs may generate, by marker name. A table
@@ -22,10 +31,10 @@ type docLayout struct {
 // (over), of their limit steps' p50 latency (stepOver), or a row's
 // transactions a second with the spread of its runs (opsOf).
 var docLayouts = map[string]*docLayout{
-	"run": {render: renderRun},
+	"run": {},
 
 	// README.md, Performance.
-	"readme": docTable{
+	"readme": {table: &docTable{
 		clients: pgClients,
 		lines: []docLine{
 			{label: "distinct keys: txlimit ÷ hand-written `SELECT … FOR UPDATE; UPDATE`, PostgreSQL / MariaDB",
@@ -40,10 +49,10 @@ var docLayouts = map[string]*docLayout{
 				cells: []docCell{over(pg("business-hot", implCommitLease), pg("business-hot", implRedisRate))}},
 		},
 		caption: "Ratios of transactions a second, both sides measured in the run.",
-	}.layout(),
+	}},
 
 	// docs/performance.md: txlimit against the SQL it replaces.
-	"sql": docTable{
+	"sql": {table: &docTable{
 		corner:  "txlimit (pgstore) ÷ hand-written SQL, PostgreSQL",
 		clients: pgClients,
 		lines: []docLine{
@@ -55,10 +64,10 @@ var docLayouts = map[string]*docLayout{
 			{label: "one hot key, `Shards: 16` ÷ the hand-written SQL on one row", cells: []docCell{over(pg("hot-shards16", implTxlimit), pg("hot", implFloor))}},
 		},
 		caption: "Transactions a second, txlimit's over the hand-written SQL's in the same scenario.",
-	}.layout(),
+	}},
 
 	// docs/performance.md: the take at commit.
-	"commit": docTable{
+	"commit": {table: &docTable{
 		corner:  "business transaction ÷ the same with `redis_rate` beside it",
 		clients: pgClients,
 		lines: []docLine{
@@ -74,10 +83,10 @@ var docLayouts = map[string]*docLayout{
 			{label: "one hot key: `LimitTx`", cells: []docCell{over(pg("business-hot", implTxlimit), pg("business-hot", implRedisRate))}},
 		},
 		caption: "Transactions a second, one over the other, on PostgreSQL.",
-	}.layout(),
+	}},
 
 	// docs/performance.md: against Redis, the limit step alone.
-	"redis": docTable{
+	"redis": {table: &docTable{
 		corner:  "business transaction, each client its own key",
 		clients: pgClients,
 		lines: []docLine{
@@ -87,10 +96,10 @@ var docLayouts = map[string]*docLayout{
 			{label: "limit step p50: txlimit ÷ hand-written SQL", cells: []docCell{stepOver(pg("business", implTxlimit), pg("business", implFloor))}},
 		},
 		caption: "A latency ratio below 1 is a faster step.",
-	}.layout(),
+	}},
 
 	// docs/performance.md: the other stores.
-	"stores": docTable{
+	"stores": {table: &docTable{
 		corner:  "transactions a second, same run",
 		clients: pgClients,
 		lines: []docLine{
@@ -105,10 +114,10 @@ var docLayouts = map[string]*docLayout{
 			{label: "MariaDB: the same, business transaction", cells: []docCell{over(my("business", implTxlimit), my("business", implFloor))}},
 		},
 		caption: "Transactions a second, one over the other. SQLite is measured at " + clientList(sqliteClients) + " (the bench's -sqlite-clients).",
-	}.layout(),
+	}},
 
 	// docs/sharding.md, Measured.
-	"shards": docTable{
+	"shards": {table: &docTable{
 		corner:  "txlimit (pgstore), one hot key",
 		clients: pgClients,
 		lines: []docLine{
@@ -121,10 +130,10 @@ var docLayouts = map[string]*docLayout{
 			{label: "the hand-written sharded SQL, 16 rows ÷ its distinct keys", cells: []docCell{over(pg("hot-shards16", implFloor), pg("distinct", implFloor))}},
 		},
 		caption: "Transactions a second, one over the other.",
-	}.layout(),
+	}},
 
 	// docs/hot-keys.md, Numbers.
-	"hot-keys": docTable{
+	"hot-keys": {table: &docTable{
 		corner:  "one hot key, business transaction",
 		clients: pgClients,
 		lines: []docLine{
@@ -140,7 +149,7 @@ var docLayouts = map[string]*docLayout{
 		},
 		caption:       "Transactions a second with the spread of their runs (half their range over the median), then ratios of them.",
 		spreadInCells: true,
-	}.layout(),
+	}},
 }
 
 // The client counts the layouts quote: the bench's defaults (-clients,
@@ -198,10 +207,6 @@ type docTable struct {
 	// then carries its own).
 	caption       string
 	spreadInCells bool
-}
-
-func (t docTable) layout() *docLayout {
-	return &docLayout{table: true, render: func(rep *Report, _ string) (string, error) { return t.render(rep) }}
 }
 
 func (t docTable) render(rep *Report) (string, error) {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -28,6 +29,57 @@ func TestDocLayoutsRender(t *testing.T) {
 		out, err := docLayouts[name].render(rep, "bench/results.md")
 		require.NoError(t, err, name)
 		require.NotContains(t, out, "| |\n", name)
+	}
+}
+
+// TestDocLayoutsFindTheirRows: every row a table quotes is a cell that a
+// full run of this code measures (the documented command: -mysql, Redis,
+// the default -clients, -shards and -sqlite-clients), so that the rewrite
+// after a new run finds it.
+func TestDocLayoutsFindTheirRows(t *testing.T) {
+	cfg, err := parseFlags([]string{"-dsn", "postgres://localhost/test", "-mysql", "root:@tcp(127.0.0.1:3306)/"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, cfg.Clients, pgClients, "the tables' columns are the default -clients")
+	require.Equal(t, cfg.SQLiteClients, sqliteClients, "SQLite's lines are the default -sqlite-clients")
+	type at struct {
+		docRef
+		clients int
+	}
+	measured := map[at]bool{}
+	add := func(cells []cell) {
+		for _, c := range cells {
+			measured[at{docRef{c.db, c.scenario.name, c.impl}, c.clients}] = true
+		}
+	}
+	for _, n := range cfg.Clients {
+		add(cellsOf("postgres", pgScenarios(cfg.Shards), pgImpls(true), n))
+	}
+	for _, n := range cfg.SQLiteClients {
+		// The scenarios of (*bench).sqlite.
+		add(cellsOf("sqlite", []scenario{{name: "distinct", shards: 1}, {name: "hot", hot: true, shards: 1}}, sqliteImpls(), n))
+	}
+	for _, n := range cfg.MySQLClients {
+		add(cellsOf("mysql", mysqlScenarios(), mysqlImpls(), n))
+	}
+	for _, name := range layoutNames() {
+		tbl := docLayouts[name].table
+		if tbl == nil {
+			continue
+		}
+		for _, l := range tbl.lines {
+			for _, n := range tbl.clients {
+				if l.only != nil && !slices.Contains(l.only, n) {
+					continue
+				}
+				for _, c := range l.cells {
+					for _, ref := range []docRef{c.a, c.b} {
+						if ref != (docRef{}) {
+							require.True(t, measured[at{ref, n}], "bench:%s, %q: a full run has no cell %v at %d clients", name, l.label, ref, n)
+						}
+					}
+				}
+			}
+		}
 	}
 }
 
