@@ -63,7 +63,7 @@ var docLayouts = map[string]*docLayout{
 			{label: "one hot key, `Shards: 64` ÷ the same", cells: []docCell{over(pg("hot-shards64", implTxlimit), pg("hot-shards64", implFloor))}},
 			{label: "one hot key, `Shards: 16` ÷ the hand-written SQL on one row", cells: []docCell{over(pg("hot-shards16", implTxlimit), pg("hot", implFloor))}},
 		},
-		caption: "Transactions a second, txlimit's over the hand-written SQL's in the same scenario.",
+		caption: "Transactions a second, txlimit's over the hand-written SQL's.",
 	}},
 
 	// docs/performance.md: the take at commit.
