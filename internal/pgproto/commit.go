@@ -11,6 +11,7 @@ import (
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 	"github.com/txlimit/txlimit/internal/pgdb"
 )
 
@@ -101,7 +102,7 @@ func Lean(p driver.TakeAllParams) bool {
 func (pr Protocol) TakeCommit(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	out, calls := mustTakes(ctx, p)
 	calls = append(calls, Exec(ctx, "COMMIT"))
-	lt := LockTimer{On: p.TimeLocks}
+	lt := engine.LockTimer{On: p.TimeLocks}
 	start := lt.Start()
 	err := Send(ctx, db, calls...)
 	lt.Stop(start)
@@ -138,7 +139,7 @@ func (pr Protocol) TakeCommit(ctx context.Context, db DB, p driver.TakeAllParams
 // result's LockWait is the whole batch's, b's statements included.
 func (pr Protocol) TakeBatch(ctx context.Context, db DB, p driver.TakeAllParams, b *pgx.Batch) (res driver.TakeAllResult, batchErr, err error) {
 	out, calls := mustTakes(ctx, p)
-	lt := LockTimer{On: p.TimeLocks}
+	lt := engine.LockTimer{On: p.TimeLocks}
 	start := lt.Start()
 	err, batchErr = send(ctx, db, calls, b.QueuedQueries)
 	lt.Stop(start)
@@ -211,7 +212,7 @@ func (pr Protocol) deniedAtCommit(ctx context.Context, db DB, p driver.TakeAllPa
 	calls := make([]Call, 0, len(p.Takes)+1)
 	for i, t := range p.Takes {
 		calls = append(calls, func(q pgdb.DBTX) (err error) {
-			reads[i], err = pr.Read(ctx, q, driver.ReadParams{Name: t.Name, Key: t.Key, Now: p.Now})
+			reads[i], err = dialect(pr).Read(ctx, q, driver.ReadParams{Name: t.Name, Key: t.Key, Now: p.Now})
 			return err
 		})
 	}

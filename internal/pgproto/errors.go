@@ -48,13 +48,13 @@ func SQLState(err error) (string, bool) {
 // nothing ran, and any cause is retryable but the server refusing the login
 // itself (class 28, authentication or role) and a database that does not
 // exist (3D000), which no retry cures. Otherwise err is retryable when its
-// SQLSTATE is (RetryableState) or, without one, when it is a network error,
-// an end of file or database/sql's ErrBadConn: the connection broke
-// (sqltx.BrokenConn). Context
-// cancellation and deadlines are never retryable: the caller gave up; nor
-// is a COMMIT whose outcome is unknown (txlimit.ErrCommitUnknown): the
-// transaction may have committed, and running it again would do its work
-// twice.
+// SQLSTATE says a serialization failure, a deadlock, a lock or statement
+// timeout, the server shutting down or refusing connections, or a
+// connection exception (class 08); or, without one, when the connection
+// broke (sqltx.BrokenConn). Context cancellation and deadlines are never
+// retryable: the caller gave up; nor is a COMMIT whose outcome is unknown
+// (txlimit.ErrCommitUnknown): the transaction may have committed, and
+// running it again would do its work twice.
 func Retryable(err error, connectFailed bool) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, driver.ErrCommitUnknown) {
@@ -64,17 +64,9 @@ func Retryable(err error, connectFailed bool) bool {
 	switch {
 	case connectFailed:
 		return !ok || (!strings.HasPrefix(code, "28") && code != InvalidCatalogName)
-	case ok:
-		return RetryableState(code)
+	case !ok:
+		return sqltx.BrokenConn(err)
 	}
-	return sqltx.BrokenConn(err)
-}
-
-// RetryableState reports whether a transaction that failed with SQLSTATE
-// code may be run again from BEGIN: a serialization failure, a deadlock, a
-// lock or statement timeout, the server shutting down or refusing
-// connections, or a connection exception (class 08).
-func RetryableState(code string) bool {
 	switch code {
 	case SerializationFailure, DeadlockDetected, LockNotAvailable, QueryCanceled,
 		AdminShutdown, CrashShutdown, CannotConnectNow, TooManyConnections:

@@ -42,7 +42,7 @@ func (d dialect) LockKeys(ctx context.Context, db DB, ls []driver.Limit, now *ti
 			full := l.Full()
 			calls = append(calls, func(q pgdb.DBTX) error {
 				shards, err := queries.InsertKeyShards(ctx, q, pgdb.InsertKeyShardsParams{
-					Name: l.Name, Key: l.Key, Value: full.Value, Ts: micros(full.TS), Shards: int32(l.Shards),
+					Name: l.Name, Key: l.Key, Value: full.Value, Ts: time.UnixMicro(full.TS), Shards: int32(l.Shards),
 				})
 				for _, sh := range shards {
 					created(l.Name, l.Key, sh)
@@ -67,7 +67,7 @@ func (d dialect) LockKeys(ctx context.Context, db DB, ls []driver.Limit, now *ti
 			keys.text(l.Key)
 			shards.int(int32(l.Shards))
 			vals.float(full.Value)
-			tss.time(micros(full.TS))
+			tss.time(time.UnixMicro(full.TS))
 		}
 		calls = []Call{func(q pgdb.DBTX) error {
 			rows, err := queries.InsertKeys(ctx, q, pgdb.InsertKeysParams{
@@ -115,7 +115,7 @@ func (d dialect) Write(ctx context.Context, db DB, writes []engine.KeyWrite, del
 			shards.int(int32(i))
 			vals.float(st.Value)
 			prevs.float(st.Prev)
-			tss.time(micros(st.TS))
+			tss.time(time.UnixMicro(st.TS))
 		}
 		calls = append(calls, func(q pgdb.DBTX) error {
 			return queries.WriteKeyShards(ctx, q, pgdb.WriteKeyShardsParams{
@@ -133,7 +133,7 @@ func (d dialect) Write(ctx context.Context, db DB, writes []engine.KeyWrite, del
 // writeShard is the call of WriteShard.
 func writeShard(ctx context.Context, name, key string, shard int32, s algo.State) Call {
 	return func(q pgdb.DBTX) error {
-		return queries.WriteShard(ctx, q, pgdb.WriteShardParams{Name: name, Key: key, Shard: shard, Value: s.Value, Prev: s.Prev, Ts: micros(s.TS)})
+		return queries.WriteShard(ctx, q, pgdb.WriteShardParams{Name: name, Key: key, Shard: shard, Value: s.Value, Prev: s.Prev, Ts: time.UnixMicro(s.TS)})
 	}
 }
 

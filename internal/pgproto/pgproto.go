@@ -207,12 +207,6 @@ func (r replay) Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 func (r replay) Query(context.Context, string, ...any) (pgx.Rows, error)         { return r.res.Query() }
 func (r replay) QueryRow(context.Context, string, ...any) pgx.Row                { return r.res.QueryRow() }
 
-// LockTimer is the engine's, which TakeCommit and TakeBatch use too.
-type LockTimer = engine.LockTimer
-
-// micros is the timestamptz of an instant in microseconds.
-func micros(us int64) time.Time { return time.UnixMicro(us) }
-
 // Ops is the part of driver.Ops that pgstore and pgsqlstore run alike: the
 // Protocol on their driver's transaction as a DB (AsDB), each error mapped
 // by the store (Err: what the user must do about it).
@@ -233,16 +227,16 @@ func (o *Ops[TTx]) TakeAll(ctx context.Context, tx TTx, p driver.TakeAllParams) 
 }
 
 func (o *Ops[TTx]) Read(ctx context.Context, tx TTx, p driver.ReadParams) (driver.ReadResult, error) {
-	res, err := o.Proto.Read(ctx, o.AsDB(tx), p)
+	res, err := dialect(o.Proto).Read(ctx, o.AsDB(tx), p)
 	return res, o.Err(ctx, tx, err)
 }
 
 func (o *Ops[TTx]) Credit(ctx context.Context, tx TTx, p driver.CreditParams) error {
-	return o.Err(ctx, tx, o.Proto.Credit(ctx, o.AsDB(tx), p))
+	return o.Err(ctx, tx, engine.Credit[DB](ctx, dialect(o.Proto), o.AsDB(tx), p))
 }
 
 func (o *Ops[TTx]) Reset(ctx context.Context, tx TTx, k driver.KeyRef) error {
-	return o.Err(ctx, tx, o.Proto.Reset(ctx, o.AsDB(tx), k))
+	return o.Err(ctx, tx, queries.DeleteKey(ctx, o.AsDB(tx), pgdb.DeleteKeyParams{Name: k.Name, Key: k.Key}))
 }
 
 // ClockRange is driver.ClockRanger's: timestamptz holds 4713 BC to 294276

@@ -26,21 +26,11 @@ func (pr Protocol) TakeAll(ctx context.Context, db DB, p driver.TakeAllParams) (
 	return engine.TakeAll[DB](ctx, dialect(pr), db, p)
 }
 
-// Credit is driver.Ops.Credit.
-func (pr Protocol) Credit(ctx context.Context, db DB, p driver.CreditParams) error {
-	return engine.Credit[DB](ctx, dialect(pr), db, p)
-}
-
 // Prune is one batch of driver.Ops.Prune in db. The rows are locked with
 // FOR UPDATE SKIP LOCKED, so a batch never waits for a row that live
 // traffic holds.
 func (pr Protocol) Prune(ctx context.Context, db DB, p driver.PruneParams) (driver.PruneResult, error) {
 	return engine.Prune[DB](ctx, dialect(pr), db, p)
-}
-
-// Reset is driver.Ops.Reset: it deletes the rows of k.
-func (Protocol) Reset(ctx context.Context, db DB, k driver.KeyRef) error {
-	return queries.DeleteKey(ctx, db, pgdb.DeleteKeyParams{Name: k.Name, Key: k.Key})
 }
 
 // dialect is PostgreSQL's engine.Dialect: a SkipLocker and a Releaser,
@@ -60,10 +50,6 @@ func (dialect) TakeRow(ctx context.Context, db DB, p driver.TakeParams) (driver.
 		return driver.TakeResult{}, false, err
 	}
 	return engine.Granted(p, next, clock), true, nil
-}
-
-func (d dialect) Read(ctx context.Context, db DB, p driver.ReadParams) (driver.ReadResult, error) {
-	return Protocol(d).Read(ctx, db, p)
 }
 
 // LockKey runs LockShards and, for a key without rows, InsertShards and
@@ -125,7 +111,7 @@ func (dialect) LetGo(ctx context.Context, db DB) error {
 // returning no row (TakeCommit), and a call a full row refuses sends Deny,
 // which raises it.
 func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams, must bool) (next algo.State, clock time.Time, ok bool, err error) {
-	cfg, fullTS := p.Config, micros(p.Full().TS)
+	cfg, fullTS := p.Config, time.UnixMicro(p.Full().TS)
 	fresh, freshOK := driver.Fresh(p)
 	switch {
 	case !freshOK && must:
@@ -171,7 +157,13 @@ func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams, must bool) 
 		})
 		value, ts, clock = r.Value, r.Ts, r.Clock
 	}
-	return takenRow(value, ts, clock, err)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return algo.State{}, time.Time{}, false, nil
+	case err != nil:
+		return algo.State{}, time.Time{}, false, err
+	}
+	return algo.State{Value: value, TS: ts.UnixMicro()}, clock, true, nil
 }
 
 // leastGranting is the least value a row of c may refill to (algo.Project,
@@ -230,19 +222,6 @@ func debtAt(c algo.Config, count float64) float64 {
 		return math.Inf(-1)
 	}
 	return leastGranting(c, count-c.MaxReserved)
-}
-
-// takenRow is the result of a one-row take (TakeRow) from what its
-// statement returned: ok is false when it returned no
-// row (pgx.ErrNoRows), which it does when it granted nothing.
-func takenRow(value float64, ts, clock time.Time, err error) (algo.State, time.Time, bool, error) {
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return algo.State{}, time.Time{}, false, nil
-	case err != nil:
-		return algo.State{}, time.Time{}, false, err
-	}
-	return algo.State{Value: value, TS: ts.UnixMicro()}, clock, true, nil
 }
 
 // tried is what a try-lock or a wait for one shard found.
@@ -334,13 +313,13 @@ func lockShards(ctx context.Context, db DB, l driver.Limit, now *time.Time) ([]d
 func insertShards(ctx context.Context, db DB, l driver.Limit) error {
 	full := l.Full()
 	return queries.InsertShards(ctx, db, pgdb.InsertShardsParams{
-		Name: l.Name, Key: l.Key, Shards: int32(l.Shards), Value: full.Value, Ts: micros(full.TS),
+		Name: l.Name, Key: l.Key, Shards: int32(l.Shards), Value: full.Value, Ts: time.UnixMicro(full.TS),
 	})
 }
 
 // Read is driver.Ops.Read: ReadShards, the committed rows of (name, key)
 // and the clock, locking nothing.
-func (Protocol) Read(ctx context.Context, db pgdb.DBTX, p driver.ReadParams) (driver.ReadResult, error) {
+func (dialect) Read(ctx context.Context, db DB, p driver.ReadParams) (driver.ReadResult, error) {
 	rows, err := queries.ReadShards(ctx, db, pgdb.ReadShardsParams{Name: p.Name, Key: p.Key, Now: p.Now})
 	if err != nil {
 		return driver.ReadResult{}, err
