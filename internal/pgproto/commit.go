@@ -23,44 +23,28 @@ const Denied = "TXL01"
 // their SQL (queries/postgres) replaced by OR txlimit_deny(), so that a
 // take that would return no row raises Denied instead. The statements
 // without must leave the function out, which costs every execution that
-// names it.
+// names it. A statement without the marker is an internal error, not sent:
+// with COMMIT or the caller's statements after it, a take that returned no
+// row would let them run without its tokens. The takes return one row
+// (QueryRow); Exec and Query send nothing.
 type mustDB struct{ db pgdb.DBTX }
-
-// mustSQL is sql with must. A statement without the marker is an internal
-// error, not sent: with COMMIT or the caller's statements after it, a take
-// that returned no row would let them run without its tokens.
-func mustSQL(sql string) (string, error) {
-	if !strings.Contains(sql, mustMarker) {
-		return "", errors.New("txlimit/pgproto: internal error: a take sent with must lacks the " + mustMarker + " marker")
-	}
-	return strings.ReplaceAll(sql, mustMarker, "OR txlimit_deny()"), nil
-}
 
 const mustMarker = "/*must*/"
 
-func (m mustDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	sql, err := mustSQL(sql)
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	return m.db.Exec(ctx, sql, args...)
-}
-
-func (m mustDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	sql, err := mustSQL(sql)
-	if err != nil {
-		return nil, err
-	}
-	return m.db.Query(ctx, sql, args...)
-}
-
 func (m mustDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	sql, err := mustSQL(sql)
-	if err != nil {
-		return errRow{err}
+	if !strings.Contains(sql, mustMarker) {
+		return errRow{errors.New("txlimit/pgproto: internal error: a take sent with must lacks the " + mustMarker + " marker")}
 	}
-	return m.db.QueryRow(ctx, sql, args...)
+	return m.db.QueryRow(ctx, strings.ReplaceAll(sql, mustMarker, "OR txlimit_deny()"), args...)
 }
+
+var errNotOneRow = errors.New("txlimit/pgproto: internal error: a take sent with must does not return one row")
+
+func (mustDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, errNotOneRow
+}
+
+func (mustDB) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errNotOneRow }
 
 // errRow is a pgx.Row whose Scan returns err.
 type errRow struct{ err error }
