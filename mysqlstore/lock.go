@@ -30,7 +30,7 @@ var (
 func ensure(ctx context.Context, tx *sql.Tx, limits ...driver.Limit) error {
 	var rows []rowWrite
 	for _, l := range limits {
-		full := placeholder(l)
+		full := l.Full()
 		for sh := range l.Shards {
 			rows = append(rows, put(l, int32(sh), full))
 		}
@@ -44,9 +44,6 @@ func ensure(ctx context.Context, tx *sql.Tx, limits ...driver.Limit) error {
 	}
 	return nil
 }
-
-// placeholder is the row ensure creates for l.
-func placeholder(l driver.Limit) algo.State { return l.Full() }
 
 // put is the row that stores state s of shard of l. Row 0 of a sharded
 // limit of a kind that leaves algo.State.Prev unused (every kind but the
@@ -71,7 +68,7 @@ func put(l driver.Limit, shard int32, s algo.State) rowWrite {
 // counts it as missing, so that a key with fewer rows than l's Shards is
 // resharded rather than taken as l's.
 func isPlaceholder(l driver.Limit, r driver.Row) bool {
-	full := put(l, r.Shard, placeholder(l)).state
+	full := put(l, r.Shard, l.Full()).state
 	return r.Value == full.Value && r.Prev == full.Prev && r.TS.UnixMicro() == full.TS
 }
 
@@ -101,20 +98,18 @@ func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *
 	if len(rows) == 0 {
 		return engine.Locked{}, fmt.Errorf("txlimit/mysqlstore: lock the limit's rows: none found after creating them")
 	}
-	var all []driver.Row
-	for _, r := range rows {
-		all = append(all, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts})
-		if err := checkUTC(r.Ts, r.Clock); err != nil {
-			return engine.Locked{}, err
-		}
-	}
 	if top := rows[0].Top; top >= int64(l.Shards) {
 		more, err := queries.LockShards(ctx, tx, gen.LockShardsParams{Name: []byte(l.Name), Key: []byte(l.Key), Shards: shards(l.Shards, int(top)+1)})
 		if err != nil {
 			return engine.Locked{}, wrap(ctx, tx, "lock the rows of another config's shards", err)
 		}
-		for _, r := range more {
-			all = append(all, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts})
+		rows = append(rows, more...)
+	}
+	all := make([]driver.Row, len(rows))
+	for i, r := range rows {
+		all[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}
+		if err := checkUTC(r.Ts, r.Clock); err != nil {
+			return engine.Locked{}, err
 		}
 	}
 	return held(l, all, clockOr(now, rows[0].Clock)), nil
@@ -156,8 +151,9 @@ func (w rowWrite) MarshalJSON() ([]byte, error) {
 	if err := checkTime("a limit's state", time.UnixMicro(w.state.TS)); err != nil {
 		return nil, err
 	}
-	return json.Marshal([]any{hexOf(w.name), hexOf(w.key), w.shard,
-		formatFloat(w.state.Value), formatTime(time.UnixMicro(w.state.TS)), formatFloat(w.state.Prev)})
+	// A DATETIME(6) literal in UTC.
+	ts := time.UnixMicro(w.state.TS).UTC().Format("2006-01-02 15:04:05.000000")
+	return json.Marshal([]any{hexOf(w.name), hexOf(w.key), w.shard, formatFloat(w.state.Value), ts, formatFloat(w.state.Prev)})
 }
 
 // jsonRef is a key, or with a shard one of its rows, in the JSON lists of
@@ -174,9 +170,6 @@ func hexOf(s string) string { return hex.EncodeToString([]byte(s)) }
 
 // formatFloat is the shortest decimal that reads back as v.
 func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
-
-// formatTime is t in UTC as a DATETIME(6) literal.
-func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000000") }
 
 // Write implements engine.Dialect: the states of every KeyWrite in one
 // statement (write), whose rows ensure created, and the rows of deletes in

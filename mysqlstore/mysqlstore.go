@@ -144,34 +144,25 @@ type handle = driver.Handle[*sql.Tx]
 type backend struct {
 	sqltx.Store
 	db *sql.DB
-	// flavor is what the server is, learnt from the first call's
-	// transaction: unknown, MySQL or MariaDB.
-	flavor atomic.Int32
+	// maria is whether the server is MariaDB, nil until the first call's
+	// transaction asked it.
+	maria atomic.Pointer[bool]
 }
-
-const (
-	flavorUnknown int32 = iota
-	flavorMySQL
-	flavorMariaDB
-)
 
 // mariaDB reports whether the server is MariaDB, asking it in tx the first
 // time: MariaDB's INSERT … RETURNING saves the one-statement take its
 // second round trip.
 func (s *backend) mariaDB(ctx context.Context, tx *sql.Tx) (bool, error) {
-	if f := s.flavor.Load(); f != flavorUnknown {
-		return f == flavorMariaDB, nil
+	if m := s.maria.Load(); m != nil {
+		return *m, nil
 	}
 	version, err := queries.Version(ctx, tx)
 	if err != nil {
 		return false, wrap(ctx, tx, "ask the server's version", err)
 	}
-	flavor := flavorMySQL
-	if strings.Contains(strings.ToLower(version), "mariadb") {
-		flavor = flavorMariaDB
-	}
-	s.flavor.Store(flavor)
-	return flavor == flavorMariaDB, nil
+	maria := strings.Contains(strings.ToLower(version), "mariadb")
+	s.maria.Store(&maria)
+	return maria, nil
 }
 
 var (
@@ -209,28 +200,22 @@ func (s *backend) Ping(ctx context.Context) error { return ping(ctx, s.db) }
 // others, or a zero date under a lax sql_mode, without saying so).
 func (s *backend) ClockRange() (first, last time.Time) { return minTime, maxTime }
 
-// Take is engine.Take (see Locking in the package documentation).
 func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
 	return engine.Take(ctx, s, tx, p)
 }
 
-// TakeAll implements driver.Ops (engine.TakeAll, on LockKeys).
 func (s *backend) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return engine.TakeAll(ctx, s, tx, p)
 }
 
-// Credit implements driver.Ops.
 func (s *backend) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
 	return engine.Credit(ctx, s, tx, p)
 }
 
-// Reset implements driver.Ops.
 func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
 	return wrap(ctx, tx, "delete the limit's rows", queries.DeleteKey(ctx, tx, gen.DeleteKeyParams{Name: []byte(k.Name), Key: []byte(k.Key)}))
 }
 
-// Prune implements driver.Ops: one batch in a short transaction of its
-// own (ScanKeys, LockIdle).
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
 		res, err = engine.Prune(ctx, s, tx, p)
