@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"regexp"
-	"strconv"
 	"strings"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -26,24 +24,16 @@ func ping(ctx context.Context, db *sql.DB) error {
 	if err := db.PingContext(ctx); err != nil {
 		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
 	}
-	if err := checkVersion(ctx, db); err != nil {
-		return err
+	probeTable := func(ctx context.Context, db *sql.DB) error { return wrap(ctx, db, "ping", queries.ProbeTable(ctx, db)) }
+	for _, check := range []func(context.Context, *sql.DB) error{checkVersion, checkTimes, probeTable, checkFoundRows, checkInterpolation} {
+		if err := check(ctx, db); err != nil {
+			return err
+		}
 	}
-	if err := checkTimes(ctx, db); err != nil {
-		return err
-	}
-	if err := queries.ProbeTable(ctx, db); err != nil {
-		return wrap(ctx, db, "ping", err)
-	}
-	if err := checkFoundRows(ctx, db); err != nil {
-		return err
-	}
-	return checkInterpolation(ctx, db)
+	return nil
 }
 
 var preparedCount = rawsql.Get("PreparedCount").SQL
-
-var versionNumbers = regexp.MustCompile(`^(\d+)\.(\d+)\.(\d+)`)
 
 // checkVersion asks for the server's version: a database that is not MySQL
 // answers with an error, and an older MySQL or MariaDB lacks what the store
@@ -57,13 +47,10 @@ func checkVersion(ctx context.Context, db *sql.DB) error {
 		}
 		return driver.Setup(fmt.Errorf("txlimit/mysqlstore: ping: %w: %w", ErrWrongDatabase, err))
 	}
-	m := versionNumbers.FindStringSubmatch(version)
-	if m == nil {
+	var major, minor, patch int
+	if _, err := fmt.Sscanf(version, "%d.%d.%d", &major, &minor, &patch); err != nil {
 		return nil // a version string of another form: let the statements tell
 	}
-	major, _ := strconv.Atoi(m[1])
-	minor, _ := strconv.Atoi(m[2])
-	patch, _ := strconv.Atoi(m[3])
 	v := major*1_000_000 + minor*1_000 + patch
 	if strings.Contains(strings.ToLower(version), "mariadb") {
 		if v < 10_006_000 {
@@ -120,24 +107,19 @@ func checkInterpolation(ctx context.Context, db *sql.DB) error {
 		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
 	}
 	defer conn.Close()
-	prepared := func() (int64, error) {
-		var name string
-		var n int64
-		err := conn.QueryRowContext(ctx, preparedCount).Scan(&name, &n)
-		return n, err
+	var name string
+	var before, after int64
+	err = conn.QueryRowContext(ctx, preparedCount).Scan(&name, &before)
+	if err == nil {
+		_, err = queries.Echo(ctx, conn, 1)
 	}
-	before, err := prepared()
-	if err != nil {
+	if err == nil {
+		err = conn.QueryRowContext(ctx, preparedCount).Scan(&name, &after)
+	}
+	switch {
+	case err != nil:
 		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
-	}
-	if _, err := queries.Echo(ctx, conn, 1); err != nil {
-		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
-	}
-	after, err := prepared()
-	if err != nil {
-		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
-	}
-	if after > before {
+	case after > before:
 		return dsnError("add interpolateParams=true to the DSN: without it the driver prepares every statement that " +
 			"has arguments on the server and runs it in a second round trip, which doubles what a limited call costs")
 	}
