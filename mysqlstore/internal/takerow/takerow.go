@@ -96,31 +96,29 @@ func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time, w
 		if now != nil {
 			out.Clock = now.UTC()
 		}
-		if ok.Valid {
-			out.Read, out.Granted = true, ok.Int64 == 1
-			return out, nil
+		granted = ok.Int64
+		if !ok.Valid {
+			// The connection's first call: the variables exist now. The
+			// clock is RETURNING's.
+			if err := tx.QueryRowContext(ctx, readOK.SQL, readOK.Args(keyArgs)...).Scan(&out.Value, &out.TS, &granted); err != nil {
+				return Result{}, err
+			}
 		}
-		// The connection's first call: the variables exist now. The clock
-		// is RETURNING's.
-		if err := tx.QueryRowContext(ctx, readOK.SQL, readOK.Args(keyArgs)...).Scan(&out.Value, &out.TS, &granted); err != nil {
+	} else {
+		r, err := tx.ExecContext(ctx, query, args...)
+		if err != nil {
 			return Result{}, err
 		}
-		out.Read, out.Granted = true, granted == 1
-		return out, nil
-	}
-	r, err := tx.ExecContext(ctx, query, args...)
-	if err != nil {
-		return Result{}, err
-	}
-	if out.Affected, err = r.RowsAffected(); err != nil || out.Affected == 0 {
-		return out, err
-	}
-	err = tx.QueryRowContext(ctx, read.SQL, read.Args(keyArgs)...).Scan(&out.Value, &out.TS, &out.Clock, &granted)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Result{}, errors.New("txlimit/mysqlstore: the row the one-statement take wrote is not there")
-	}
-	if err != nil {
-		return Result{}, err
+		if out.Affected, err = r.RowsAffected(); err != nil || out.Affected == 0 {
+			return out, err
+		}
+		err = tx.QueryRowContext(ctx, read.SQL, read.Args(keyArgs)...).Scan(&out.Value, &out.TS, &out.Clock, &granted)
+		if errors.Is(err, sql.ErrNoRows) {
+			return Result{}, errors.New("txlimit/mysqlstore: the row the one-statement take wrote is not there")
+		}
+		if err != nil {
+			return Result{}, err
+		}
 	}
 	out.Read, out.Granted = true, granted == 1
 	return out, nil
