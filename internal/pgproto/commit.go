@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -55,12 +56,7 @@ func (r errRow) Scan(...any) error { return r.err }
 // the caller's batch (TakeBatch): each is one statement, an unsharded limit
 // whose call the SQL decides (driver.InSQL).
 func Lean(p driver.TakeAllParams) bool {
-	for _, t := range p.Takes {
-		if t.Shards != 1 || !driver.InSQL(t) {
-			return false
-		}
-	}
-	return true
+	return !slices.ContainsFunc(p.Takes, func(t driver.TakeParams) bool { return t.Shards != 1 || !driver.InSQL(t) })
 }
 
 // TakeCommit is driver.Store.Commit for takes that are Lean, on a
