@@ -46,15 +46,12 @@ func ensure(ctx context.Context, tx *sql.Tx, limits ...driver.Limit) error {
 }
 
 // put is the row that stores state s of shard of l. Row 0 of a sharded
-// limit of a kind that leaves algo.State.Prev unused (every kind but the
-// sliding window, whose Prev is its previous window's count) carries the
-// number of shards there: takerow's one statement, which serves an
-// unsharded limit from row 0 alone, takes only a row whose prev is 0, so
-// that a key whose rows a sharded config wrote is left to the locked path,
-// which pools them (a redeployed Shards), without reading the key's other
-// rows (which, in the statement that creates row 0, would lock the gap
-// after it). algo reads Prev for the sliding window only, so the number
-// changes no decision.
+// limit carries the number of shards in Prev, which algo reads for the
+// sliding window alone (its previous window's count, left as it is):
+// takerow's one statement takes only a row whose prev is 0, so a key a
+// sharded config wrote goes to the locked path, which pools its rows (a
+// redeployed Shards), and the statement that may create row 0 never reads
+// the others (which would lock the gap after it).
 func put(l driver.Limit, shard int32, s algo.State) rowWrite {
 	if shard == 0 && l.Shards > 1 && l.Config.Kind != algo.SlidingWindow {
 		s.Prev = float64(l.Shards)
@@ -62,11 +59,10 @@ func put(l driver.Limit, shard int32, s algo.State) rowWrite {
 	return rowWrite{name: l.Name, key: l.Key, shard: shard, state: s}
 }
 
-// isPlaceholder reports whether r is exactly a row ensure created for l.
-// Such a row is full, the same as no row: a real write never stamps it with
-// the full state's time, which precedes any clock by years. The locked path
-// counts it as missing, so that a key with fewer rows than l's Shards is
-// resharded rather than taken as l's.
+// isPlaceholder reports whether r is exactly a row ensure created for l:
+// full, the same as no row (no write stamps the full state's time, years
+// before any clock). The locked path counts it as missing, so that a key
+// with fewer rows than l's Shards is resharded rather than taken as l's.
 func isPlaceholder(l driver.Limit, r driver.Row) bool {
 	full := put(l, r.Shard, l.Full()).state
 	return r.Value == full.Value && r.Prev == full.Prev && r.TS.UnixMicro() == full.TS
@@ -81,12 +77,11 @@ func shards(from, to int) []int32 {
 	return out
 }
 
-// LockKey implements engine.Dialect: it locks every row of l's key,
-// creating the missing ones of shards 0..Shards-1 first (ensure: InnoDB
-// must create a row to lock it without locking a gap, whatever create
-// says), in ascending shard order, and reads them with the clock, read once
-// they are held. Rows beyond Shards-1 (another config's) are locked after
-// them, still in shard order. The placeholders it holds are Created.
+// LockKey creates the missing rows of shards 0..Shards-1 whatever create
+// says (ensure: InnoDB locks a missing row only by creating it, or with a
+// gap lock), locks every row of l's key in shard order, another config's
+// beyond Shards-1 last, and reads them with the clock, read once they are
+// held. The placeholders it holds are Created.
 func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *time.Time, _ bool) (engine.Locked, error) {
 	if err := ensure(ctx, tx, l); err != nil {
 		return engine.Locked{}, err
