@@ -35,14 +35,23 @@ func ensure(ctx context.Context, tx *sql.Tx, limits ...driver.Limit) error {
 			rows = append(rows, put(l, int32(sh), full))
 		}
 	}
-	arg, err := json.Marshal(rows)
+	_, err := execList(ctx, tx, ensureRowsSQL, "create and lock the limit's rows", rows)
+	return err
+}
+
+// execList runs query, a statement of rows.sql, on list, and returns the
+// number of rows it changed.
+func execList(ctx context.Context, tx *sql.Tx, query, op string, list any) (int64, error) {
+	arg, err := json.Marshal(list)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if _, err := tx.ExecContext(ctx, ensureRowsSQL, arg); err != nil {
-		return wrap(ctx, tx, "create and lock the limit's rows", err)
+	r, err := tx.ExecContext(ctx, query, arg)
+	if err != nil {
+		return 0, wrap(ctx, tx, op, err)
 	}
-	return nil
+	n, err := r.RowsAffected()
+	return n, wrap(ctx, tx, op, err)
 }
 
 // put is the row that stores state s of shard of l. Row 0 of a sharded
@@ -197,12 +206,8 @@ func write(ctx context.Context, tx *sql.Tx, writes []rowWrite) error {
 			Value: w.state.Value, Prev: w.state.Prev, Ts: time.UnixMicro(w.state.TS).UTC(), Name: []byte(w.name), Key: []byte(w.key), Shard: w.shard,
 		}))
 	}
-	arg, err := json.Marshal(writes)
-	if err != nil {
-		return err
-	}
-	_, err = tx.ExecContext(ctx, writeRowsSQL, arg)
-	return wrap(ctx, tx, "write the limit's rows", err)
+	_, err := execList(ctx, tx, writeRowsSQL, "write the limit's rows", writes)
+	return err
 }
 
 // deleteRows deletes rows, which tx holds: DeleteShards when they are of
@@ -224,16 +229,7 @@ func deleteRows(ctx context.Context, tx *sql.Tx, rows []engine.RowRef) (int64, e
 		n, err := queries.DeleteShards(ctx, tx, gen.DeleteShardsParams{Name: []byte(rows[0].Name), Key: []byte(rows[0].Key), Shards: ofKey})
 		return n, wrap(ctx, tx, "delete rows", err)
 	}
-	arg, err := json.Marshal(list)
-	if err != nil {
-		return 0, err
-	}
-	r, err := tx.ExecContext(ctx, deleteRowsSQL, arg)
-	if err != nil {
-		return 0, wrap(ctx, tx, "delete rows", err)
-	}
-	n, err := r.RowsAffected()
-	return n, wrap(ctx, tx, "delete rows", err)
+	return execList(ctx, tx, deleteRowsSQL, "delete rows", list)
 }
 
 // TryShard implements engine.SkipLocker: TryLockShard on each shard of
