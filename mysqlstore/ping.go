@@ -12,11 +12,9 @@ import (
 )
 
 // ping is driver.Ops.Ping: the server is MySQL 8.0.19+ or MariaDB 10.6+,
-// the DSN has the settings the store needs (ErrDSN naming the parameter;
-// each told apart by what the driver does, since the store imports no
-// driver), and the txlimit table has every column the library uses
-// (txlimit.ErrNotMigrated). Without a db it is driver.ErrNoPool, which the
-// Limiter reports as an *txlimit.InvalidError.
+// the DSN has the settings the store needs (ErrDSN naming the parameter,
+// each told by what the driver does: the store imports no driver), and the
+// txlimit table has every column the library uses.
 func ping(ctx context.Context, db *sql.DB) error {
 	if db == nil {
 		return driver.ErrNoPool
@@ -75,10 +73,8 @@ func checkTimes(ctx context.Context, db *sql.DB) error {
 	return checkUTC(t)
 }
 
-// checkFoundRows tells clientFoundRows=true by what it does (ProbeFoundRows).
-// The store reads that count to tell a grant from a denial in one statement
-// (TakeRow), so with clientFoundRows=true a denial costs a round trip more.
-// The probe also shows that the user may write the table.
+// checkFoundRows tells clientFoundRows=true by what it does
+// (ProbeFoundRows), which also shows that the user may write the table.
 func checkFoundRows(ctx context.Context, db *sql.DB) (err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
