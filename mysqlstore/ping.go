@@ -50,13 +50,10 @@ func checkVersion(ctx context.Context, db *sql.DB) error {
 		return nil // a version string of another form: let the statements tell
 	}
 	v := major*1_000_000 + minor*1_000 + patch
-	if strings.Contains(strings.ToLower(version), "mariadb") {
-		if v < 10_006_000 {
-			return driver.Setup(fmt.Errorf("%w: it is MariaDB %s; mysqlstore needs MariaDB 10.6 or later (SKIP LOCKED, JSON_TABLE)", ErrWrongDatabase, version))
-		}
-		return nil
-	}
-	if v < 8_000_019 {
+	switch maria := strings.Contains(strings.ToLower(version), "mariadb"); {
+	case maria && v < 10_006_000:
+		return driver.Setup(fmt.Errorf("%w: it is MariaDB %s; mysqlstore needs MariaDB 10.6 or later (SKIP LOCKED, JSON_TABLE)", ErrWrongDatabase, version))
+	case !maria && v < 8_000_019:
 		return driver.Setup(fmt.Errorf("%w: it is MySQL %s; mysqlstore needs MySQL 8.0.19 or later", ErrWrongDatabase, version))
 	}
 	return nil
