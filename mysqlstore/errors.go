@@ -73,26 +73,21 @@ func wrap(ctx context.Context, q sqltx.Querier, op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	n, ok := errNumber(err)
-	if !ok {
-		if isDSNError(err) {
-			return err
-		}
-		if strings.Contains(err.Error(), "unsupported Scan, storing driver.Value type []uint8 into type *time.Time") {
-			return dsnError("add parseTime=true to the DSN: the store reads DATETIME columns as time.Time (%s: %w)", op, err)
-		}
+	switch n, numbered := errNumber(err); {
+	case !numbered && isDSNError(err):
+		return err
+	case !numbered && strings.Contains(err.Error(), "unsupported Scan, storing driver.Value type []uint8 into type *time.Time"):
+		return dsnError("add parseTime=true to the DSN: the store reads DATETIME columns as time.Time (%s: %w)", op, err)
+	case !numbered:
 		if wrong := sqltx.WrongDatabase(ctx, q, err, ErrWrongDatabase, sqltx.MySQL); wrong != nil {
 			return wrong
 		}
-		return fmt.Errorf("txlimit/mysqlstore: %s: %w", op, err)
-	}
-	switch n {
-	case errNoSuchTable, errBadField:
+	case n == errNoSuchTable || n == errBadField:
 		return fmt.Errorf("txlimit/mysqlstore: %s: %w: %w", op, driver.ErrNotMigrated, err)
-	case errLockDeadlock:
+	case n == errLockDeadlock:
 		return fmt.Errorf("txlimit/mysqlstore: %s: the server rolled the whole transaction back (a deadlock, or on Galera a "+
 			"conflicting commit on another node); run it again from BEGIN (mysqlstore.RunTx does): %w", op, err)
-	case errLockWaitTimeout:
+	case n == errLockWaitTimeout:
 		return fmt.Errorf("txlimit/mysqlstore: %s: a row of the limit stayed locked longer than innodb_lock_wait_timeout; "+
 			"only the statement was undone, so roll the transaction back and run it again (mysqlstore.RunTx does): %w", op, err)
 	}
