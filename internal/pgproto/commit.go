@@ -59,21 +59,13 @@ func Lean(p driver.TakeAllParams) bool {
 	return !slices.ContainsFunc(p.Takes, func(t driver.TakeParams) bool { return t.Shards != 1 || !driver.InSQL(t) })
 }
 
-// TakeCommit is driver.Store.Commit for takes that are Lean, on a
-// connection whose transaction db is: it sends each take, in the canonical
-// order, with must set, and then COMMIT, in one round trip where db
-// pipelines. A take that would grant nothing raises Denied, and the server
-// then skips every statement after it, the COMMIT included, so that either
-// the transaction commits with every take or nothing of it remains.
-//
-// After a denial it rolls back and reads each limit (two more round trips),
-// to give each the decision Check would (the RetryAfter of the denial).
-// When none of them then denies, the SQL refused what algo would grant now:
-// tokens that came in since, or rows the one-statement take leaves to the
-// Go path (those of a limit whose Shards was lowered). Such rows are
-// rewritten by a take of nothing in a transaction of its own, so that the
-// next call can ride the COMMIT, and the call is reported denied with
-// RetryAfter 0: try again.
+// TakeCommit is driver.Ops.Commit for takes that are Lean, on a connection
+// whose transaction db is: each take, in the canonical order, with must
+// set, and then COMMIT, in one round trip where db pipelines. A take that
+// would grant nothing raises Denied, and the server skips every statement
+// after it, the COMMIT included: the transaction commits with every take
+// or nothing of it remains, and each limit then gets the decision Check
+// would give it (deniedAtCommit).
 //
 // An error the server reported means that the transaction did not commit;
 // it is rolled back and returned. Any other error after the statements
@@ -102,16 +94,12 @@ func (pr Protocol) TakeCommit(ctx context.Context, db DB, p driver.TakeAllParams
 	return driver.TakeAllResult{}, fmt.Errorf("%w: %w", driver.ErrCommitUnknown, err)
 }
 
-// TakeBatch is pgstore's SendBatch for takes that are Lean, on a
-// connection whose transaction db is: it sends each take, in the canonical
-// order, with must set, and then the statements of b with their callbacks,
-// in one round trip where db pipelines, as TakeCommit sends the takes with
-// COMMIT. A take that would grant nothing raises Denied, and the server
-// then skips every statement after it: none of b's statements takes
-// effect, and none of their callbacks is called. The transaction is then
-// rolled back on the server and the limits are decided as TakeCommit
-// decides them after a denial; db's own bookkeeping of the transaction is
-// the caller's to end.
+// TakeBatch is pgstore's SendBatch for takes that are Lean: the takes as
+// TakeCommit sends them, with the statements of b and their callbacks in
+// place of COMMIT. After a denial none of b's statements takes effect and
+// none of their callbacks is called; the transaction is rolled back on the
+// server and the limits decided as TakeCommit decides them, while db's own
+// bookkeeping of the transaction is the caller's to end.
 //
 // err is the takes' error: it leaves the transaction aborted or the
 // connection broken. batchErr is the error of b's statements after the
@@ -167,8 +155,13 @@ func isDenied(err error) bool {
 }
 
 // deniedAtCommit ends the transaction a denied TakeCommit or TakeBatch left
-// aborted and decides each limit of p as Check would, on the committed
-// rows, read in a transaction of their own that it ends too.
+// aborted and decides each limit of p as Check would (two more round
+// trips), on the committed rows, read in a transaction of their own that it
+// ends too. When none of them then denies, the SQL refused what algo would
+// grant now: tokens that came in since, or rows the one-statement take
+// leaves to the Go path (those of a limit whose Shards was lowered), which
+// rewrite rewrites so that the next call can ride the COMMIT; the call is
+// reported denied with RetryAfter 0: try again.
 //
 // The reads must not run outside a transaction. pgx sends a statement that
 // is not in a batch, in QueryExecModeDescribeExec, in two round trips: it
@@ -180,11 +173,9 @@ func isDenied(err error) bool {
 // differ; run in place of the read when they fit). In a transaction the
 // pooler keeps the server connection, in every exec mode.
 func (pr Protocol) deniedAtCommit(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	// The ROLLBACK goes without the reads, since the server would not
-	// prepare them in the aborted transaction, as pgx does first for
-	// statements it has not yet cached; and with the BEGIN of theirs, in one
-	// simple query (pgx sends a statement without arguments so), which
-	// costs no round trip of its own.
+	// The ROLLBACK goes before the reads, which the aborted transaction
+	// would not prepare (pgx prepares uncached statements first), with
+	// their BEGIN in one simple query: no round trip of its own.
 	if _, err := db.Exec(ctx, "ROLLBACK; BEGIN"); err != nil {
 		return driver.TakeAllResult{}, err
 	}

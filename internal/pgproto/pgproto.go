@@ -1,12 +1,9 @@
 // Package pgproto is the PostgreSQL store of txlimit, shared by pgstore (pgx)
 // and pgsqlstore (database/sql): the engine's row operations (package
 // engine) on the statements sqlc generates from queries/postgres (package
-// pgdb), and the take at COMMIT and in the caller's batch.
-//
-// Both stores run it on a DB: a pgx.Tx as it is, or pgsqlstore's adapter of
-// a *sql.Tx. The statements of one operation go through Send, which batches
-// them where the DB pipelines (pgx) and runs them one after another where
-// it cannot (database/sql sends one statement at a time).
+// pgdb), and the take at COMMIT and in the caller's batch. The statements
+// of one operation go through Send, in one round trip where the DB
+// pipelines.
 package pgproto
 
 import (

@@ -19,16 +19,12 @@ func (pr Protocol) Take(ctx context.Context, db DB, p driver.TakeParams) (driver
 	return engine.Take[DB](ctx, dialect(pr), db, p)
 }
 
-// TakeAll is driver.Ops.TakeAll: InsertKeys and LockKeys take the locks in
-// one round trip on pgx, the writes (or the removal of the rows InsertKeys
-// created for a limit that writes none) one more.
+// TakeAll is driver.Ops.TakeAll.
 func (pr Protocol) TakeAll(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return engine.TakeAll[DB](ctx, dialect(pr), db, p)
 }
 
-// Prune is one batch of driver.Ops.Prune in db. The rows are locked with
-// FOR UPDATE SKIP LOCKED, so a batch never waits for a row that live
-// traffic holds.
+// Prune is one batch of driver.Ops.Prune in db.
 func (pr Protocol) Prune(ctx context.Context, db DB, p driver.PruneParams) (driver.PruneResult, error) {
 	return engine.Prune[DB](ctx, dialect(pr), db, p)
 }
@@ -101,15 +97,13 @@ func (dialect) LetGo(ctx context.Context, db DB) error {
 	return Send(ctx, db, Exec(ctx, rollback), Exec(ctx, release))
 }
 
-// TakeRow runs the one-statement take of p on shard 0: TakeBucket or
-// TakeWindow by the limit's kind, TakeBucketReserve or TakeWindowReserve
-// for a reservation. ok is false when it granted nothing: the statement
-// returned no row (the row, when it exists, may then be locked, which the
-// locked path that follows takes anyway), or the call would not be granted
-// even on a full row (driver.Fresh), which grants the most any row can, and
-// TakeRow sends nothing. With must the statement raises Denied instead of
-// returning no row (TakeCommit), and a call a full row refuses sends Deny,
-// which raises it.
+// TakeRow runs the one-statement take of p on shard 0 (TakeBucket,
+// TakeWindow, or their Reserve forms). ok is false when it granted nothing:
+// the statement returned no row (the row may then be locked, which the
+// locked path that follows takes anyway), or even a full row, which grants
+// the most any row can, would not grant it (driver.Fresh), and nothing was
+// sent. With must the statement raises Denied instead of returning no row
+// (TakeCommit), and a call a full row refuses sends Deny, which raises it.
 func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams, must bool) (next algo.State, clock time.Time, ok bool, err error) {
 	cfg, fullTS := p.Config, time.UnixMicro(p.Full().TS)
 	fresh, freshOK := driver.Fresh(p)
