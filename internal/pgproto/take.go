@@ -117,39 +117,30 @@ func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams, must bool) 
 	}
 	window := cfg.Kind == algo.FixedWindow
 	fitsAt := leastGranting(cfg, p.Count)
-	var value float64
-	var ts time.Time
+	var r pgdb.TakeBucketRow
 	switch {
 	case p.Reserve && window:
-		var r pgdb.TakeWindowReserveRow
-		r, err = queries.TakeWindowReserve(ctx, db, pgdb.TakeWindowReserveParams{
+		r, err = bucketRow(queries.TakeWindowReserve(ctx, db, pgdb.TakeWindowReserveParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FullTs: fullTS, Now: p.Now,
 			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 			FitsAt: fitsAt, DebtAt: debtAt(cfg, p.Count),
-		})
-		value, ts, clock = r.Value, r.Ts, r.Clock
+		}))
 	case p.Reserve:
-		var r pgdb.TakeBucketReserveRow
-		r, err = queries.TakeBucketReserve(ctx, db, pgdb.TakeBucketReserveParams{
+		r, err = bucketRow(queries.TakeBucketReserve(ctx, db, pgdb.TakeBucketReserveParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FullTs: fullTS, Now: p.Now,
 			Rate: cfg.Rate, Period: float64(cfg.Period), Capacity: cfg.Capacity, Count: p.Count,
 			FitsAt: fitsAt, DebtAt: debtAt(cfg, p.Count),
-		})
-		value, ts, clock = r.Value, r.Ts, r.Clock
+		}))
 	case window:
-		var r pgdb.TakeWindowRow
-		r, err = queries.TakeWindow(ctx, db, pgdb.TakeWindowParams{
+		r, err = bucketRow(queries.TakeWindow(ctx, db, pgdb.TakeWindowParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FullTs: fullTS, Now: p.Now,
 			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count, FitsAt: fitsAt,
-		})
-		value, ts, clock = r.Value, r.Ts, r.Clock
+		}))
 	default:
-		var r pgdb.TakeBucketRow
 		r, err = queries.TakeBucket(ctx, db, pgdb.TakeBucketParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FullTs: fullTS, Now: p.Now,
 			Rate: cfg.Rate, Period: float64(cfg.Period), Capacity: cfg.Capacity, Count: p.Count, FitsAt: fitsAt,
 		})
-		value, ts, clock = r.Value, r.Ts, r.Clock
 	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -157,7 +148,13 @@ func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams, must bool) 
 	case err != nil:
 		return algo.State{}, time.Time{}, false, err
 	}
-	return algo.State{Value: value, TS: ts.UnixMicro()}, clock, true, nil
+	return algo.State{Value: r.Value, TS: r.Ts.UnixMicro()}, r.Clock, true, nil
+}
+
+// bucketRow is the row another one-statement take returned, as TakeBucket's
+// (the four return the same columns).
+func bucketRow[R pgdb.TakeWindowRow | pgdb.TakeBucketReserveRow | pgdb.TakeWindowReserveRow](r R, err error) (pgdb.TakeBucketRow, error) {
+	return pgdb.TakeBucketRow(r), err
 }
 
 // leastGranting is the least value a row of c may refill to (algo.Project,
