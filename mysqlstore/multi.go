@@ -107,8 +107,5 @@ func lockRows(ctx context.Context, tx *sql.Tx, query, op string, keys []driver.K
 		}
 		out[owner[i-1]] = append(out[owner[i-1]], r)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, at, wrap(ctx, tx, op, err)
-	}
-	return out, at, wrap(ctx, tx, op, rows.Close())
+	return out, at, wrap(ctx, tx, op, rows.Err())
 }
