@@ -5,7 +5,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/engine"
 	"github.com/txlimit/txlimit/internal/pgdb"
@@ -107,7 +106,10 @@ func (d dialect) Write(ctx context.Context, db DB, writes []engine.KeyWrite, del
 			}
 		}
 		if len(w.States) == 1 {
-			calls = append(calls, writeShard(ctx, w.Name, w.Key, 0, w.States[0]))
+			s := w.States[0]
+			calls = append(calls, func(q pgdb.DBTX) error {
+				return queries.WriteShard(ctx, q, pgdb.WriteShardParams{Name: w.Name, Key: w.Key, Shard: 0, Value: s.Value, Prev: s.Prev, Ts: time.UnixMicro(s.TS)})
+			})
 			continue
 		}
 		var shards, vals, prevs, tss array
@@ -128,13 +130,6 @@ func (d dialect) Write(ctx context.Context, db DB, writes []engine.KeyWrite, del
 		calls = append(calls, d.deletes(ctx, deletes, &n)...)
 	}
 	return n, Send(ctx, db, calls...)
-}
-
-// writeShard is the call of WriteShard.
-func writeShard(ctx context.Context, name, key string, shard int32, s algo.State) Call {
-	return func(q pgdb.DBTX) error {
-		return queries.WriteShard(ctx, q, pgdb.WriteShardParams{Name: name, Key: key, Shard: shard, Value: s.Value, Prev: s.Prev, Ts: time.UnixMicro(s.TS)})
-	}
 }
 
 // deletes returns the calls that delete rows: one DeleteShards, or with
