@@ -107,10 +107,9 @@ func isDSNError(err error) bool { return errors.Is(err, ErrDSN) || errors.Is(err
 // any other statement before COMMIT) or by BeginTx, means that running the
 // whole transaction again from BEGIN is safe and may succeed:
 //
-//   - a deadlock (1213), which the server resolves by rolling one
-//     transaction back, and on Galera a conflict with a transaction that
-//     committed first on another node, reported as the same error by the
-//     statement or the COMMIT that found it;
+//   - a deadlock (1213): the server rolled the transaction back; on Galera
+//     also a conflict with a transaction that committed first on another
+//     node, found by a statement or at COMMIT;
 //   - a lock wait timeout (1205): the statement was undone but the
 //     transaction is open (innodb_rollback_on_timeout is off by default),
 //     so roll it back before running it again;
@@ -120,13 +119,11 @@ func isDSNError(err error) bool { return errors.Is(err, ErrDSN) || errors.Is(err
 //   - a failure to connect, except when the server refused the login (1044,
 //     1045) or the database does not exist (1049), which no retry cures.
 //
-// The transaction did not commit in any of these cases, so no token was
-// spent. Context cancellation and deadlines are not retryable (the caller
-// gave up), nor is bad input (a *txlimit.InvalidError), a setting missing
-// from the DSN (ErrDSN) or a database that is not MySQL (ErrWrongDatabase).
-//
-// An error from COMMIT itself on a lost connection is different: the commit
-// may or may not have happened. RunTx never retries it.
+// None of these committed, so no token was spent. Not retryable: context
+// cancellation and deadlines (the caller gave up), bad input (a
+// *txlimit.InvalidError), ErrDSN, ErrWrongDatabase, and an error from
+// COMMIT on a lost connection, which may have committed (RunTx never
+// retries it).
 func Retryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || isDSNError(err) {
 		return false

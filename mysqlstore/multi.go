@@ -10,12 +10,11 @@ import (
 	"github.com/txlimit/txlimit/internal/engine"
 )
 
-// LockKeys implements engine.Dialect: every row of every limit of ls, in
-// the canonical order (name, then key, byte by byte, then shard), created
-// when missing (ensure, in one statement) and locked in one statement
-// (LockRows). The highest shard of each key is read first (a read that
-// locks nothing), so that rows another config left beyond Shards are
-// locked in their place in the order rather than after every key.
+// LockKeys creates the missing rows of every limit of ls (ensure) and locks
+// all their rows (LockRows), a statement each, in the canonical order (name,
+// then key, byte by byte, then shard). The highest shard of each key is
+// read first, locking nothing, so that rows another config left beyond
+// Shards are locked in their place in that order.
 func (s *backend) LockKeys(ctx context.Context, tx *sql.Tx, ls []driver.Limit, now *time.Time) ([]engine.Locked, time.Time, error) {
 	refs := make([]driver.KeyRef, len(ls))
 	for i, l := range ls {

@@ -28,11 +28,10 @@ func (s *backend) TakeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams) 
 	if err != nil {
 		return driver.TakeResult{}, false, wrap(ctx, tx, "take", err)
 	}
-	// Not run when the call does not fit a full bucket; not read (on MySQL)
-	// when it changed no row: not granted, or granted without a change
-	// (which the locked path grants again to the same effect). With
-	// clientFoundRows=true a row left as it was counts as changed: Granted
-	// tells.
+	// Not read when not run (the call does not fit a full bucket) or, on
+	// MySQL, when it changed no row: not granted, or granted without a
+	// change, which the locked path grants again to the same effect. With
+	// clientFoundRows a row left as it was counts as changed: Granted tells.
 	if !r.Read {
 		return driver.TakeResult{}, false, nil
 	}

@@ -163,15 +163,13 @@ func isDenied(err error) bool {
 // rewrite rewrites so that the next call can ride the COMMIT; the call is
 // reported denied with RetryAfter 0: try again.
 //
-// The reads must not run outside a transaction. pgx sends a statement that
-// is not in a batch, in QueryExecModeDescribeExec, in two round trips: it
-// prepares the unnamed statement, and then binds and executes it. Behind a
-// pooler in transaction mode (PgBouncer), a connection outside a
-// transaction goes back to the pooler's pool after each round trip, and the
-// second one may run on another server connection, which has no unnamed
-// statement (SQLSTATE 26000) or another client's (08P01 when its parameters
-// differ; run in place of the read when they fit). In a transaction the
-// pooler keeps the server connection, in every exec mode.
+// The reads must not run outside a transaction: behind a pooler in
+// transaction mode (PgBouncer) a connection goes back to the pool after
+// each round trip, and pgx sends a statement outside a batch, in
+// QueryExecModeDescribeExec, in two (prepare the unnamed statement; bind
+// and execute), so the second may reach another server connection, which
+// has no unnamed statement (26000) or another client's (08P01, or run in
+// place of the read when its parameters fit).
 func (pr Protocol) deniedAtCommit(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	// The ROLLBACK goes before the reads, which the aborted transaction
 	// would not prepare (pgx prepares uncached statements first), with

@@ -41,20 +41,15 @@ func SQLState(err error) (string, bool) {
 }
 
 // Retryable is the classification behind pgstore.Retryable and
-// pgsqlstore.Retryable: whether a transaction that failed with err may be run
-// again from BEGIN. connectFailed says that the store knows err to be a
-// failure to make the connection the transaction was to run on (pgx's
-// *pgconn.ConnectError, or an error pgsqlstore saw come from BeginTx): then
-// nothing ran, and any cause is retryable but the server refusing the login
-// itself (class 28, authentication or role) and a database that does not
-// exist (3D000), which no retry cures. Otherwise err is retryable when its
-// SQLSTATE says a serialization failure, a deadlock, a lock or statement
-// timeout, the server shutting down or refusing connections, or a
-// connection exception (class 08); or, without one, when the connection
-// broke (sqltx.BrokenConn). Context cancellation and deadlines are never
-// retryable: the caller gave up; nor is a COMMIT whose outcome is unknown
-// (txlimit.ErrCommitUnknown): the transaction may have committed, and
-// running it again would do its work twice.
+// pgsqlstore.Retryable: whether a transaction that failed with err may run
+// again from BEGIN. connectFailed says that err is a failure to make the
+// connection (pgx's *pgconn.ConnectError, or an error pgsqlstore saw come
+// from BeginTx): nothing ran, and any cause is retryable but a refused
+// login (class 28) and a missing database (3D000), which no retry cures.
+// Without a SQLSTATE, err is retryable when the connection broke. Never
+// retryable: the caller giving up (context cancellation and deadlines) and
+// a COMMIT whose outcome is unknown (driver.ErrCommitUnknown), which a
+// second run could do twice.
 func Retryable(err error, connectFailed bool) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, driver.ErrCommitUnknown) {

@@ -10,11 +10,10 @@ import (
 	"github.com/txlimit/txlimit/internal/pgdb"
 )
 
-// LockKeys runs InsertKeys and LockKeys for ls, in one round trip: the rows
-// InsertKeys created are Created, the others Had. With SingleKey it runs
-// InsertKeyShards for every key, then LockShards for every key, in the same
-// order, and so takes the locks in the order InsertKeys and LockKeys take
-// them. at is the clock of the first row, read once every lock is held.
+// LockKeys runs InsertKeys and LockKeys for ls in one round trip (with
+// SingleKey, InsertKeyShards and then LockShards for each key, which lock in
+// the same order): the rows InsertKeys created are Created, the others Had.
+// at is the clock of the first row, read once every lock is held.
 func (d dialect) LockKeys(ctx context.Context, db DB, ls []driver.Limit, now *time.Time) ([]engine.Locked, time.Time, error) {
 	out := make([]engine.Locked, len(ls))
 	index := make(map[driver.KeyRef]int, len(ls))

@@ -159,13 +159,12 @@ func bucketRow[R pgdb.TakeWindowRow | pgdb.TakeBucketReserveRow | pgdb.TakeWindo
 
 // leastGranting is the least value a row of c may refill to (algo.Project,
 // before the cap) for a take of target tokens to leave no debt: algo's test
-// for one shard, 0+min(refilled, Capacity)-target >= -tolerance, with
-// algo's tolerance. The test only grows with the refilled value (each
-// operation rounds monotonically), so a one-statement take compares the
-// refilled value with this bound (fits_at, debt_at) in place of the
-// operations, which PostgreSQL would build anew at every execution
-// (TestTakeRowMatchesAlgo holds the two to algo). It is +Inf when no value
-// passes, -Inf when every one does.
+// for one shard, 0+min(refilled, Capacity)-target >= -tolerance. The test
+// only grows with the refilled value (each operation rounds monotonically),
+// so a one-statement take compares the refilled value with this bound
+// (fits_at, debt_at) in place of the operations, which PostgreSQL would
+// build anew at every execution. It is +Inf when no value passes, -Inf when
+// every one does.
 func leastGranting(c algo.Config, target float64) float64 {
 	tol := 1e-9 * math.Max(1, c.Capacity)
 	passes := func(refilled float64) bool { return 0+math.Min(refilled, c.Capacity)-target >= -tol }

@@ -1,11 +1,9 @@
 // Package takerow is mysqlstore's one-statement take: an admitted call on an
 // unsharded limit as one INSERT … ON DUPLICATE KEY UPDATE that refills,
-// decides and writes with algo's arithmetic in SQL (the statements of
-// mysqlstore/internal/rawsql/take.sql, which says how), and
-// what it did, read with RETURNING on MariaDB and by a second statement on
-// MySQL. It is a package of its own so that the differential test in
-// mysqlstore's tests, which runs on a real server, can hold the statement
-// itself, not only the store's whole Take, to algo.
+// decides and writes with algo's arithmetic (rawsql's take.sql says how),
+// and what it did, read with RETURNING on MariaDB and by a second statement
+// on MySQL. A package of its own, so that mysqlstore's differential test
+// holds the statement itself to algo, not only the store's Take.
 package takerow
 
 import (
