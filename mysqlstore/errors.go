@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -133,13 +134,9 @@ func Retryable(err error) bool {
 	n, ok := errNumber(err)
 	switch {
 	case ok && connectFailed:
-		return n != errAccessDenied && n != errDBAccessDenied && n != errBadDB
+		return !slices.Contains([]uint16{errAccessDenied, errDBAccessDenied, errBadDB}, n)
 	case ok:
-		switch n {
-		case errLockDeadlock, errLockWaitTimeout, errTooManyConns, errServerShutdown, errQueryInterrupted, errUnknownCommand:
-			return true
-		}
-		return false
+		return slices.Contains([]uint16{errLockDeadlock, errLockWaitTimeout, errTooManyConns, errServerShutdown, errQueryInterrupted, errUnknownCommand}, n)
 	case connectFailed:
 		return true
 	}
