@@ -49,10 +49,7 @@ func readTops(ctx context.Context, tx *sql.Tx, refs []driver.KeyRef) ([]int, err
 	for i, k := range refs {
 		list[i] = jsonRef(k)
 	}
-	arg, err := json.Marshal(list)
-	if err != nil {
-		return nil, err
-	}
+	arg, _ := json.Marshal(list) // strings and numbers: no error
 	rows, err := tx.QueryContext(ctx, topsSQL, arg)
 	if err != nil {
 		return nil, wrap(ctx, tx, "read the limits' shards", err)
@@ -86,10 +83,7 @@ func lockRows(ctx context.Context, tx *sql.Tx, query, op string, keys []driver.K
 	if len(list) == 0 {
 		return out, at, nil
 	}
-	arg, err := json.Marshal(list)
-	if err != nil {
-		return nil, at, err
-	}
+	arg, _ := json.Marshal(list) // strings and numbers: no error
 	rows, err := tx.QueryContext(ctx, query, arg)
 	if err != nil {
 		return nil, at, wrap(ctx, tx, op, err)
