@@ -7,6 +7,7 @@
 package pgproto
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -74,10 +75,7 @@ func Send(ctx context.Context, db DB, calls ...Call) error {
 		return calls[0](db)
 	case pipelines:
 		err, tailErr := send(ctx, db, calls, nil)
-		if err == nil {
-			err = tailErr
-		}
-		return err
+		return cmp.Or(err, tailErr)
 	}
 	b := &pgx.Batch{}
 	var texts []string
