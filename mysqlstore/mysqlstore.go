@@ -104,7 +104,6 @@ import (
 	"database/sql"
 	sqldriver "database/sql/driver"
 	"errors"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -128,25 +127,9 @@ type handle = driver.Handle[*sql.Tx]
 type backend struct {
 	sqltx.Store
 	db *sql.DB
-	// maria is whether the server is MariaDB, nil until the first call's
-	// transaction asked it.
+	// maria is whether the server is MariaDB, whose INSERT … RETURNING
+	// saves TakeRow its second round trip: nil until TakeRow first asked.
 	maria atomic.Pointer[bool]
-}
-
-// mariaDB reports whether the server is MariaDB, asking it in tx the first
-// time: MariaDB's INSERT … RETURNING saves the one-statement take its
-// second round trip.
-func (s *backend) mariaDB(ctx context.Context, tx *sql.Tx) (bool, error) {
-	if m := s.maria.Load(); m != nil {
-		return *m, nil
-	}
-	version, err := queries.Version(ctx, tx)
-	if err != nil {
-		return false, wrap(ctx, tx, "ask the server's version", err)
-	}
-	maria := strings.Contains(strings.ToLower(version), "mariadb")
-	s.maria.Store(&maria)
-	return maria, nil
 }
 
 var (
