@@ -155,9 +155,11 @@ func (w rowWrite) MarshalJSON() ([]byte, error) {
 	if err := checkTime("a limit's state", time.UnixMicro(w.state.TS)); err != nil {
 		return nil, err
 	}
-	// A DATETIME(6) literal in UTC.
+	// A DATETIME(6) literal in UTC, and the shortest decimals that read back
+	// as the same float64s.
 	ts := time.UnixMicro(w.state.TS).UTC().Format("2006-01-02 15:04:05.000000")
-	return json.Marshal([]any{hexOf(w.name), hexOf(w.key), w.shard, formatFloat(w.state.Value), ts, formatFloat(w.state.Prev)})
+	value, prev := strconv.FormatFloat(w.state.Value, 'g', -1, 64), strconv.FormatFloat(w.state.Prev, 'g', -1, 64)
+	return json.Marshal([]any{hexOf(w.name), hexOf(w.key), w.shard, value, ts, prev})
 }
 
 // jsonRef is a key, or with a shard one of its rows, in the JSON lists of
@@ -171,9 +173,6 @@ func jsonRef(k driver.KeyRef, shard ...int32) []any {
 }
 
 func hexOf(s string) string { return hex.EncodeToString([]byte(s)) }
-
-// formatFloat is the shortest decimal that reads back as v.
-func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 
 // Write implements engine.Dialect: the states of every KeyWrite in one
 // statement (write), whose rows ensure created, and the rows of deletes in
