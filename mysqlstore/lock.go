@@ -174,9 +174,8 @@ func jsonRef(k driver.KeyRef, shard ...int32) []any {
 
 func hexOf(s string) string { return hex.EncodeToString([]byte(s)) }
 
-// Write implements engine.Dialect: the states of every KeyWrite in one
-// statement (write), whose rows ensure created, and the rows of deletes in
-// another.
+// Write stores the states of every KeyWrite in one statement (write), whose
+// rows ensure created, and deletes the rows of deletes in another.
 func (s *backend) Write(ctx context.Context, tx *sql.Tx, writes []engine.KeyWrite, deletes []engine.RowRef) (int64, error) {
 	var ws []rowWrite
 	for _, w := range writes {
@@ -231,9 +230,8 @@ func deleteRows(ctx context.Context, tx *sql.Tx, rows []engine.RowRef) (int64, e
 	return execList(ctx, tx, deleteRowsSQL, "delete rows", list)
 }
 
-// TryShard implements engine.SkipLocker: TryLockShard on each shard of
-// order (which the transaction's snapshot says exist: the engine read them
-// first) until one is not held elsewhere.
+// TryShard runs TryLockShard on each shard of order (which the snapshot
+// says exist: the engine read them first) until one is not held elsewhere.
 func (s *backend) TryShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams, order []int32) (engine.Tried, error) {
 	for _, sh := range order {
 		r, err := queries.TryLockShard(ctx, tx, gen.TryLockShardParams{Name: []byte(p.Name), Key: []byte(p.Key), Shard: sh})
@@ -252,8 +250,8 @@ func (s *backend) TryShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams,
 	return engine.Tried{}, nil
 }
 
-// KeepShards implements engine.SkipLocker: the rows are written, and stay
-// locked until the transaction ends, as every InnoDB row lock does.
+// KeepShards writes rows, which stay locked until the transaction ends, as
+// every InnoDB row lock does.
 func (s *backend) KeepShards(ctx context.Context, tx *sql.Tx, l driver.Limit, rows []driver.Row) error {
 	ws := make([]rowWrite, len(rows))
 	for i, r := range rows {
@@ -275,8 +273,8 @@ func (s *backend) TryShards(ctx context.Context, tx *sql.Tx, p driver.TakeParams
 	return rows, nil
 }
 
-// Read implements driver.Ops and engine.Dialect with plain reads, which
-// lock nothing: the transaction's snapshot, and its own writes.
+// Read reads with plain reads, which lock nothing: the transaction's
+// snapshot, and its own writes.
 func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
 	rows, err := queries.ReadShards(ctx, tx, gen.ReadShardsParams{Name: []byte(p.Name), Key: []byte(p.Key)})
 	if err != nil {

@@ -21,13 +21,12 @@ import (
 const Denied = "TXL01"
 
 // mustDB runs the one-statement takes with must: each /*must*/ marker of
-// their SQL (queries/postgres) replaced by OR txlimit_deny(), so that a
-// take that would return no row raises Denied instead. The statements
-// without must leave the function out, which costs every execution that
-// names it. A statement without the marker is an internal error, not sent:
-// with COMMIT or the caller's statements after it, a take that returned no
-// row would let them run without its tokens. The takes return one row
-// (QueryRow); Exec and Query send nothing.
+// their SQL (queries/postgres) replaced by OR txlimit_deny(), so that a take
+// that would return no row raises Denied instead (without must the
+// statements leave out the function, which costs every execution that
+// names it). A statement without the marker is an internal error, not sent:
+// the statements after it would run without its tokens. The takes return
+// one row (QueryRow); Exec and Query send nothing.
 type mustDB struct{ db pgdb.DBTX }
 
 const mustMarker = "/*must*/"

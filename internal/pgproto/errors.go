@@ -9,10 +9,9 @@ import (
 	"github.com/txlimit/txlimit/internal/sqltx"
 )
 
-// The SQLSTATEs the stores name, as PostgreSQL's errcodes table (Appendix A)
-// names them. They are spelled out here rather than imported from
-// github.com/jackc/pgerrcode to keep a user's module graph one module
-// smaller.
+// The SQLSTATEs the stores name, as PostgreSQL's errcodes table names them,
+// spelled out rather than imported from github.com/jackc/pgerrcode to keep
+// a user's module graph one module smaller.
 const (
 	UndefinedTable             = "42P01"
 	UndefinedColumn            = "42703"

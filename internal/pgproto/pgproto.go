@@ -54,11 +54,10 @@ const (
 )
 
 // Call is one statement, made by a generated method (or an Exec) on q: a
-// closure that keeps what the statement returns. Send makes it twice when it
-// batches: first on a queuer, which records the statement instead of sending
-// it, then on a replay, which hands the generated method the statement's
-// result from the batch, so that the generated code both binds the
-// arguments and scans the rows.
+// closure that keeps what the statement returns. Send makes it twice when
+// it batches, first on a queuer, which records the statement, then on a
+// replay, which hands the generated method its result from the batch: the
+// generated code both binds the arguments and scans the rows.
 type Call func(q pgdb.DBTX) error
 
 // Send runs calls in order, in one round trip where db pipelines. A single
@@ -100,11 +99,10 @@ func Send(ctx context.Context, db DB, calls ...Call) error {
 }
 
 // send sends calls and then tail, queued queries of a batch built
-// elsewhere, in one batch on db. err is the first call's error; tailErr
-// is the error of tail's statements (their callbacks', the batch's as
-// Close reports it, or pgx's when it could not prepare or encode one of
-// them, and then nothing ran), once every result has been read. When a
-// call failed, none of tail's callbacks is called.
+// elsewhere, in one batch on db. err is the first call's error; tailErr is
+// tail's (their callbacks', the batch's as Close reports it, or pgx's when
+// it could not prepare or encode one of them, and nothing ran), once every
+// result has been read. After a call failed, no callback of tail runs.
 func send(ctx context.Context, db DB, calls []Call, tail []*pgx.QueuedQuery) (err, tailErr error) {
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(calls)+len(tail))}
 	for _, c := range calls {
