@@ -12,6 +12,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -76,14 +77,7 @@ func Get(name string) Stmt {
 
 // Unused returns the names of the statements Get was never asked for.
 func Unused() []string {
-	var out []string
-	for name := range all {
-		if !used[name] {
-			out = append(out, name)
-		}
-	}
-	slices.Sort(out)
-	return out
+	return slices.DeleteFunc(slices.Sorted(maps.Keys(all)), func(name string) bool { return used[name] })
 }
 
 // Args returns the statement's arguments in the order of its ?s, each read
