@@ -176,11 +176,14 @@ func (pr Protocol) deniedAtCommit(ctx context.Context, db DB, p driver.TakeAllPa
 	if _, err := db.Exec(ctx, "ROLLBACK; BEGIN"); err != nil {
 		return driver.TakeAllResult{}, err
 	}
-	reads := make([]driver.ReadResult, len(p.Takes))
+	out := driver.TakeAllResult{Results: make([]driver.TakeResult, len(p.Takes))}
 	calls := make([]Call, 0, len(p.Takes)+1)
 	for i, t := range p.Takes {
-		calls = append(calls, func(q pgdb.DBTX) (err error) {
-			reads[i], err = dialect(pr).Read(ctx, q, driver.ReadParams{Name: t.Name, Key: t.Key, Now: p.Now})
+		calls = append(calls, func(q pgdb.DBTX) error {
+			read, err := dialect(pr).Read(ctx, q, driver.ReadParams{Name: t.Name, Key: t.Key, Now: p.Now})
+			if err == nil {
+				out.Results[i], out.At = driver.Check(t, read), read.At
+			}
 			return err
 		})
 	}
@@ -192,14 +195,7 @@ func (pr Protocol) deniedAtCommit(ctx context.Context, db DB, p driver.TakeAllPa
 		_, _ = db.Exec(ctx, "ROLLBACK")
 		return driver.TakeAllResult{}, err
 	}
-	out := driver.TakeAllResult{Results: make([]driver.TakeResult, len(p.Takes))}
-	denied := false
-	for i, t := range p.Takes {
-		out.Results[i] = driver.Check(t, reads[i])
-		out.At = reads[i].At
-		denied = denied || !out.Results[i].Decision.OK
-	}
-	if denied {
+	if slices.ContainsFunc(out.Results, func(r driver.TakeResult) bool { return !r.Decision.OK }) {
 		return out, nil
 	}
 	for i := range out.Results {
