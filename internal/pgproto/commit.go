@@ -46,11 +46,6 @@ func (mustDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
 
 func (mustDB) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errNotOneRow }
 
-// errRow is a pgx.Row whose Scan returns err.
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
-
 // Lean reports whether every take of p can ride the COMMIT (TakeCommit) or
 // the caller's batch (TakeBatch): each is one statement, an unsharded limit
 // whose call the SQL decides (driver.InSQL).

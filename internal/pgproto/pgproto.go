@@ -173,12 +173,13 @@ func (q queuer) Query(_ context.Context, sql string, args ...any) (pgx.Rows, err
 
 func (q queuer) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
 	q.b.Queue(sql, args...)
-	return queuedRow{}
+	return errRow{errQueued}
 }
 
-type queuedRow struct{}
+// errRow is a pgx.Row whose Scan returns err.
+type errRow struct{ err error }
 
-func (queuedRow) Scan(...any) error { return errQueued }
+func (r errRow) Scan(...any) error { return r.err }
 
 // queued returns nil for the errQueued of a call made on a queuer, and any
 // other error as it is.
