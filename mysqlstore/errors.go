@@ -27,11 +27,10 @@ const (
 	errDBAccessDenied   = 1044 // ER_DBACCESS_DENIED_ERROR
 )
 
-// mysqlErrorType is the error type of github.com/go-sql-driver/mysql, whose
-// Number field is the server's error number. The store reads it by
-// reflection so that it imports no driver (TestDeadlockIsRetryable and
-// TestLockWaitTimeoutIsRetryable, on a real server, hold the name to the
-// driver's).
+// mysqlErrorType is go-sql-driver/mysql's error type, whose Number field is
+// the server's error number, read by reflection so that the store imports
+// no driver (TestDeadlockIsRetryable and TestLockWaitTimeoutIsRetryable
+// hold the name to the driver's).
 var mysqlErrorType = struct{ pkg, name string }{"github.com/go-sql-driver/mysql", "MySQLError"}
 
 // errNumber returns the server's error number of the first MySQL error in

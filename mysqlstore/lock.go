@@ -120,8 +120,8 @@ func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *
 }
 
 // held is what the transaction holds of l's key, rows: the placeholders of
-// shards 0..Shards-1 (rows ensure created, or left by an earlier call that
-// did not write them) Created, the others Had.
+// shards 0..Shards-1 (created by ensure, now or by a call that wrote none)
+// Created, the others Had.
 func held(l driver.Limit, rows []driver.Row, at time.Time) engine.Locked {
 	out := engine.Locked{At: at}
 	for _, r := range rows {

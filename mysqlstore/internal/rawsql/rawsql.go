@@ -63,9 +63,8 @@ func load() map[string]Stmt {
 	return out
 }
 
-// Get returns the statement name. The store's packages look their
-// statements up in variables initialized with the package, so a name that
-// is not in the files fails every test at once.
+// Get returns the statement name. The store's packages call it as they are
+// initialized, so a name that is not in the files fails every test at once.
 func Get(name string) Stmt {
 	st, ok := all[name]
 	if !ok {

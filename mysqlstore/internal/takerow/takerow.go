@@ -18,9 +18,8 @@ import (
 )
 
 // The statements: per kind, one for a plain take on the server's clock and
-// one for any call (take.sql says why). On MariaDB the take returns what it
-// did (TakeReturning appended), in one round trip; on MySQL TakeRead reads
-// it.
+// one for any call (take.sql says why); TakeReturning appended on MariaDB,
+// TakeRead after them on MySQL.
 var (
 	bucket, bucketAny = rawsql.Get("TakeBucket"), rawsql.Get("TakeBucketAny")
 	window, windowAny = rawsql.Get("TakeWindow"), rawsql.Get("TakeWindowAny")
