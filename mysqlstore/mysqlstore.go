@@ -113,12 +113,10 @@ import (
 	gen "github.com/txlimit/txlimit/mysqlstore/internal/db"
 )
 
-// Store is txlimit's store for MySQL and MariaDB on database/sql: give it to txlimit.New, which
-// reaches it through the Limiter only.
+// Store is txlimit's store for MySQL and MariaDB: give it to txlimit.New.
 type Store struct{ handle }
 
-// handle makes Store the driver.Store that txlimit.New takes: sealed, so
-// that no other package implements one.
+// handle makes Store a driver.Store.
 type handle = driver.Handle[*sql.Tx]
 
 // backend is the store's operations, and the engine's dialect for InnoDB:
