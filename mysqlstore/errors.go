@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -26,11 +27,10 @@ const (
 	errDBAccessDenied   = 1044 // ER_DBACCESS_DENIED_ERROR
 )
 
-// mysqlErrorType is the error type of github.com/go-sql-driver/mysql, whose
-// Number field is the server's error number. The store reads it by
-// reflection so that it imports no driver (TestDeadlockIsRetryable and
-// TestLockWaitTimeoutIsRetryable, on a real server, hold the name to the
-// driver's).
+// mysqlErrorType is go-sql-driver/mysql's error type, whose Number field is
+// the server's error number, read by reflection so that the store imports
+// no driver (TestDeadlockIsRetryable and TestLockWaitTimeoutIsRetryable
+// hold the name to the driver's).
 var mysqlErrorType = struct{ pkg, name string }{"github.com/go-sql-driver/mysql", "MySQLError"}
 
 // errNumber returns the server's error number of the first MySQL error in
@@ -73,26 +73,21 @@ func wrap(ctx context.Context, q sqltx.Querier, op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	n, ok := errNumber(err)
-	if !ok {
-		if isDSNError(err) {
-			return err
-		}
-		if strings.Contains(err.Error(), "unsupported Scan, storing driver.Value type []uint8 into type *time.Time") {
-			return dsnError("add parseTime=true to the DSN: the store reads DATETIME columns as time.Time (%s: %w)", op, err)
-		}
+	switch n, numbered := errNumber(err); {
+	case !numbered && isDSNError(err):
+		return err
+	case !numbered && strings.Contains(err.Error(), "unsupported Scan, storing driver.Value type []uint8 into type *time.Time"):
+		return dsnError("add parseTime=true to the DSN: the store reads DATETIME columns as time.Time (%s: %w)", op, err)
+	case !numbered:
 		if wrong := sqltx.WrongDatabase(ctx, q, err, ErrWrongDatabase, sqltx.MySQL); wrong != nil {
 			return wrong
 		}
-		return fmt.Errorf("txlimit/mysqlstore: %s: %w", op, err)
-	}
-	switch n {
-	case errNoSuchTable, errBadField:
+	case n == errNoSuchTable || n == errBadField:
 		return fmt.Errorf("txlimit/mysqlstore: %s: %w: %w", op, driver.ErrNotMigrated, err)
-	case errLockDeadlock:
+	case n == errLockDeadlock:
 		return fmt.Errorf("txlimit/mysqlstore: %s: the server rolled the whole transaction back (a deadlock, or on Galera a "+
 			"conflicting commit on another node); run it again from BEGIN (mysqlstore.RunTx does): %w", op, err)
-	case errLockWaitTimeout:
+	case n == errLockWaitTimeout:
 		return fmt.Errorf("txlimit/mysqlstore: %s: a row of the limit stayed locked longer than innodb_lock_wait_timeout; "+
 			"only the statement was undone, so roll the transaction back and run it again (mysqlstore.RunTx does): %w", op, err)
 	}
@@ -112,10 +107,9 @@ func isDSNError(err error) bool { return errors.Is(err, ErrDSN) || errors.Is(err
 // any other statement before COMMIT) or by BeginTx, means that running the
 // whole transaction again from BEGIN is safe and may succeed:
 //
-//   - a deadlock (1213), which the server resolves by rolling one
-//     transaction back, and on Galera a conflict with a transaction that
-//     committed first on another node, reported as the same error by the
-//     statement or the COMMIT that found it;
+//   - a deadlock (1213): the server rolled the transaction back; on Galera
+//     also a conflict with a transaction that committed first on another
+//     node, found by a statement or at COMMIT;
 //   - a lock wait timeout (1205): the statement was undone but the
 //     transaction is open (innodb_rollback_on_timeout is off by default),
 //     so roll it back before running it again;
@@ -125,13 +119,11 @@ func isDSNError(err error) bool { return errors.Is(err, ErrDSN) || errors.Is(err
 //   - a failure to connect, except when the server refused the login (1044,
 //     1045) or the database does not exist (1049), which no retry cures.
 //
-// The transaction did not commit in any of these cases, so no token was
-// spent. Context cancellation and deadlines are not retryable (the caller
-// gave up), nor is bad input (a *txlimit.InvalidError), a setting missing
-// from the DSN (ErrDSN) or a database that is not MySQL (ErrWrongDatabase).
-//
-// An error from COMMIT itself on a lost connection is different: the commit
-// may or may not have happened. RunTx never retries it.
+// None of these committed, so no token was spent. Not retryable: context
+// cancellation and deadlines (the caller gave up), bad input (a
+// *txlimit.InvalidError), ErrDSN, ErrWrongDatabase, and an error from
+// COMMIT on a lost connection, which may have committed (RunTx never
+// retries it).
 func Retryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || isDSNError(err) {
 		return false
@@ -141,13 +133,9 @@ func Retryable(err error) bool {
 	n, ok := errNumber(err)
 	switch {
 	case ok && connectFailed:
-		return n != errAccessDenied && n != errDBAccessDenied && n != errBadDB
+		return !slices.Contains([]uint16{errAccessDenied, errDBAccessDenied, errBadDB}, n)
 	case ok:
-		switch n {
-		case errLockDeadlock, errLockWaitTimeout, errTooManyConns, errServerShutdown, errQueryInterrupted, errUnknownCommand:
-			return true
-		}
-		return false
+		return slices.Contains([]uint16{errLockDeadlock, errLockWaitTimeout, errTooManyConns, errServerShutdown, errQueryInterrupted, errUnknownCommand}, n)
 	case connectFailed:
 		return true
 	}

@@ -30,34 +30,37 @@ var (
 func ensure(ctx context.Context, tx *sql.Tx, limits ...driver.Limit) error {
 	var rows []rowWrite
 	for _, l := range limits {
-		full := placeholder(l)
+		full := l.Full()
 		for sh := range l.Shards {
 			rows = append(rows, put(l, int32(sh), full))
 		}
 	}
-	arg, err := json.Marshal(rows)
-	if err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, ensureRowsSQL, arg); err != nil {
-		return wrap(ctx, tx, "create and lock the limit's rows", err)
-	}
-	return nil
+	_, err := execList(ctx, tx, ensureRowsSQL, "create and lock the limit's rows", rows)
+	return err
 }
 
-// placeholder is the row ensure creates for l.
-func placeholder(l driver.Limit) algo.State { return l.Full() }
+// execList runs query, a statement of rows.sql, on list, and returns the
+// number of rows it changed.
+func execList(ctx context.Context, tx *sql.Tx, query, op string, list any) (int64, error) {
+	arg, err := json.Marshal(list)
+	if err != nil {
+		return 0, err
+	}
+	r, err := tx.ExecContext(ctx, query, arg)
+	if err != nil {
+		return 0, wrap(ctx, tx, op, err)
+	}
+	n, err := r.RowsAffected()
+	return n, wrap(ctx, tx, op, err)
+}
 
 // put is the row that stores state s of shard of l. Row 0 of a sharded
-// limit of a kind that leaves algo.State.Prev unused (every kind but the
-// sliding window, whose Prev is its previous window's count) carries the
-// number of shards there: takerow's one statement, which serves an
-// unsharded limit from row 0 alone, takes only a row whose prev is 0, so
-// that a key whose rows a sharded config wrote is left to the locked path,
-// which pools them (a redeployed Shards), without reading the key's other
-// rows (which, in the statement that creates row 0, would lock the gap
-// after it). algo reads Prev for the sliding window only, so the number
-// changes no decision.
+// limit carries the number of shards in Prev, which algo reads for the
+// sliding window alone (its previous window's count, left as it is):
+// takerow's one statement takes only a row whose prev is 0, so a key a
+// sharded config wrote goes to the locked path, which pools its rows (a
+// redeployed Shards), and the statement that may create row 0 never reads
+// the others (which would lock the gap after it).
 func put(l driver.Limit, shard int32, s algo.State) rowWrite {
 	if shard == 0 && l.Shards > 1 && l.Config.Kind != algo.SlidingWindow {
 		s.Prev = float64(l.Shards)
@@ -65,13 +68,12 @@ func put(l driver.Limit, shard int32, s algo.State) rowWrite {
 	return rowWrite{name: l.Name, key: l.Key, shard: shard, state: s}
 }
 
-// isPlaceholder reports whether r is exactly a row ensure created for l.
-// Such a row is full, the same as no row: a real write never stamps it with
-// the full state's time, which precedes any clock by years. The locked path
-// counts it as missing, so that a key with fewer rows than l's Shards is
-// resharded rather than taken as l's.
+// isPlaceholder reports whether r is exactly a row ensure created for l:
+// full, the same as no row (no write stamps the full state's time, years
+// before any clock). The locked path counts it as missing, so that a key
+// with fewer rows than l's Shards is resharded rather than taken as l's.
 func isPlaceholder(l driver.Limit, r driver.Row) bool {
-	full := put(l, r.Shard, placeholder(l)).state
+	full := put(l, r.Shard, l.Full()).state
 	return r.Value == full.Value && r.Prev == full.Prev && r.TS.UnixMicro() == full.TS
 }
 
@@ -84,12 +86,11 @@ func shards(from, to int) []int32 {
 	return out
 }
 
-// LockKey implements engine.Dialect: it locks every row of l's key,
-// creating the missing ones of shards 0..Shards-1 first (ensure: InnoDB
-// must create a row to lock it without locking a gap, whatever create
-// says), in ascending shard order, and reads them with the clock, read once
-// they are held. Rows beyond Shards-1 (another config's) are locked after
-// them, still in shard order. The placeholders it holds are Created.
+// LockKey creates the missing rows of shards 0..Shards-1 whatever create
+// says (ensure: InnoDB locks a missing row only by creating it, or with a
+// gap lock), locks every row of l's key in shard order, another config's
+// beyond Shards-1 last, and reads them with the clock, read once they are
+// held. The placeholders it holds are Created.
 func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *time.Time, _ bool) (engine.Locked, error) {
 	if err := ensure(ctx, tx, l); err != nil {
 		return engine.Locked{}, err
@@ -101,28 +102,26 @@ func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *
 	if len(rows) == 0 {
 		return engine.Locked{}, fmt.Errorf("txlimit/mysqlstore: lock the limit's rows: none found after creating them")
 	}
-	var all []driver.Row
-	for _, r := range rows {
-		all = append(all, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts})
-		if err := checkUTC(r.Ts, r.Clock); err != nil {
-			return engine.Locked{}, err
-		}
-	}
 	if top := rows[0].Top; top >= int64(l.Shards) {
 		more, err := queries.LockShards(ctx, tx, gen.LockShardsParams{Name: []byte(l.Name), Key: []byte(l.Key), Shards: shards(l.Shards, int(top)+1)})
 		if err != nil {
 			return engine.Locked{}, wrap(ctx, tx, "lock the rows of another config's shards", err)
 		}
-		for _, r := range more {
-			all = append(all, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts})
+		rows = append(rows, more...)
+	}
+	all := make([]driver.Row, len(rows))
+	for i, r := range rows {
+		all[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}
+		if err := checkUTC(r.Ts, r.Clock); err != nil {
+			return engine.Locked{}, err
 		}
 	}
 	return held(l, all, clockOr(now, rows[0].Clock)), nil
 }
 
 // held is what the transaction holds of l's key, rows: the placeholders of
-// shards 0..Shards-1 (rows ensure created, or left by an earlier call that
-// did not write them) Created, the others Had.
+// shards 0..Shards-1 (created by ensure, now or by a call that wrote none)
+// Created, the others Had.
 func held(l driver.Limit, rows []driver.Row, at time.Time) engine.Locked {
 	out := engine.Locked{At: at}
 	for _, r := range rows {
@@ -156,8 +155,11 @@ func (w rowWrite) MarshalJSON() ([]byte, error) {
 	if err := checkTime("a limit's state", time.UnixMicro(w.state.TS)); err != nil {
 		return nil, err
 	}
-	return json.Marshal([]any{hexOf(w.name), hexOf(w.key), w.shard,
-		formatFloat(w.state.Value), formatTime(time.UnixMicro(w.state.TS)), formatFloat(w.state.Prev)})
+	// A DATETIME(6) literal in UTC, and the shortest decimals that read back
+	// as the same float64s.
+	ts := time.UnixMicro(w.state.TS).UTC().Format("2006-01-02 15:04:05.000000")
+	value, prev := strconv.FormatFloat(w.state.Value, 'g', -1, 64), strconv.FormatFloat(w.state.Prev, 'g', -1, 64)
+	return json.Marshal([]any{hexOf(w.name), hexOf(w.key), w.shard, value, ts, prev})
 }
 
 // jsonRef is a key, or with a shard one of its rows, in the JSON lists of
@@ -172,15 +174,8 @@ func jsonRef(k driver.KeyRef, shard ...int32) []any {
 
 func hexOf(s string) string { return hex.EncodeToString([]byte(s)) }
 
-// formatFloat is the shortest decimal that reads back as v.
-func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
-
-// formatTime is t in UTC as a DATETIME(6) literal.
-func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000000") }
-
-// Write implements engine.Dialect: the states of every KeyWrite in one
-// statement (write), whose rows ensure created, and the rows of deletes in
-// another.
+// Write stores the states of every KeyWrite in one statement (write), whose
+// rows ensure created, and deletes the rows of deletes in another.
 func (s *backend) Write(ctx context.Context, tx *sql.Tx, writes []engine.KeyWrite, deletes []engine.RowRef) (int64, error) {
 	var ws []rowWrite
 	for _, w := range writes {
@@ -209,12 +204,8 @@ func write(ctx context.Context, tx *sql.Tx, writes []rowWrite) error {
 			Value: w.state.Value, Prev: w.state.Prev, Ts: time.UnixMicro(w.state.TS).UTC(), Name: []byte(w.name), Key: []byte(w.key), Shard: w.shard,
 		}))
 	}
-	arg, err := json.Marshal(writes)
-	if err != nil {
-		return err
-	}
-	_, err = tx.ExecContext(ctx, writeRowsSQL, arg)
-	return wrap(ctx, tx, "write the limit's rows", err)
+	_, err := execList(ctx, tx, writeRowsSQL, "write the limit's rows", writes)
+	return err
 }
 
 // deleteRows deletes rows, which tx holds: DeleteShards when they are of
@@ -236,21 +227,11 @@ func deleteRows(ctx context.Context, tx *sql.Tx, rows []engine.RowRef) (int64, e
 		n, err := queries.DeleteShards(ctx, tx, gen.DeleteShardsParams{Name: []byte(rows[0].Name), Key: []byte(rows[0].Key), Shards: ofKey})
 		return n, wrap(ctx, tx, "delete rows", err)
 	}
-	arg, err := json.Marshal(list)
-	if err != nil {
-		return 0, err
-	}
-	r, err := tx.ExecContext(ctx, deleteRowsSQL, arg)
-	if err != nil {
-		return 0, wrap(ctx, tx, "delete rows", err)
-	}
-	n, err := r.RowsAffected()
-	return n, wrap(ctx, tx, "delete rows", err)
+	return execList(ctx, tx, deleteRowsSQL, "delete rows", list)
 }
 
-// TryShard implements engine.SkipLocker: TryLockShard on each shard of
-// order (which the transaction's snapshot says exist: the engine read them
-// first) until one is not held elsewhere.
+// TryShard runs TryLockShard on each shard of order (which the snapshot
+// says exist: the engine read them first) until one is not held elsewhere.
 func (s *backend) TryShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams, order []int32) (engine.Tried, error) {
 	for _, sh := range order {
 		r, err := queries.TryLockShard(ctx, tx, gen.TryLockShardParams{Name: []byte(p.Name), Key: []byte(p.Key), Shard: sh})
@@ -269,8 +250,8 @@ func (s *backend) TryShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams,
 	return engine.Tried{}, nil
 }
 
-// KeepShards implements engine.SkipLocker: the rows are written, and stay
-// locked until the transaction ends, as every InnoDB row lock does.
+// KeepShards writes rows, which stay locked until the transaction ends, as
+// every InnoDB row lock does.
 func (s *backend) KeepShards(ctx context.Context, tx *sql.Tx, l driver.Limit, rows []driver.Row) error {
 	ws := make([]rowWrite, len(rows))
 	for i, r := range rows {
@@ -292,8 +273,8 @@ func (s *backend) TryShards(ctx context.Context, tx *sql.Tx, p driver.TakeParams
 	return rows, nil
 }
 
-// Read implements driver.Ops and engine.Dialect with plain reads, which
-// lock nothing: the transaction's snapshot, and its own writes.
+// Read reads with plain reads, which lock nothing: the transaction's
+// snapshot, and its own writes.
 func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
 	rows, err := queries.ReadShards(ctx, tx, gen.ReadShardsParams{Name: []byte(p.Name), Key: []byte(p.Key)})
 	if err != nil {

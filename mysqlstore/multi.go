@@ -10,12 +10,11 @@ import (
 	"github.com/txlimit/txlimit/internal/engine"
 )
 
-// LockKeys implements engine.Dialect: every row of every limit of ls, in
-// the canonical order (name, then key, byte by byte, then shard), created
-// when missing (ensure, in one statement) and locked in one statement
-// (LockRows). The highest shard of each key is read first (a read that
-// locks nothing), so that rows another config left beyond Shards are
-// locked in their place in the order rather than after every key.
+// LockKeys creates the missing rows of every limit of ls (ensure) and locks
+// all their rows (LockRows), a statement each, in the canonical order (name,
+// then key, byte by byte, then shard). The highest shard of each key is
+// read first, locking nothing, so that rows another config left beyond
+// Shards are locked in their place in that order.
 func (s *backend) LockKeys(ctx context.Context, tx *sql.Tx, ls []driver.Limit, now *time.Time) ([]engine.Locked, time.Time, error) {
 	refs := make([]driver.KeyRef, len(ls))
 	for i, l := range ls {
@@ -50,10 +49,7 @@ func readTops(ctx context.Context, tx *sql.Tx, refs []driver.KeyRef) ([]int, err
 	for i, k := range refs {
 		list[i] = jsonRef(k)
 	}
-	arg, err := json.Marshal(list)
-	if err != nil {
-		return nil, err
-	}
+	arg, _ := json.Marshal(list) // strings and numbers: no error
 	rows, err := tx.QueryContext(ctx, topsSQL, arg)
 	if err != nil {
 		return nil, wrap(ctx, tx, "read the limits' shards", err)
@@ -87,10 +83,7 @@ func lockRows(ctx context.Context, tx *sql.Tx, query, op string, keys []driver.K
 	if len(list) == 0 {
 		return out, at, nil
 	}
-	arg, err := json.Marshal(list)
-	if err != nil {
-		return nil, at, err
-	}
+	arg, _ := json.Marshal(list) // strings and numbers: no error
 	rows, err := tx.QueryContext(ctx, query, arg)
 	if err != nil {
 		return nil, at, wrap(ctx, tx, op, err)
@@ -107,8 +100,5 @@ func lockRows(ctx context.Context, tx *sql.Tx, query, op string, keys []driver.K
 		}
 		out[owner[i-1]] = append(out[owner[i-1]], r)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, at, wrap(ctx, tx, op, err)
-	}
-	return out, at, wrap(ctx, tx, op, rows.Close())
+	return out, at, wrap(ctx, tx, op, rows.Err())
 }

@@ -12,7 +12,8 @@
 //
 // The limiter's TTx is then *sql.Tx, and LimitTx takes the transaction the
 // application already has open. The package imports no driver: the
-// application opens its *sql.DB with the one it uses.
+// application opens its *sql.DB with the one it uses. docs/mysql.md says
+// more on each section below.
 //
 // # The DSN
 //
@@ -26,19 +27,17 @@
 //     those times in that zone, off by its offset.
 //   - interpolateParams=true (required by Ping): without it the driver
 //     prepares each statement that has arguments on the server and runs it
-//     in a second round trip, which doubles the round trips of every call.
-//     The store's statements read every float64 argument through CAST(…
-//     AS DOUBLE), never as the DECIMAL literal the driver writes, so
-//     interpolation changes no result: the stored values are bit for bit
-//     the same either way.
+//     in a second round trip. Results are bit for bit the same either way:
+//     the store reads every float64 argument through CAST(… AS DOUBLE),
+//     never as the DECIMAL literal the driver writes.
 //   - clientFoundRows unset or false (required by Ping): on MySQL the store
 //     reads the affected-rows count of its one-statement take to tell a
 //     grant from a denial; with clientFoundRows a row left as it was counts
-//     as affected, and each such call costs a round trip more (calls would
-//     still decide right: the store reads what the statement decided).
-//   - multiStatements: not used. The store sends one statement per query and
-//     works the same with either value; leaving it off keeps a SQL injection
-//     elsewhere in the application from running statements of its own.
+//     as affected, and each such call costs a round trip more (it still
+//     decides right).
+//   - multiStatements: not used (one statement per query); leaving it off
+//     keeps a SQL injection elsewhere in the application from running
+//     statements of its own.
 //
 // The transaction isolation level can be REPEATABLE READ (InnoDB's
 // default) or READ COMMITTED. Under SERIALIZABLE, InnoDB turns the store's
@@ -47,55 +46,45 @@
 //
 // # Clock
 //
-// Every call reads one clock: the server's, as UTC_TIMESTAMP(6)
-// (microseconds, UTC whatever the session's time_zone), or
-// txlimit.Options.Clock. MySQL has two candidates inside a transaction:
-// NOW(6) (and UTC_TIMESTAMP(6)) is the time the statement started, the same
-// for every row it touches; SYSDATE(6) is the time it is evaluated, later for
-// a statement that waited for a row lock. The store uses the former, read
-// by the statement that holds the row: a call that waited for a lock then
-// reads a clock from before the other transaction's write, and algo treats
-// a clock behind a row's time as a clock that stepped back, which adds no
-// token and never moves the row's time back, so such a call never admits
-// more than it should (it gets the refill of the interval later). SYSDATE(6)
-// is in the session's time_zone, where the clock steps back an hour when
-// daylight saving time ends, differs from row to row within one statement,
-// and is replicated wrongly under statement-based binary logging; NOW(6)
-// and UTC_TIMESTAMP(6) are replicated as the source read them.
+// Every call reads one clock: txlimit.Options.Clock, or the server's
+// UTC_TIMESTAMP(6) (microseconds, UTC whatever the session's time_zone,
+// replicated as the source read it), the time the statement that holds the
+// row started. A call that waited for a row lock then reads a clock from
+// before the other transaction's write; algo treats a clock behind a row's
+// time as one that stepped back (no token added, the row's time never
+// moved back), so the call never admits more than it should and gets that
+// interval's refill later. SYSDATE(6), read when evaluated, is in the
+// session's time_zone (which steps back an hour when daylight saving time
+// ends), differs from row to row within one statement, and is replicated
+// wrongly under statement-based binary logging.
 //
 // # Locking
 //
 // Under REPEATABLE READ, InnoDB locks the gap where a row it looks for is
-// missing, or after a range it scans; gap locks do not conflict with each
-// other but block inserts, so two transactions that each look for a new key
-// in the same gap and then insert it deadlock (the bug Bucket4j and gravitee
-// hit on the first use of new keys). The store therefore never looks for a
-// row that may be missing with a locking read: it creates or locks rows with
-// INSERT … ON DUPLICATE KEY UPDATE (which locks the row it finds by its
-// primary key, and no gap) and then locks them by their whole primary key.
-// Reset (a range DELETE) is the exception: it also locks the gap after the
-// key's rows until the transaction ends.
+// missing, or after a range it scans; gap locks block inserts, so two
+// transactions that each look for a new key in the same gap and then insert
+// it deadlock (the bug Bucket4j and gravitee hit on the first use of new
+// keys). The store never looks for a row that may be missing with a locking
+// read: it creates or locks rows with INSERT … ON DUPLICATE KEY UPDATE
+// (which locks the row it finds by its primary key, and no gap) and then
+// locks them by their whole primary key. Reset (a range DELETE) is the
+// exception: it also locks the gap after the key's rows until the
+// transaction ends.
 //
-// The take flow is package engine's, on the statements here. An admitted
-// call on an unsharded limit is one INSERT … ON DUPLICATE KEY UPDATE that
-// creates or locks the row, refills it, decides and writes; on MariaDB its
-// RETURNING gives the result in the same round trip, on MySQL a second
-// statement reads it. A denial costs the locked path after it: every row of
-// the key locked and decided in Go. Row 0 of a sharded limit carries its
-// number of shards in the prev column, so that the one statement leaves a
-// key that a sharded config wrote to the locked path, which pools its
-// shards (a redeployed Shards). A sharded limit is read first, locking
-// nothing; a denial that state decides is answered at once; otherwise one
-// shard that holds twice the count and no other transaction holds is locked
-// with FOR UPDATE SKIP LOCKED and taken from (three statements). InnoDB
-// keeps a row lock until the transaction ends, even one taken after a
-// savepoint that was rolled back, so a shard that turns out to lack the
-// tokens stays locked, and the call is decided on the shards no other
-// transaction holds, never waiting for another. LimitAll creates the
-// missing rows of every limit and then locks them all, a statement each, in
-// the canonical order (name, then key, compared as bytes: the columns are
-// VARBINARY), so that two callers never deadlock on them. Prune locks with
-// SKIP LOCKED by primary key and never waits for a row live traffic holds.
+// An admitted call on an unsharded limit is one INSERT … ON DUPLICATE KEY
+// UPDATE that creates or locks the row, refills, decides and writes (on
+// MySQL a second statement reads what it did; on MariaDB, RETURNING); a
+// denial then locks every row of the key and decides in Go. A sharded limit
+// is read first, locking nothing, and a denial that state decides is
+// answered at once; otherwise one shard that holds twice the count and no
+// other transaction holds is locked (SKIP LOCKED) and taken from. InnoDB
+// keeps that lock until the transaction ends, savepoint or not, so a shard
+// that turns out to lack the tokens is decided with the other free shards,
+// never waiting for another. LimitAll creates and locks the rows of every
+// limit in the canonical order (name, then key, compared as bytes: the
+// columns are VARBINARY), so that two callers never deadlock on them. Prune
+// locks with SKIP LOCKED by primary key and never waits for a row live
+// traffic holds.
 //
 // # Errors
 //
@@ -103,16 +92,11 @@
 // errors.As reaches it and its number. A missing or outdated txlimit table
 // matches txlimit.ErrNotMigrated; a DSN setting the store needs, ErrDSN; a
 // database that is not MySQL, ErrWrongDatabase (txlimit.Options.FailOpen
-// grants on neither: no retry cures them). A deadlock (1213) makes the
-// server roll the whole transaction back; a lock wait timeout (1205) undoes
-// the statement only, and the transaction must still be rolled back.
-// Retryable classifies those and the other errors after which running the
-// whole transaction again is safe, and RunTx runs it again. On a Galera
-// cluster a conflict with a transaction that committed first on another
-// node surfaces as 1213 at a statement or at COMMIT: see docs/mysql.md.
-//
-// After any error, roll the transaction back: part of what the call meant
-// to write may be in it.
+// grants on neither: no retry cures them). Retryable tells the errors after
+// which running the whole transaction again is safe (a deadlock, a lock
+// wait timeout, a Galera conflict, a lost connection), and RunTx runs it
+// again. After any error, roll the transaction back: part of what the call
+// meant to write may be in it.
 package mysqlstore
 
 import (
@@ -120,7 +104,6 @@ import (
 	"database/sql"
 	sqldriver "database/sql/driver"
 	"errors"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -130,12 +113,10 @@ import (
 	gen "github.com/txlimit/txlimit/mysqlstore/internal/db"
 )
 
-// Store is txlimit's store for MySQL and MariaDB on database/sql: give it to txlimit.New, which
-// reaches it through the Limiter only.
+// Store is txlimit's store for MySQL and MariaDB: give it to txlimit.New.
 type Store struct{ handle }
 
-// handle makes Store the driver.Store that txlimit.New takes: sealed, so
-// that no other package implements one.
+// handle makes Store a driver.Store.
 type handle = driver.Handle[*sql.Tx]
 
 // backend is the store's operations, and the engine's dialect for InnoDB:
@@ -144,34 +125,9 @@ type handle = driver.Handle[*sql.Tx]
 type backend struct {
 	sqltx.Store
 	db *sql.DB
-	// flavor is what the server is, learnt from the first call's
-	// transaction: unknown, MySQL or MariaDB.
-	flavor atomic.Int32
-}
-
-const (
-	flavorUnknown int32 = iota
-	flavorMySQL
-	flavorMariaDB
-)
-
-// mariaDB reports whether the server is MariaDB, asking it in tx the first
-// time: MariaDB's INSERT … RETURNING saves the one-statement take its
-// second round trip.
-func (s *backend) mariaDB(ctx context.Context, tx *sql.Tx) (bool, error) {
-	if f := s.flavor.Load(); f != flavorUnknown {
-		return f == flavorMariaDB, nil
-	}
-	version, err := queries.Version(ctx, tx)
-	if err != nil {
-		return false, wrap(ctx, tx, "ask the server's version", err)
-	}
-	flavor := flavorMySQL
-	if strings.Contains(strings.ToLower(version), "mariadb") {
-		flavor = flavorMariaDB
-	}
-	s.flavor.Store(flavor)
-	return flavor == flavorMariaDB, nil
+	// maria is whether the server is MariaDB, whose INSERT … RETURNING
+	// saves TakeRow its second round trip: nil until TakeRow first asked.
+	maria atomic.Pointer[bool]
 }
 
 var (
@@ -209,28 +165,22 @@ func (s *backend) Ping(ctx context.Context) error { return ping(ctx, s.db) }
 // others, or a zero date under a lax sql_mode, without saying so).
 func (s *backend) ClockRange() (first, last time.Time) { return minTime, maxTime }
 
-// Take is engine.Take (see Locking in the package documentation).
 func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
 	return engine.Take(ctx, s, tx, p)
 }
 
-// TakeAll implements driver.Ops (engine.TakeAll, on LockKeys).
 func (s *backend) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return engine.TakeAll(ctx, s, tx, p)
 }
 
-// Credit implements driver.Ops.
 func (s *backend) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
 	return engine.Credit(ctx, s, tx, p)
 }
 
-// Reset implements driver.Ops.
 func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
 	return wrap(ctx, tx, "delete the limit's rows", queries.DeleteKey(ctx, tx, gen.DeleteKeyParams{Name: []byte(k.Name), Key: []byte(k.Key)}))
 }
 
-// Prune implements driver.Ops: one batch in a short transaction of its
-// own (ScanKeys, LockIdle).
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
 		res, err = engine.Prune(ctx, s, tx, p)

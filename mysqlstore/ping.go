@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"regexp"
-	"strconv"
 	"strings"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -14,11 +12,9 @@ import (
 )
 
 // ping is driver.Ops.Ping: the server is MySQL 8.0.19+ or MariaDB 10.6+,
-// the DSN has the settings the store needs (ErrDSN naming the parameter;
-// each told apart by what the driver does, since the store imports no
-// driver), and the txlimit table has every column the library uses
-// (txlimit.ErrNotMigrated). Without a db it is driver.ErrNoPool, which the
-// Limiter reports as an *txlimit.InvalidError.
+// the DSN has the settings the store needs (ErrDSN naming the parameter,
+// each told by what the driver does: the store imports no driver), and the
+// txlimit table has every column the library uses.
 func ping(ctx context.Context, db *sql.DB) error {
 	if db == nil {
 		return driver.ErrNoPool
@@ -26,24 +22,16 @@ func ping(ctx context.Context, db *sql.DB) error {
 	if err := db.PingContext(ctx); err != nil {
 		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
 	}
-	if err := checkVersion(ctx, db); err != nil {
-		return err
+	probeTable := func(ctx context.Context, db *sql.DB) error { return wrap(ctx, db, "ping", queries.ProbeTable(ctx, db)) }
+	for _, check := range []func(context.Context, *sql.DB) error{checkVersion, checkTimes, probeTable, checkFoundRows, checkInterpolation} {
+		if err := check(ctx, db); err != nil {
+			return err
+		}
 	}
-	if err := checkTimes(ctx, db); err != nil {
-		return err
-	}
-	if err := queries.ProbeTable(ctx, db); err != nil {
-		return wrap(ctx, db, "ping", err)
-	}
-	if err := checkFoundRows(ctx, db); err != nil {
-		return err
-	}
-	return checkInterpolation(ctx, db)
+	return nil
 }
 
 var preparedCount = rawsql.Get("PreparedCount").SQL
-
-var versionNumbers = regexp.MustCompile(`^(\d+)\.(\d+)\.(\d+)`)
 
 // checkVersion asks for the server's version: a database that is not MySQL
 // answers with an error, and an older MySQL or MariaDB lacks what the store
@@ -57,21 +45,15 @@ func checkVersion(ctx context.Context, db *sql.DB) error {
 		}
 		return driver.Setup(fmt.Errorf("txlimit/mysqlstore: ping: %w: %w", ErrWrongDatabase, err))
 	}
-	m := versionNumbers.FindStringSubmatch(version)
-	if m == nil {
+	var major, minor, patch int
+	if _, err := fmt.Sscanf(version, "%d.%d.%d", &major, &minor, &patch); err != nil {
 		return nil // a version string of another form: let the statements tell
 	}
-	major, _ := strconv.Atoi(m[1])
-	minor, _ := strconv.Atoi(m[2])
-	patch, _ := strconv.Atoi(m[3])
 	v := major*1_000_000 + minor*1_000 + patch
-	if strings.Contains(strings.ToLower(version), "mariadb") {
-		if v < 10_006_000 {
-			return driver.Setup(fmt.Errorf("%w: it is MariaDB %s; mysqlstore needs MariaDB 10.6 or later (SKIP LOCKED, JSON_TABLE)", ErrWrongDatabase, version))
-		}
-		return nil
-	}
-	if v < 8_000_019 {
+	switch maria := strings.Contains(strings.ToLower(version), "mariadb"); {
+	case maria && v < 10_006_000:
+		return driver.Setup(fmt.Errorf("%w: it is MariaDB %s; mysqlstore needs MariaDB 10.6 or later (SKIP LOCKED, JSON_TABLE)", ErrWrongDatabase, version))
+	case !maria && v < 8_000_019:
 		return driver.Setup(fmt.Errorf("%w: it is MySQL %s; mysqlstore needs MySQL 8.0.19 or later", ErrWrongDatabase, version))
 	}
 	return nil
@@ -88,10 +70,8 @@ func checkTimes(ctx context.Context, db *sql.DB) error {
 	return checkUTC(t)
 }
 
-// checkFoundRows tells clientFoundRows=true by what it does (ProbeFoundRows).
-// The store reads that count to tell a grant from a denial in one statement
-// (TakeRow), so with clientFoundRows=true a denial costs a round trip more.
-// The probe also shows that the user may write the table.
+// checkFoundRows tells clientFoundRows=true by what it does
+// (ProbeFoundRows), which also shows that the user may write the table.
 func checkFoundRows(ctx context.Context, db *sql.DB) (err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -120,24 +100,19 @@ func checkInterpolation(ctx context.Context, db *sql.DB) error {
 		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
 	}
 	defer conn.Close()
-	prepared := func() (int64, error) {
-		var name string
-		var n int64
-		err := conn.QueryRowContext(ctx, preparedCount).Scan(&name, &n)
-		return n, err
+	var name string
+	var before, after int64
+	err = conn.QueryRowContext(ctx, preparedCount).Scan(&name, &before)
+	if err == nil {
+		_, err = queries.Echo(ctx, conn, 1)
 	}
-	before, err := prepared()
-	if err != nil {
+	if err == nil {
+		err = conn.QueryRowContext(ctx, preparedCount).Scan(&name, &after)
+	}
+	switch {
+	case err != nil:
 		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
-	}
-	if _, err := queries.Echo(ctx, conn, 1); err != nil {
-		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
-	}
-	after, err := prepared()
-	if err != nil {
-		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
-	}
-	if after > before {
+	case after > before:
 		return dsnError("add interpolateParams=true to the DSN: without it the driver prepares every statement that " +
 			"has arguments on the server and runs it in a second round trip, which doubles what a limited call costs")
 	}

@@ -3,6 +3,7 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	"strings"
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
@@ -10,29 +11,27 @@ import (
 	"github.com/txlimit/txlimit/mysqlstore/internal/takerow"
 )
 
-// TakeRow implements engine.Dialect: it takes from an unsharded limit in
-// one statement and reads what it did, in the same round trip on MariaDB
-// (RETURNING), in a second statement on MySQL (package takerow). ok is
-// false when it granted nothing: the engine then takes the locked path.
+// TakeRow takes in one statement (package takerow) and reads what it did,
+// in the same round trip on MariaDB (RETURNING), in a second on MySQL.
 func (s *backend) TakeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (res driver.TakeResult, ok bool, err error) {
-	returning, err := s.mariaDB(ctx, tx)
-	if err != nil {
-		return driver.TakeResult{}, false, err
-	}
-	if p.Now != nil {
-		if err := checkTime("the clock", *p.Now); err != nil {
-			return driver.TakeResult{}, false, err
+	maria := s.maria.Load()
+	if maria == nil {
+		version, err := queries.Version(ctx, tx)
+		if err != nil {
+			return driver.TakeResult{}, false, wrap(ctx, tx, "ask the server's version", err)
 		}
+		m := strings.Contains(strings.ToLower(version), "mariadb")
+		maria = &m
+		s.maria.Store(maria)
 	}
-	r, err := takerow.Run(ctx, tx, p, p.Now, returning)
+	r, err := takerow.Run(ctx, tx, p, p.Now, *maria)
 	if err != nil {
 		return driver.TakeResult{}, false, wrap(ctx, tx, "take", err)
 	}
-	// Not run when the call does not fit a full bucket; not read (on MySQL)
-	// when it changed no row: not granted, or granted without a change
-	// (which the locked path grants again to the same effect). With
-	// clientFoundRows=true a row left as it was counts as changed: Granted
-	// tells.
+	// Not read when not run (the call does not fit a full bucket) or, on
+	// MySQL, when it changed no row: not granted, or granted without a
+	// change, which the locked path grants again to the same effect. With
+	// clientFoundRows a row left as it was counts as changed: Granted tells.
 	if !r.Read {
 		return driver.TakeResult{}, false, nil
 	}

@@ -88,19 +88,6 @@ func Check(p TakeParams, read ReadResult) TakeResult {
 	return TakeResult{Decision: d, At: read.At, States: states, Taken: taken}
 }
 
-// DecideOne is the decision of Take on the one shard of a sharded limit the
-// store holds: a grant when that shard alone has the tokens, never a
-// reservation; on a denial the store goes on to lock every row.
-func DecideOne(p TakeParams, row Row, now time.Time) (algo.State, algo.Decision) {
-	return algo.Take(p.Shard(p.Shards), row.State(), now.UnixMicro(), p.Count, false)
-}
-
-// FitsOneShard reports whether a call may be served from one shard: a
-// sharded limit, a count within one shard's capacity, no UpTo.
-func FitsOneShard(p TakeParams) bool {
-	return p.Shards > 1 && !p.UpTo && p.Count <= p.Shard(p.Shards).Capacity
-}
-
 // DecideAll is the decision of TakeAll on rows[i], every row of
 // p.Takes[i]'s key, all held by the store, and the rows to write per limit
 // (nil for one that keeps its rows). The UpTo takes all take the least any
@@ -157,25 +144,6 @@ func CanonicalOrder(takes []TakeParams) []int {
 	return order
 }
 
-// CreditStates is the state of a limit after Credit on every row of it.
-func CreditStates(p CreditParams, rows []Row, now time.Time) []algo.State {
-	at := now.UnixMicro()
-	states, _ := p.States(rows, at)
-	return algo.CreditShards(p.Shard(p.Shards), states, at, p.Count)
-}
-
-// Extra returns the shards of rows at or beyond n, which a reshard to fewer
-// shards leaves over.
-func Extra(rows []Row, n int) []int32 {
-	var out []int32
-	for _, r := range rows {
-		if int(r.Shard) >= n {
-			out = append(out, r.Shard)
-		}
-	}
-	return out
-}
-
 // InSQL reports whether a store may take p from one row in one statement
 // that refills, decides and writes in SQL, whose arithmetic is then exactly
 // algo's. A period above 2^53 µs does not survive PostgreSQL's interval
@@ -198,14 +166,6 @@ func Granted(c algo.Config, next algo.State, now int64) algo.Decision {
 	return algo.Decision{OK: true}
 }
 
-// GrantsWhenFull reports whether p grants on a key with no row (every shard
-// full): if not, it grants on no state of the key.
-func GrantsWhenFull(p TakeParams) bool {
-	states, _ := p.States(nil, 0)
-	_, d, _ := p.take(states, p.Full().TS)
-	return d.OK
-}
-
 // Fresh is what p leaves of a missing row (Limit.Full), and whether it
 // grants, for a one-statement take (InSQL) to write. Neither depends on the
 // clock; the statement sets the row's time.
@@ -213,12 +173,6 @@ func Fresh(p TakeParams) (algo.State, bool) {
 	full := p.Full()
 	next, d, _ := p.take([]algo.State{full}, full.TS)
 	return next[0], d.OK
-}
-
-// Known reports whether p judges the keys of the limit name.
-func (p PruneParams) Known(name string) bool {
-	_, ok := p.Limits[name]
-	return ok
 }
 
 // Full reports whether rows, every row (name, key) has, are at now the same

@@ -76,7 +76,7 @@ type Ops[TTx any] interface {
 	// Prune and Ping.
 	InTx(ctx context.Context, readOnly bool, fn func(tx TTx) error) error
 
-	// Take takes p.Count tokens from one limit (Decide or DecideOne),
+	// Take takes p.Count tokens from one limit (Decide, or algo.Take on one shard),
 	// writing the new state when it grants. A denial writes nothing a later
 	// call could tell from the state before it.
 	Take(ctx context.Context, tx TTx, p TakeParams) (TakeResult, error)

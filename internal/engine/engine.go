@@ -178,8 +178,10 @@ func Take[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakePar
 			return res, err
 		}
 	}
+	// A key with no row is full: its rows are created only when that grants.
+	grantsWhenFull := driver.Check(p, driver.ReadResult{At: time.UnixMicro(p.Full().TS)}).Decision.OK
 	start := lt.Start()
-	k, err := d.LockKey(ctx, tx, p.Limit, p.Now, driver.GrantsWhenFull(p))
+	k, err := d.LockKey(ctx, tx, p.Limit, p.Now, grantsWhenFull)
 	lt.Stop(start)
 	switch {
 	case err != nil:
@@ -220,12 +222,14 @@ func takeSharded[TTx any](ctx context.Context, d Dialect[TTx], sl SkipLocker[TTx
 		}
 		return driver.Check(p, read), read, nil
 	}
+	// One shard may serve a count it can hold, without UpTo.
+	fits := !p.UpTo && p.Count <= p.Shard(p.Shards).Capacity
 	// Without a Releaser the committed rows come first, where every shard
 	// has its row: they choose the shard to lock (snapshot), since a lock
 	// taken stays.
 	var snapshot []algo.State
 	var read driver.ReadResult
-	if !releases && !p.Reserve && driver.FitsOneShard(p) {
+	if !releases && !p.Reserve && fits {
 		res, r, err := committed()
 		if err != nil {
 			return res, false, err
@@ -237,7 +241,7 @@ func takeSharded[TTx any](ctx context.Context, d Dialect[TTx], sl SkipLocker[TTx
 			snapshot, read = res.States, r
 		}
 	}
-	if driver.FitsOneShard(p) && (releases || fl != nil && snapshot != nil) {
+	if fits && (releases || fl != nil && snapshot != nil) {
 		order := make([]int32, 0, p.Shards)
 		start := rand.IntN(p.Shards)
 		for i := range p.Shards {
@@ -275,7 +279,7 @@ func takeOneShard[TTx any](ctx context.Context, sl SkipLocker[TTx], rel Releaser
 		return driver.TakeResult{}, false, err
 	}
 	if t.Locked && t.Top == int32(p.Shards-1) {
-		next, d := driver.DecideOne(p, t.Row, t.Now)
+		next, d := algo.Take(p.Shard(p.Shards), t.Row.State(), t.Now.UnixMicro(), p.Count, false)
 		if d.OK {
 			if err := sl.KeepShards(ctx, tx, p.Limit, []driver.Row{row(t.Row.Shard, next)}); err != nil {
 				return driver.TakeResult{}, false, err
@@ -386,7 +390,7 @@ func TakeAll[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.Take
 			continue
 		}
 		kw = append(kw, KeyWrite{Limit: t.Limit, States: out.Results[i].States, Locked: keys[i]})
-		deletes = append(deletes, refs(t.Limit, driver.Extra(keys[i].Had, t.Shards))...)
+		deletes = append(deletes, extra(t.Limit, keys[i].Had)...)
 	}
 	if len(kw) > 0 || len(deletes) > 0 {
 		if _, err := d.Write(ctx, tx, kw, deletes); err != nil {
@@ -405,7 +409,9 @@ func Credit[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.Credi
 	case len(k.Had) == 0:
 		return forget(ctx, d, tx, p.Limit, k)
 	}
-	return store(ctx, d, tx, p.Limit, k, driver.CreditStates(p, k.Had, k.At))
+	at := k.At.UnixMicro()
+	states, _ := p.States(k.Had, at)
+	return store(ctx, d, tx, p.Limit, k, algo.CreditShards(p.Shard(p.Shards), states, at, p.Count))
 }
 
 // Prune is one batch of driver.Ops.Prune on d, in tx: it deletes the rows
@@ -418,7 +424,7 @@ func Prune[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.PruneP
 	out := driver.PruneResult{Keys: len(keys), Last: keys[len(keys)-1].KeyRef}
 	var known []Key
 	for _, k := range keys {
-		if p.Known(k.Name) {
+		if _, ok := p.Limits[k.Name]; ok {
 			known = append(known, k)
 		} else {
 			out.Unknown++
@@ -452,7 +458,7 @@ func Prune[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.PruneP
 // store writes states to rows 0..Shards-1 of l's key, of which the
 // transaction holds k, and deletes the rows beyond them.
 func store[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, l driver.Limit, k Locked, states []algo.State) error {
-	_, err := d.Write(ctx, tx, []KeyWrite{{Limit: l, States: states, Locked: k}}, refs(l, driver.Extra(k.Had, l.Shards)))
+	_, err := d.Write(ctx, tx, []KeyWrite{{Limit: l, States: states, Locked: k}}, extra(l, k.Had))
 	return err
 }
 
@@ -463,6 +469,18 @@ func forget[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, l driver.Limit
 	}
 	_, err := d.Write(ctx, tx, nil, refs(l, k.Created))
 	return err
+}
+
+// extra are the rows beyond l's Shards, which a reshard to fewer shards
+// leaves over.
+func extra(l driver.Limit, rows []driver.Row) []RowRef {
+	var out []RowRef
+	for _, r := range rows {
+		if int(r.Shard) >= l.Shards {
+			out = append(out, RowRef{driver.KeyRef{Name: l.Name, Key: l.Key}, r.Shard})
+		}
+	}
+	return out
 }
 
 func refs(l driver.Limit, shards []int32) []RowRef {

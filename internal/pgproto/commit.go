@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 	"github.com/txlimit/txlimit/internal/pgdb"
 )
 
@@ -19,80 +21,45 @@ import (
 const Denied = "TXL01"
 
 // mustDB runs the one-statement takes with must: each /*must*/ marker of
-// their SQL (queries/postgres) replaced by OR txlimit_deny(), so that a
-// take that would return no row raises Denied instead. The statements
-// without must leave the function out, which costs every execution that
-// names it.
+// their SQL (queries/postgres) replaced by OR txlimit_deny(), so that a take
+// that would return no row raises Denied instead (without must the
+// statements leave out the function, which costs every execution that
+// names it). A statement without the marker is an internal error, not sent:
+// the statements after it would run without its tokens. The takes return
+// one row (QueryRow); Exec and Query send nothing.
 type mustDB struct{ db pgdb.DBTX }
-
-// mustSQL is sql with must. A statement without the marker is an internal
-// error, not sent: with COMMIT or the caller's statements after it, a take
-// that returned no row would let them run without its tokens.
-func mustSQL(sql string) (string, error) {
-	if !strings.Contains(sql, mustMarker) {
-		return "", errors.New("txlimit/pgproto: internal error: a take sent with must lacks the " + mustMarker + " marker")
-	}
-	return strings.ReplaceAll(sql, mustMarker, "OR txlimit_deny()"), nil
-}
 
 const mustMarker = "/*must*/"
 
-func (m mustDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	sql, err := mustSQL(sql)
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	return m.db.Exec(ctx, sql, args...)
-}
-
-func (m mustDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	sql, err := mustSQL(sql)
-	if err != nil {
-		return nil, err
-	}
-	return m.db.Query(ctx, sql, args...)
-}
-
 func (m mustDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	sql, err := mustSQL(sql)
-	if err != nil {
-		return errRow{err}
+	if !strings.Contains(sql, mustMarker) {
+		return errRow{errors.New("txlimit/pgproto: internal error: a take sent with must lacks the " + mustMarker + " marker")}
 	}
-	return m.db.QueryRow(ctx, sql, args...)
+	return m.db.QueryRow(ctx, strings.ReplaceAll(sql, mustMarker, "OR txlimit_deny()"), args...)
 }
 
-// errRow is a pgx.Row whose Scan returns err.
-type errRow struct{ err error }
+var errNotOneRow = errors.New("txlimit/pgproto: internal error: a take sent with must does not return one row")
 
-func (r errRow) Scan(...any) error { return r.err }
+func (mustDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, errNotOneRow
+}
+
+func (mustDB) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errNotOneRow }
 
 // Lean reports whether every take of p can ride the COMMIT (TakeCommit) or
 // the caller's batch (TakeBatch): each is one statement, an unsharded limit
 // whose call the SQL decides (driver.InSQL).
 func Lean(p driver.TakeAllParams) bool {
-	for _, t := range p.Takes {
-		if t.Shards != 1 || !driver.InSQL(t) {
-			return false
-		}
-	}
-	return true
+	return !slices.ContainsFunc(p.Takes, func(t driver.TakeParams) bool { return t.Shards != 1 || !driver.InSQL(t) })
 }
 
-// TakeCommit is driver.Store.Commit for takes that are Lean, on a
-// connection whose transaction db is: it sends each take, in the canonical
-// order, with must set, and then COMMIT, in one round trip where db
-// pipelines. A take that would grant nothing raises Denied, and the server
-// then skips every statement after it, the COMMIT included, so that either
-// the transaction commits with every take or nothing of it remains.
-//
-// After a denial it rolls back and reads each limit (two more round trips),
-// to give each the decision Check would (the RetryAfter of the denial).
-// When none of them then denies, the SQL refused what algo would grant now:
-// tokens that came in since, or rows the one-statement take leaves to the
-// Go path (those of a limit whose Shards was lowered). Such rows are
-// rewritten by a take of nothing in a transaction of its own, so that the
-// next call can ride the COMMIT, and the call is reported denied with
-// RetryAfter 0: try again.
+// TakeCommit is driver.Ops.Commit for takes that are Lean, on a connection
+// whose transaction db is: each take, in the canonical order, with must
+// set, and then COMMIT, in one round trip where db pipelines. A take that
+// would grant nothing raises Denied, and the server skips every statement
+// after it, the COMMIT included: the transaction commits with every take
+// or nothing of it remains, and each limit then gets the decision Check
+// would give it (deniedAtCommit).
 //
 // An error the server reported means that the transaction did not commit;
 // it is rolled back and returned. Any other error after the statements
@@ -101,7 +68,7 @@ func Lean(p driver.TakeAllParams) bool {
 func (pr Protocol) TakeCommit(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	out, calls := mustTakes(ctx, p)
 	calls = append(calls, Exec(ctx, "COMMIT"))
-	lt := LockTimer{On: p.TimeLocks}
+	lt := engine.LockTimer{On: p.TimeLocks}
 	start := lt.Start()
 	err := Send(ctx, db, calls...)
 	lt.Stop(start)
@@ -121,16 +88,12 @@ func (pr Protocol) TakeCommit(ctx context.Context, db DB, p driver.TakeAllParams
 	return driver.TakeAllResult{}, fmt.Errorf("%w: %w", driver.ErrCommitUnknown, err)
 }
 
-// TakeBatch is pgstore's SendBatch for takes that are Lean, on a
-// connection whose transaction db is: it sends each take, in the canonical
-// order, with must set, and then the statements of b with their callbacks,
-// in one round trip where db pipelines, as TakeCommit sends the takes with
-// COMMIT. A take that would grant nothing raises Denied, and the server
-// then skips every statement after it: none of b's statements takes
-// effect, and none of their callbacks is called. The transaction is then
-// rolled back on the server and the limits are decided as TakeCommit
-// decides them after a denial; db's own bookkeeping of the transaction is
-// the caller's to end.
+// TakeBatch is pgstore's SendBatch for takes that are Lean: the takes as
+// TakeCommit sends them, with the statements of b and their callbacks in
+// place of COMMIT. After a denial none of b's statements takes effect and
+// none of their callbacks is called; the transaction is rolled back on the
+// server and the limits decided as TakeCommit decides them, while db's own
+// bookkeeping of the transaction is the caller's to end.
 //
 // err is the takes' error: it leaves the transaction aborted or the
 // connection broken. batchErr is the error of b's statements after the
@@ -138,7 +101,7 @@ func (pr Protocol) TakeCommit(ctx context.Context, db DB, p driver.TakeAllParams
 // result's LockWait is the whole batch's, b's statements included.
 func (pr Protocol) TakeBatch(ctx context.Context, db DB, p driver.TakeAllParams, b *pgx.Batch) (res driver.TakeAllResult, batchErr, err error) {
 	out, calls := mustTakes(ctx, p)
-	lt := LockTimer{On: p.TimeLocks}
+	lt := engine.LockTimer{On: p.TimeLocks}
 	start := lt.Start()
 	err, batchErr = send(ctx, db, calls, b.QueuedQueries)
 	lt.Stop(start)
@@ -186,32 +149,36 @@ func isDenied(err error) bool {
 }
 
 // deniedAtCommit ends the transaction a denied TakeCommit or TakeBatch left
-// aborted and decides each limit of p as Check would, on the committed
-// rows, read in a transaction of their own that it ends too.
+// aborted and decides each limit of p as Check would (two more round
+// trips), on the committed rows, read in a transaction of their own that it
+// ends too. When none of them then denies, the SQL refused what algo would
+// grant now: tokens that came in since, or rows the one-statement take
+// leaves to the Go path (those of a limit whose Shards was lowered), which
+// rewrite rewrites so that the next call can ride the COMMIT; the call is
+// reported denied with RetryAfter 0: try again.
 //
-// The reads must not run outside a transaction. pgx sends a statement that
-// is not in a batch, in QueryExecModeDescribeExec, in two round trips: it
-// prepares the unnamed statement, and then binds and executes it. Behind a
-// pooler in transaction mode (PgBouncer), a connection outside a
-// transaction goes back to the pooler's pool after each round trip, and the
-// second one may run on another server connection, which has no unnamed
-// statement (SQLSTATE 26000) or another client's (08P01 when its parameters
-// differ; run in place of the read when they fit). In a transaction the
-// pooler keeps the server connection, in every exec mode.
+// The reads must not run outside a transaction: behind a pooler in
+// transaction mode (PgBouncer) a connection goes back to the pool after
+// each round trip, and pgx sends a statement outside a batch, in
+// QueryExecModeDescribeExec, in two (prepare the unnamed statement; bind
+// and execute), so the second may reach another server connection, which
+// has no unnamed statement (26000) or another client's (08P01, or run in
+// place of the read when its parameters fit).
 func (pr Protocol) deniedAtCommit(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	// The ROLLBACK goes without the reads, since the server would not
-	// prepare them in the aborted transaction, as pgx does first for
-	// statements it has not yet cached; and with the BEGIN of theirs, in one
-	// simple query (pgx sends a statement without arguments so), which
-	// costs no round trip of its own.
+	// The ROLLBACK goes before the reads, which the aborted transaction
+	// would not prepare (pgx prepares uncached statements first), with
+	// their BEGIN in one simple query: no round trip of its own.
 	if _, err := db.Exec(ctx, "ROLLBACK; BEGIN"); err != nil {
 		return driver.TakeAllResult{}, err
 	}
-	reads := make([]driver.ReadResult, len(p.Takes))
+	out := driver.TakeAllResult{Results: make([]driver.TakeResult, len(p.Takes))}
 	calls := make([]Call, 0, len(p.Takes)+1)
 	for i, t := range p.Takes {
-		calls = append(calls, func(q pgdb.DBTX) (err error) {
-			reads[i], err = pr.Read(ctx, q, driver.ReadParams{Name: t.Name, Key: t.Key, Now: p.Now})
+		calls = append(calls, func(q pgdb.DBTX) error {
+			read, err := dialect(pr).Read(ctx, q, driver.ReadParams{Name: t.Name, Key: t.Key, Now: p.Now})
+			if err == nil {
+				out.Results[i], out.At = driver.Check(t, read), read.At
+			}
 			return err
 		})
 	}
@@ -223,14 +190,7 @@ func (pr Protocol) deniedAtCommit(ctx context.Context, db DB, p driver.TakeAllPa
 		_, _ = db.Exec(ctx, "ROLLBACK")
 		return driver.TakeAllResult{}, err
 	}
-	out := driver.TakeAllResult{Results: make([]driver.TakeResult, len(p.Takes))}
-	denied := false
-	for i, t := range p.Takes {
-		out.Results[i] = driver.Check(t, reads[i])
-		out.At = reads[i].At
-		denied = denied || !out.Results[i].Decision.OK
-	}
-	if denied {
+	if slices.ContainsFunc(out.Results, func(r driver.TakeResult) bool { return !r.Decision.OK }) {
 		return out, nil
 	}
 	for i := range out.Results {

@@ -9,10 +9,9 @@ import (
 	"github.com/txlimit/txlimit/internal/sqltx"
 )
 
-// The SQLSTATEs the stores name, as PostgreSQL's errcodes table (Appendix A)
-// names them. They are spelled out here rather than imported from
-// github.com/jackc/pgerrcode to keep a user's module graph one module
-// smaller.
+// The SQLSTATEs the stores name, as PostgreSQL's errcodes table names them,
+// spelled out rather than imported from github.com/jackc/pgerrcode to keep
+// a user's module graph one module smaller.
 const (
 	UndefinedTable             = "42P01"
 	UndefinedColumn            = "42703"
@@ -41,20 +40,15 @@ func SQLState(err error) (string, bool) {
 }
 
 // Retryable is the classification behind pgstore.Retryable and
-// pgsqlstore.Retryable: whether a transaction that failed with err may be run
-// again from BEGIN. connectFailed says that the store knows err to be a
-// failure to make the connection the transaction was to run on (pgx's
-// *pgconn.ConnectError, or an error pgsqlstore saw come from BeginTx): then
-// nothing ran, and any cause is retryable but the server refusing the login
-// itself (class 28, authentication or role) and a database that does not
-// exist (3D000), which no retry cures. Otherwise err is retryable when its
-// SQLSTATE is (RetryableState) or, without one, when it is a network error,
-// an end of file or database/sql's ErrBadConn: the connection broke
-// (sqltx.BrokenConn). Context
-// cancellation and deadlines are never retryable: the caller gave up; nor
-// is a COMMIT whose outcome is unknown (txlimit.ErrCommitUnknown): the
-// transaction may have committed, and running it again would do its work
-// twice.
+// pgsqlstore.Retryable: whether a transaction that failed with err may run
+// again from BEGIN. connectFailed says that err is a failure to make the
+// connection (pgx's *pgconn.ConnectError, or an error pgsqlstore saw come
+// from BeginTx): nothing ran, and any cause is retryable but a refused
+// login (class 28) and a missing database (3D000), which no retry cures.
+// Without a SQLSTATE, err is retryable when the connection broke. Never
+// retryable: the caller giving up (context cancellation and deadlines) and
+// a COMMIT whose outcome is unknown (driver.ErrCommitUnknown), which a
+// second run could do twice.
 func Retryable(err error, connectFailed bool) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, driver.ErrCommitUnknown) {
@@ -64,17 +58,9 @@ func Retryable(err error, connectFailed bool) bool {
 	switch {
 	case connectFailed:
 		return !ok || (!strings.HasPrefix(code, "28") && code != InvalidCatalogName)
-	case ok:
-		return RetryableState(code)
+	case !ok:
+		return sqltx.BrokenConn(err)
 	}
-	return sqltx.BrokenConn(err)
-}
-
-// RetryableState reports whether a transaction that failed with SQLSTATE
-// code may be run again from BEGIN: a serialization failure, a deadlock, a
-// lock or statement timeout, the server shutting down or refusing
-// connections, or a connection exception (class 08).
-func RetryableState(code string) bool {
 	switch code {
 	case SerializationFailure, DeadlockDetected, LockNotAvailable, QueryCanceled,
 		AdminShutdown, CrashShutdown, CannotConnectNow, TooManyConnections:

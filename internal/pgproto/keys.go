@@ -5,17 +5,15 @@ import (
 	"slices"
 	"time"
 
-	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/engine"
 	"github.com/txlimit/txlimit/internal/pgdb"
 )
 
-// LockKeys runs InsertKeys and LockKeys for ls, in one round trip: the rows
-// InsertKeys created are Created, the others Had. With SingleKey it runs
-// InsertKeyShards for every key, then LockShards for every key, in the same
-// order, and so takes the locks in the order InsertKeys and LockKeys take
-// them. at is the clock of the first row, read once every lock is held.
+// LockKeys runs InsertKeys and LockKeys for ls in one round trip (with
+// SingleKey, InsertKeyShards and then LockShards for each key, which lock in
+// the same order): the rows InsertKeys created are Created, the others Had.
+// at is the clock of the first row, read once every lock is held.
 func (d dialect) LockKeys(ctx context.Context, db DB, ls []driver.Limit, now *time.Time) ([]engine.Locked, time.Time, error) {
 	out := make([]engine.Locked, len(ls))
 	index := make(map[driver.KeyRef]int, len(ls))
@@ -42,7 +40,7 @@ func (d dialect) LockKeys(ctx context.Context, db DB, ls []driver.Limit, now *ti
 			full := l.Full()
 			calls = append(calls, func(q pgdb.DBTX) error {
 				shards, err := queries.InsertKeyShards(ctx, q, pgdb.InsertKeyShardsParams{
-					Name: l.Name, Key: l.Key, Value: full.Value, Ts: micros(full.TS), Shards: int32(l.Shards),
+					Name: l.Name, Key: l.Key, Value: full.Value, Ts: time.UnixMicro(full.TS), Shards: int32(l.Shards),
 				})
 				for _, sh := range shards {
 					created(l.Name, l.Key, sh)
@@ -67,7 +65,7 @@ func (d dialect) LockKeys(ctx context.Context, db DB, ls []driver.Limit, now *ti
 			keys.text(l.Key)
 			shards.int(int32(l.Shards))
 			vals.float(full.Value)
-			tss.time(micros(full.TS))
+			tss.time(time.UnixMicro(full.TS))
 		}
 		calls = []Call{func(q pgdb.DBTX) error {
 			rows, err := queries.InsertKeys(ctx, q, pgdb.InsertKeysParams{
@@ -107,7 +105,10 @@ func (d dialect) Write(ctx context.Context, db DB, writes []engine.KeyWrite, del
 			}
 		}
 		if len(w.States) == 1 {
-			calls = append(calls, writeShard(ctx, w.Name, w.Key, 0, w.States[0]))
+			s := w.States[0]
+			calls = append(calls, func(q pgdb.DBTX) error {
+				return queries.WriteShard(ctx, q, pgdb.WriteShardParams{Name: w.Name, Key: w.Key, Shard: 0, Value: s.Value, Prev: s.Prev, Ts: time.UnixMicro(s.TS)})
+			})
 			continue
 		}
 		var shards, vals, prevs, tss array
@@ -115,7 +116,7 @@ func (d dialect) Write(ctx context.Context, db DB, writes []engine.KeyWrite, del
 			shards.int(int32(i))
 			vals.float(st.Value)
 			prevs.float(st.Prev)
-			tss.time(micros(st.TS))
+			tss.time(time.UnixMicro(st.TS))
 		}
 		calls = append(calls, func(q pgdb.DBTX) error {
 			return queries.WriteKeyShards(ctx, q, pgdb.WriteKeyShardsParams{
@@ -128,13 +129,6 @@ func (d dialect) Write(ctx context.Context, db DB, writes []engine.KeyWrite, del
 		calls = append(calls, d.deletes(ctx, deletes, &n)...)
 	}
 	return n, Send(ctx, db, calls...)
-}
-
-// writeShard is the call of WriteShard.
-func writeShard(ctx context.Context, name, key string, shard int32, s algo.State) Call {
-	return func(q pgdb.DBTX) error {
-		return queries.WriteShard(ctx, q, pgdb.WriteShardParams{Name: name, Key: key, Shard: shard, Value: s.Value, Prev: s.Prev, Ts: micros(s.TS)})
-	}
 }
 
 // deletes returns the calls that delete rows: one DeleteShards, or with

@@ -1,15 +1,13 @@
 // Package pgproto is the PostgreSQL store of txlimit, shared by pgstore (pgx)
 // and pgsqlstore (database/sql): the engine's row operations (package
 // engine) on the statements sqlc generates from queries/postgres (package
-// pgdb), and the take at COMMIT and in the caller's batch.
-//
-// Both stores run it on a DB: a pgx.Tx as it is, or pgsqlstore's adapter of
-// a *sql.Tx. The statements of one operation go through Send, which batches
-// them where the DB pipelines (pgx) and runs them one after another where
-// it cannot (database/sql sends one statement at a time).
+// pgdb), and the take at COMMIT and in the caller's batch. The statements
+// of one operation go through Send, in one round trip where the DB
+// pipelines.
 package pgproto
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,11 +54,10 @@ const (
 )
 
 // Call is one statement, made by a generated method (or an Exec) on q: a
-// closure that keeps what the statement returns. Send makes it twice when it
-// batches: first on a queuer, which records the statement instead of sending
-// it, then on a replay, which hands the generated method the statement's
-// result from the batch, so that the generated code both binds the
-// arguments and scans the rows.
+// closure that keeps what the statement returns. Send makes it twice when
+// it batches, first on a queuer, which records the statement, then on a
+// replay, which hands the generated method its result from the batch: the
+// generated code both binds the arguments and scans the rows.
 type Call func(q pgdb.DBTX) error
 
 // Send runs calls in order, in one round trip where db pipelines. A single
@@ -77,10 +74,7 @@ func Send(ctx context.Context, db DB, calls ...Call) error {
 		return calls[0](db)
 	case pipelines:
 		err, tailErr := send(ctx, db, calls, nil)
-		if err == nil {
-			err = tailErr
-		}
-		return err
+		return cmp.Or(err, tailErr)
 	}
 	b := &pgx.Batch{}
 	var texts []string
@@ -105,11 +99,10 @@ func Send(ctx context.Context, db DB, calls ...Call) error {
 }
 
 // send sends calls and then tail, queued queries of a batch built
-// elsewhere, in one batch on db. err is the first call's error; tailErr
-// is the error of tail's statements (their callbacks', the batch's as
-// Close reports it, or pgx's when it could not prepare or encode one of
-// them, and then nothing ran), once every result has been read. When a
-// call failed, none of tail's callbacks is called.
+// elsewhere, in one batch on db. err is the first call's error; tailErr is
+// tail's (their callbacks', the batch's as Close reports it, or pgx's when
+// it could not prepare or encode one of them, and nothing ran), once every
+// result has been read. After a call failed, no callback of tail runs.
 func send(ctx context.Context, db DB, calls []Call, tail []*pgx.QueuedQuery) (err, tailErr error) {
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(calls)+len(tail))}
 	for _, c := range calls {
@@ -180,12 +173,13 @@ func (q queuer) Query(_ context.Context, sql string, args ...any) (pgx.Rows, err
 
 func (q queuer) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
 	q.b.Queue(sql, args...)
-	return queuedRow{}
+	return errRow{errQueued}
 }
 
-type queuedRow struct{}
+// errRow is a pgx.Row whose Scan returns err.
+type errRow struct{ err error }
 
-func (queuedRow) Scan(...any) error { return errQueued }
+func (r errRow) Scan(...any) error { return r.err }
 
 // queued returns nil for the errQueued of a call made on a queuer, and any
 // other error as it is.
@@ -207,12 +201,6 @@ func (r replay) Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 func (r replay) Query(context.Context, string, ...any) (pgx.Rows, error)         { return r.res.Query() }
 func (r replay) QueryRow(context.Context, string, ...any) pgx.Row                { return r.res.QueryRow() }
 
-// LockTimer is the engine's, which TakeCommit and TakeBatch use too.
-type LockTimer = engine.LockTimer
-
-// micros is the timestamptz of an instant in microseconds.
-func micros(us int64) time.Time { return time.UnixMicro(us) }
-
 // Ops is the part of driver.Ops that pgstore and pgsqlstore run alike: the
 // Protocol on their driver's transaction as a DB (AsDB), each error mapped
 // by the store (Err: what the user must do about it).
@@ -233,16 +221,16 @@ func (o *Ops[TTx]) TakeAll(ctx context.Context, tx TTx, p driver.TakeAllParams) 
 }
 
 func (o *Ops[TTx]) Read(ctx context.Context, tx TTx, p driver.ReadParams) (driver.ReadResult, error) {
-	res, err := o.Proto.Read(ctx, o.AsDB(tx), p)
+	res, err := dialect(o.Proto).Read(ctx, o.AsDB(tx), p)
 	return res, o.Err(ctx, tx, err)
 }
 
 func (o *Ops[TTx]) Credit(ctx context.Context, tx TTx, p driver.CreditParams) error {
-	return o.Err(ctx, tx, o.Proto.Credit(ctx, o.AsDB(tx), p))
+	return o.Err(ctx, tx, engine.Credit[DB](ctx, dialect(o.Proto), o.AsDB(tx), p))
 }
 
 func (o *Ops[TTx]) Reset(ctx context.Context, tx TTx, k driver.KeyRef) error {
-	return o.Err(ctx, tx, o.Proto.Reset(ctx, o.AsDB(tx), k))
+	return o.Err(ctx, tx, queries.DeleteKey(ctx, o.AsDB(tx), pgdb.DeleteKeyParams{Name: k.Name, Key: k.Key}))
 }
 
 // ClockRange is driver.ClockRanger's: timestamptz holds 4713 BC to 294276

@@ -19,28 +19,14 @@ func (pr Protocol) Take(ctx context.Context, db DB, p driver.TakeParams) (driver
 	return engine.Take[DB](ctx, dialect(pr), db, p)
 }
 
-// TakeAll is driver.Ops.TakeAll: InsertKeys and LockKeys take the locks in
-// one round trip on pgx, the writes (or the removal of the rows InsertKeys
-// created for a limit that writes none) one more.
+// TakeAll is driver.Ops.TakeAll.
 func (pr Protocol) TakeAll(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return engine.TakeAll[DB](ctx, dialect(pr), db, p)
 }
 
-// Credit is driver.Ops.Credit.
-func (pr Protocol) Credit(ctx context.Context, db DB, p driver.CreditParams) error {
-	return engine.Credit[DB](ctx, dialect(pr), db, p)
-}
-
-// Prune is one batch of driver.Ops.Prune in db. The rows are locked with
-// FOR UPDATE SKIP LOCKED, so a batch never waits for a row that live
-// traffic holds.
+// Prune is one batch of driver.Ops.Prune in db.
 func (pr Protocol) Prune(ctx context.Context, db DB, p driver.PruneParams) (driver.PruneResult, error) {
 	return engine.Prune[DB](ctx, dialect(pr), db, p)
-}
-
-// Reset is driver.Ops.Reset: it deletes the rows of k.
-func (Protocol) Reset(ctx context.Context, db DB, k driver.KeyRef) error {
-	return queries.DeleteKey(ctx, db, pgdb.DeleteKeyParams{Name: k.Name, Key: k.Key})
 }
 
 // dialect is PostgreSQL's engine.Dialect: a SkipLocker and a Releaser,
@@ -60,10 +46,6 @@ func (dialect) TakeRow(ctx context.Context, db DB, p driver.TakeParams) (driver.
 		return driver.TakeResult{}, false, err
 	}
 	return engine.Granted(p, next, clock), true, nil
-}
-
-func (d dialect) Read(ctx context.Context, db DB, p driver.ReadParams) (driver.ReadResult, error) {
-	return Protocol(d).Read(ctx, db, p)
 }
 
 // LockKey runs LockShards and, for a key without rows, InsertShards and
@@ -115,17 +97,15 @@ func (dialect) LetGo(ctx context.Context, db DB) error {
 	return Send(ctx, db, Exec(ctx, rollback), Exec(ctx, release))
 }
 
-// TakeRow runs the one-statement take of p on shard 0: TakeBucket or
-// TakeWindow by the limit's kind, TakeBucketReserve or TakeWindowReserve
-// for a reservation. ok is false when it granted nothing: the statement
-// returned no row (the row, when it exists, may then be locked, which the
-// locked path that follows takes anyway), or the call would not be granted
-// even on a full row (driver.Fresh), which grants the most any row can, and
-// TakeRow sends nothing. With must the statement raises Denied instead of
-// returning no row (TakeCommit), and a call a full row refuses sends Deny,
-// which raises it.
+// TakeRow runs the one-statement take of p on shard 0 (TakeBucket,
+// TakeWindow, or their Reserve forms). ok is false when it granted nothing:
+// the statement returned no row (the row may then be locked, which the
+// locked path that follows takes anyway), or even a full row, which grants
+// the most any row can, would not grant it (driver.Fresh), and nothing was
+// sent. With must the statement raises Denied instead of returning no row
+// (TakeCommit), and a call a full row refuses sends Deny, which raises it.
 func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams, must bool) (next algo.State, clock time.Time, ok bool, err error) {
-	cfg, fullTS := p.Config, micros(p.Full().TS)
+	cfg, fullTS := p.Config, time.UnixMicro(p.Full().TS)
 	fresh, freshOK := driver.Fresh(p)
 	switch {
 	case !freshOK && must:
@@ -137,52 +117,54 @@ func TakeRow(ctx context.Context, db pgdb.DBTX, p driver.TakeParams, must bool) 
 	}
 	window := cfg.Kind == algo.FixedWindow
 	fitsAt := leastGranting(cfg, p.Count)
-	var value float64
-	var ts time.Time
+	var r pgdb.TakeBucketRow
 	switch {
 	case p.Reserve && window:
-		var r pgdb.TakeWindowReserveRow
-		r, err = queries.TakeWindowReserve(ctx, db, pgdb.TakeWindowReserveParams{
+		r, err = bucketRow(queries.TakeWindowReserve(ctx, db, pgdb.TakeWindowReserveParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FullTs: fullTS, Now: p.Now,
 			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count,
 			FitsAt: fitsAt, DebtAt: debtAt(cfg, p.Count),
-		})
-		value, ts, clock = r.Value, r.Ts, r.Clock
+		}))
 	case p.Reserve:
-		var r pgdb.TakeBucketReserveRow
-		r, err = queries.TakeBucketReserve(ctx, db, pgdb.TakeBucketReserveParams{
+		r, err = bucketRow(queries.TakeBucketReserve(ctx, db, pgdb.TakeBucketReserveParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FullTs: fullTS, Now: p.Now,
 			Rate: cfg.Rate, Period: float64(cfg.Period), Capacity: cfg.Capacity, Count: p.Count,
 			FitsAt: fitsAt, DebtAt: debtAt(cfg, p.Count),
-		})
-		value, ts, clock = r.Value, r.Ts, r.Clock
+		}))
 	case window:
-		var r pgdb.TakeWindowRow
-		r, err = queries.TakeWindow(ctx, db, pgdb.TakeWindowParams{
+		r, err = bucketRow(queries.TakeWindow(ctx, db, pgdb.TakeWindowParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FullTs: fullTS, Now: p.Now,
 			Rate: cfg.Rate, Period: cfg.Period, Capacity: cfg.Capacity, Count: p.Count, FitsAt: fitsAt,
-		})
-		value, ts, clock = r.Value, r.Ts, r.Clock
+		}))
 	default:
-		var r pgdb.TakeBucketRow
 		r, err = queries.TakeBucket(ctx, db, pgdb.TakeBucketParams{
 			Name: p.Name, Key: p.Key, FreshValue: fresh.Value, FullTs: fullTS, Now: p.Now,
 			Rate: cfg.Rate, Period: float64(cfg.Period), Capacity: cfg.Capacity, Count: p.Count, FitsAt: fitsAt,
 		})
-		value, ts, clock = r.Value, r.Ts, r.Clock
 	}
-	return takenRow(value, ts, clock, err)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return algo.State{}, time.Time{}, false, nil
+	case err != nil:
+		return algo.State{}, time.Time{}, false, err
+	}
+	return algo.State{Value: r.Value, TS: r.Ts.UnixMicro()}, r.Clock, true, nil
+}
+
+// bucketRow is the row another one-statement take returned, as TakeBucket's
+// (the four return the same columns).
+func bucketRow[R pgdb.TakeWindowRow | pgdb.TakeBucketReserveRow | pgdb.TakeWindowReserveRow](r R, err error) (pgdb.TakeBucketRow, error) {
+	return pgdb.TakeBucketRow(r), err
 }
 
 // leastGranting is the least value a row of c may refill to (algo.Project,
 // before the cap) for a take of target tokens to leave no debt: algo's test
-// for one shard, 0+min(refilled, Capacity)-target >= -tolerance, with
-// algo's tolerance. The test only grows with the refilled value (each
-// operation rounds monotonically), so a one-statement take compares the
-// refilled value with this bound (fits_at, debt_at) in place of the
-// operations, which PostgreSQL would build anew at every execution
-// (TestTakeRowMatchesAlgo holds the two to algo). It is +Inf when no value
-// passes, -Inf when every one does.
+// for one shard, 0+min(refilled, Capacity)-target >= -tolerance. The test
+// only grows with the refilled value (each operation rounds monotonically),
+// so a one-statement take compares the refilled value with this bound
+// (fits_at, debt_at) in place of the operations, which PostgreSQL would
+// build anew at every execution. It is +Inf when no value passes, -Inf when
+// every one does.
 func leastGranting(c algo.Config, target float64) float64 {
 	tol := 1e-9 * math.Max(1, c.Capacity)
 	passes := func(refilled float64) bool { return 0+math.Min(refilled, c.Capacity)-target >= -tol }
@@ -230,19 +212,6 @@ func debtAt(c algo.Config, count float64) float64 {
 		return math.Inf(-1)
 	}
 	return leastGranting(c, count-c.MaxReserved)
-}
-
-// takenRow is the result of a one-row take (TakeRow) from what its
-// statement returned: ok is false when it returned no
-// row (pgx.ErrNoRows), which it does when it granted nothing.
-func takenRow(value float64, ts, clock time.Time, err error) (algo.State, time.Time, bool, error) {
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return algo.State{}, time.Time{}, false, nil
-	case err != nil:
-		return algo.State{}, time.Time{}, false, err
-	}
-	return algo.State{Value: value, TS: ts.UnixMicro()}, clock, true, nil
 }
 
 // tried is what a try-lock or a wait for one shard found.
@@ -334,13 +303,13 @@ func lockShards(ctx context.Context, db DB, l driver.Limit, now *time.Time) ([]d
 func insertShards(ctx context.Context, db DB, l driver.Limit) error {
 	full := l.Full()
 	return queries.InsertShards(ctx, db, pgdb.InsertShardsParams{
-		Name: l.Name, Key: l.Key, Shards: int32(l.Shards), Value: full.Value, Ts: micros(full.TS),
+		Name: l.Name, Key: l.Key, Shards: int32(l.Shards), Value: full.Value, Ts: time.UnixMicro(full.TS),
 	})
 }
 
 // Read is driver.Ops.Read: ReadShards, the committed rows of (name, key)
 // and the clock, locking nothing.
-func (Protocol) Read(ctx context.Context, db pgdb.DBTX, p driver.ReadParams) (driver.ReadResult, error) {
+func (dialect) Read(ctx context.Context, db DB, p driver.ReadParams) (driver.ReadResult, error) {
 	rows, err := queries.ReadShards(ctx, db, pgdb.ReadShardsParams{Name: p.Name, Key: p.Key, Now: p.Now})
 	if err != nil {
 		return driver.ReadResult{}, err

@@ -3,8 +3,8 @@
 // (With), which Wait then uses instead of a timer. The conformance suite
 // (internal/testkit/storetest) does, to run Wait on a virtual clock against
 // every store, where the outcome depends on the jitter drawn and never on
-// the machine's speed. The package is internal, so only this module's code
-// can set one; an application's context never carries it.
+// the machine's speed. The package is internal, so an application's context
+// never carries one.
 package waitsleep
 
 import (
@@ -23,22 +23,20 @@ func With(ctx context.Context, sleep Func) context.Context {
 	return context.WithValue(ctx, key{}, sleep)
 }
 
-// From returns the sleep ctx carries, or Timer.
+// From returns the sleep ctx carries, or one on a timer of the process's
+// clock.
 func From(ctx context.Context) Func {
 	if f, ok := ctx.Value(key{}).(Func); ok {
 		return f
 	}
-	return Timer
-}
-
-// Timer waits for d on a timer of the process's clock, or until ctx ends.
-func Timer(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	return func(ctx context.Context, d time.Duration) error {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }

@@ -24,7 +24,7 @@
 
 -- name: ReadShards :many
 -- Every row of (name, key) as the transaction sees them (its snapshot, and
--- its own writes), locking nothing: Check and Value.
+-- its own writes), locking nothing: Check, and the engine before it locks.
 SELECT t.shard, t.value, t.prev, t.ts FROM txlimit AS t
 WHERE t.name = sqlc.arg(name) AND t.`key` = sqlc.arg(key_)
 ORDER BY t.shard;

@@ -235,7 +235,7 @@ type ReadShardsRow struct {
 // the session's time_zone, which can step back an hour when daylight saving
 // time ends.
 // Every row of (name, key) as the transaction sees them (its snapshot, and
-// its own writes), locking nothing: Check and Value.
+// its own writes), locking nothing: Check, and the engine before it locks.
 func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams) ([]ReadShardsRow, error) {
 	rows, err := db.QueryContext(ctx, ReadShards, arg.Name, arg.Key)
 	if err != nil {

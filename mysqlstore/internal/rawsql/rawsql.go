@@ -12,6 +12,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -62,9 +63,8 @@ func load() map[string]Stmt {
 	return out
 }
 
-// Get returns the statement name. The store's packages look their
-// statements up in variables initialized with the package, so a name that
-// is not in the files fails every test at once.
+// Get returns the statement name. The store's packages call it as they are
+// initialized, so a name that is not in the files fails every test at once.
 func Get(name string) Stmt {
 	st, ok := all[name]
 	if !ok {
@@ -76,14 +76,7 @@ func Get(name string) Stmt {
 
 // Unused returns the names of the statements Get was never asked for.
 func Unused() []string {
-	var out []string
-	for name := range all {
-		if !used[name] {
-			out = append(out, name)
-		}
-	}
-	slices.Sort(out)
-	return out
+	return slices.DeleteFunc(slices.Sorted(maps.Keys(all)), func(name string) bool { return used[name] })
 }
 
 // Args returns the statement's arguments in the order of its ?s, each read

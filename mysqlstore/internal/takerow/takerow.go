@@ -1,11 +1,9 @@
 // Package takerow is mysqlstore's one-statement take: an admitted call on an
 // unsharded limit as one INSERT … ON DUPLICATE KEY UPDATE that refills,
-// decides and writes with algo's arithmetic in SQL (the statements of
-// mysqlstore/internal/rawsql/take.sql, which says how), and
-// what it did, read with RETURNING on MariaDB and by a second statement on
-// MySQL. It is a package of its own so that the differential test in
-// mysqlstore's tests, which runs on a real server, can hold the statement
-// itself, not only the store's whole Take, to algo.
+// decides and writes with algo's arithmetic (rawsql's take.sql says how),
+// and what it did, read with RETURNING on MariaDB and by a second statement
+// on MySQL. A package of its own, so that mysqlstore's differential test
+// holds the statement itself to algo, not only the store's Take.
 package takerow
 
 import (
@@ -20,9 +18,8 @@ import (
 )
 
 // The statements: per kind, one for a plain take on the server's clock and
-// one for any call (take.sql says why). On MariaDB the take returns what it
-// did (TakeReturning appended), in one round trip; on MySQL TakeRead reads
-// it.
+// one for any call (take.sql says why); TakeReturning appended on MariaDB,
+// TakeRead after them on MySQL.
 var (
 	bucket, bucketAny = rawsql.Get("TakeBucket"), rawsql.Get("TakeBucketAny")
 	window, windowAny = rawsql.Get("TakeWindow"), rawsql.Get("TakeWindowAny")
@@ -96,31 +93,29 @@ func Run(ctx context.Context, tx *sql.Tx, p driver.TakeParams, now *time.Time, w
 		if now != nil {
 			out.Clock = now.UTC()
 		}
-		if ok.Valid {
-			out.Read, out.Granted = true, ok.Int64 == 1
-			return out, nil
+		granted = ok.Int64
+		if !ok.Valid {
+			// The connection's first call: the variables exist now. The
+			// clock is RETURNING's.
+			if err := tx.QueryRowContext(ctx, readOK.SQL, readOK.Args(keyArgs)...).Scan(&out.Value, &out.TS, &granted); err != nil {
+				return Result{}, err
+			}
 		}
-		// The connection's first call: the variables exist now. The clock
-		// is RETURNING's.
-		if err := tx.QueryRowContext(ctx, readOK.SQL, readOK.Args(keyArgs)...).Scan(&out.Value, &out.TS, &granted); err != nil {
+	} else {
+		r, err := tx.ExecContext(ctx, query, args...)
+		if err != nil {
 			return Result{}, err
 		}
-		out.Read, out.Granted = true, granted == 1
-		return out, nil
-	}
-	r, err := tx.ExecContext(ctx, query, args...)
-	if err != nil {
-		return Result{}, err
-	}
-	if out.Affected, err = r.RowsAffected(); err != nil || out.Affected == 0 {
-		return out, err
-	}
-	err = tx.QueryRowContext(ctx, read.SQL, read.Args(keyArgs)...).Scan(&out.Value, &out.TS, &out.Clock, &granted)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Result{}, errors.New("txlimit/mysqlstore: the row the one-statement take wrote is not there")
-	}
-	if err != nil {
-		return Result{}, err
+		if out.Affected, err = r.RowsAffected(); err != nil || out.Affected == 0 {
+			return out, err
+		}
+		err = tx.QueryRowContext(ctx, read.SQL, read.Args(keyArgs)...).Scan(&out.Value, &out.TS, &out.Clock, &granted)
+		if errors.Is(err, sql.ErrNoRows) {
+			return Result{}, errors.New("txlimit/mysqlstore: the row the one-statement take wrote is not there")
+		}
+		if err != nil {
+			return Result{}, err
+		}
 	}
 	out.Read, out.Granted = true, granted == 1
 	return out, nil
