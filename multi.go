@@ -3,6 +3,7 @@ package txlimit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -118,6 +119,10 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, op string, obs *observatio
 // so do not then take the same limits in another order in the same
 // transaction (through LimitTx, say).
 //
+// A Concurrency limit's slot is acquired with the others, all or none: its
+// key's lock row is locked before any row of a rate limit, a denied rate
+// limit leaves no holder, and a full Concurrency limit takes no token.
+//
 // Each (name, key) may appear once: give one request the sum of the counts
 // instead of two requests. Bad input in any request is an *InvalidError
 // before anything is read or written.
@@ -147,6 +152,9 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 		if err == nil {
 			err = r.checkCount()
 		}
+		if err == nil && r.slot() {
+			err = r.acquiring()
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -162,6 +170,9 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 }
 
 func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
+	if slices.ContainsFunc(rs, request.slot) {
+		return l.acquireAll(ctx, tx, rs, obs)
+	}
 	all, err := l.store.TakeAll(ctx, tx, takeAllParams(rs, obs))
 	if err != nil {
 		return MultiResult{}, err

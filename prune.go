@@ -69,6 +69,14 @@ type pruneCursor struct {
 // pruned by a later run. On SQLite each batch takes the database's write
 // lock, like any writer, for the time of the batch.
 //
+// When the Limiter (or PruneOptions.Limits) has a Concurrency limit, Prune
+// first deletes, in batches of its own, every expired holder of every
+// Concurrency limit and the lock rows of keys whose every holder has
+// expired (an acquire reclaims the expired holders of its key anyway; this
+// is for keys not acquired again), passing over rows that live traffic
+// holds where the database can. Those batches count in Batches and Deleted,
+// and in MaxBatches.
+//
 // Rows whose name has no configuration are left alone and counted in
 // PruneResult.Unknown. Prune stops at the first error (a cancelled ctx
 // included) and returns it with what it had done.
@@ -88,7 +96,9 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 	}
 	limits := make(map[string]driver.LimitConfig, len(l.limits)+len(o.Limits))
 	for name, c := range l.limits {
-		limits[name] = c.stored()
+		if c.Kind != Concurrency { // its holders are not rows of the txlimit table
+			limits[name] = c.stored()
+		}
 	}
 	for name, c := range o.Limits {
 		if err := validName(name); err != nil {
@@ -98,13 +108,22 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 		if err != nil {
 			return PruneResult{}, err
 		}
-		limits[name] = nc.stored()
+		if nc.Kind == Concurrency {
+			delete(limits, name)
+		} else {
+			limits[name] = nc.stored()
+		}
+	}
+	var res PruneResult
+	if l.hasSlots(o.Limits) {
+		if done, err := l.pruneHolders(ctx, o, &res); err != nil || !done {
+			return res, err
+		}
 	}
 
 	l.prune.mu.Lock()
 	after := l.prune.after
 	l.prune.mu.Unlock()
-	var res PruneResult
 	defer func() {
 		l.prune.mu.Lock()
 		l.prune.after = after
