@@ -158,6 +158,14 @@ func (s *backend) Extend(ctx context.Context, tx *sql.Tx, p driver.HolderParams)
 		return out, err
 	}
 	n, err := queries.ExtendHolder(ctx, tx, gen.ExtendHolderParams{Name: name, Key: key, Holder: []byte(p.Holder), ExpiresAt: expires, Now: at})
+	if err == nil && n == 0 {
+		// No row changed: not live, or live with this expiry already.
+		var held []time.Time
+		held, err = queries.HolderExpiry(ctx, tx, gen.HolderExpiryParams{Name: name, Key: key, Holder: []byte(p.Holder)})
+		if len(held) == 1 && held[0].Equal(expires) {
+			n = 1
+		}
+	}
 	if err == nil && n == 1 {
 		out.OK, out.Expires = true, expires
 		err = queries.RaiseLock(ctx, tx, gen.RaiseLockParams{Name: name, Key: key, ExpiresAt: expires})

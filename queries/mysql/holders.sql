@@ -69,6 +69,14 @@ UPDATE txlimit_holder SET expires_at = sqlc.arg(expires_at)
 WHERE name = sqlc.arg(name) AND `key` = sqlc.arg(key_) AND holder = sqlc.arg(holder) AND holder > ''
   AND expires_at > sqlc.arg(now);
 
+-- name: HolderExpiry :many
+-- Locks one holder of (name, key) by its primary key and reads its expiry:
+-- Extend, when ExtendHolder changed no row (MySQL counts the rows a
+-- statement changed, and an expiry moved to where it was is not one).
+SELECT expires_at FROM txlimit_holder
+WHERE name = sqlc.arg(name) AND `key` = sqlc.arg(key_) AND holder = sqlc.arg(holder) AND holder > ''
+FOR UPDATE;
+
 -- name: RaiseLock :exec
 -- Raises the expiry of the lock row of (name, key) to a holder's.
 UPDATE txlimit_holder SET expires_at = GREATEST(expires_at, CAST(sqlc.arg(expires_at) AS DATETIME(6)))

@@ -127,6 +127,11 @@ func Harness(db *sql.DB, conns int, opts ...pgsqlstore.Option) storetest.Harness
 		},
 		Conns:       conns - 1,
 		SkipsLocked: true,
+		BeginLevel: func(ctx context.Context, level sql.IsolationLevel) (*sql.Tx, error) {
+			return db.BeginTx(ctx, &sql.TxOptions{Isolation: level})
+		},
+		Levels:   testdb.PostgresLevels,
+		Database: func(t *testing.T) string { return testdb.QueryString(t, db, "SELECT current_schema()") },
 	}
 }
 

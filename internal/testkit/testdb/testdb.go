@@ -38,6 +38,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/migrations"
 )
 
@@ -148,6 +149,9 @@ func ping(url string) error {
 // than Up and Down is run through goose instead.
 func Schema(tb testing.TB) string {
 	tb.Helper()
+	if schema := os.Getenv(storetest.ChildDatabase); schema != "" {
+		return schema // a process of the concurrency topic's own
+	}
 	schema := EmptySchema(tb)
 	ctx := context.Background()
 	ddl, err := upSQL()

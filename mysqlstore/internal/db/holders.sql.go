@@ -176,6 +176,44 @@ func (q *Queries) HolderClock(ctx context.Context, db DBTX) (time.Time, error) {
 	return clock, err
 }
 
+const HolderExpiry = `-- name: HolderExpiry :many
+SELECT expires_at FROM txlimit_holder
+WHERE name = ? AND ` + "`" + `key` + "`" + ` = ? AND holder = ? AND holder > ''
+FOR UPDATE
+`
+
+type HolderExpiryParams struct {
+	Name   []byte
+	Key    []byte
+	Holder []byte
+}
+
+// Locks one holder of (name, key) by its primary key and reads its expiry:
+// Extend, when ExtendHolder changed no row (MySQL counts the rows a
+// statement changed, and an expiry moved to where it was is not one).
+func (q *Queries) HolderExpiry(ctx context.Context, db DBTX, arg HolderExpiryParams) ([]time.Time, error) {
+	rows, err := db.QueryContext(ctx, HolderExpiry, arg.Name, arg.Key, arg.Holder)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []time.Time
+	for rows.Next() {
+		var expires_at time.Time
+		if err := rows.Scan(&expires_at); err != nil {
+			return nil, err
+		}
+		items = append(items, expires_at)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const LockHolderKey = `-- name: LockHolderKey :execrows
 
 INSERT INTO txlimit_holder (name, ` + "`" + `key` + "`" + `, holder, expires_at)
