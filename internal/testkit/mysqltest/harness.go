@@ -53,7 +53,11 @@ func Harness(db *sql.DB, iso sql.IsolationLevel) storetest.Harness[*sql.Tx] {
 		BeginLevel: func(ctx context.Context, level sql.IsolationLevel) (*sql.Tx, error) {
 			return db.BeginTx(ctx, &sql.TxOptions{Isolation: level})
 		},
-		Levels:   levels(iso),
+		Levels: levels(iso),
+		Headroom: func(ctx context.Context) (n int64, err error) {
+			err = db.QueryRowContext(ctx, "SELECT @@max_connections - (SELECT COUNT(*) FROM information_schema.PROCESSLIST)").Scan(&n)
+			return n, err
+		},
 		Database: func(t *testing.T) string { return testdb.QueryString(t, db, "SELECT DATABASE()") },
 	}
 }

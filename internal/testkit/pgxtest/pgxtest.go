@@ -63,7 +63,11 @@ func Harness(pool *pgxpool.Pool, store driver.Store[pgx.Tx]) storetest.Harness[p
 				sql.LevelReadCommitted: pgx.ReadCommitted, sql.LevelRepeatableRead: pgx.RepeatableRead, sql.LevelSerializable: pgx.Serializable,
 			}[level]})
 		},
-		Levels:   testdb.PostgresLevels,
+		Levels: testdb.PostgresLevels,
+		Headroom: func(ctx context.Context) (n int64, err error) {
+			err = pool.QueryRow(ctx, testdb.HeadroomQuery).Scan(&n)
+			return n, err
+		},
 		Database: func(*testing.T) string { return pool.Config().ConnConfig.RuntimeParams["search_path"] },
 	}
 }

@@ -494,7 +494,7 @@ func runConcurrency[TTx any](t *testing.T, h Harness[TTx], newHarness func(t *te
 	t.Run("ExactlyCapacityOf64", func(t *testing.T) {
 		require.NotNil(t, h.BeginLevel, "the harness says how to begin at an isolation level")
 		require.NotEmpty(t, h.Levels)
-		lockConnections(t)
+		lockConnections(t, h)
 		big := newHarness(t, acquirers+1)
 		for _, level := range h.Levels {
 			t.Run(levelName(level), func(t *testing.T) { exactlyCapacity(t, big, level) })
@@ -612,8 +612,11 @@ func levelName(level sql.IsolationLevel) string {
 // lockConnections serializes, across the test binaries of the machine, the
 // parts of the suite that open acquirers+1 connections at once, until t
 // ends: several binaries (stores, exec modes) doing so together would
-// exceed PostgreSQL's default max_connections of 100.
-func lockConnections(t *testing.T) {
+// exceed PostgreSQL's default max_connections of 100. Then, where the
+// harness can tell (Headroom), it waits up to two minutes for the server to
+// have room for them and a few more: the pools of the tests waiting for the
+// lock meanwhile close their idle connections (testdb.IdleTime).
+func lockConnections[TTx any](t *testing.T, h Harness[TTx]) {
 	f, err := os.OpenFile(filepath.Join(os.TempDir(), "txlimit-storetest-connections.lock"), os.O_CREATE|os.O_RDWR, 0o666)
 	require.NoError(t, err)
 	require.NoError(t, syscall.Flock(int(f.Fd()), syscall.LOCK_EX))
@@ -621,6 +624,23 @@ func lockConnections(t *testing.T) {
 		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 		_ = f.Close()
 	})
+	if h.Headroom == nil {
+		return
+	}
+	const margin = 10
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		free, err := h.Headroom(context.Background())
+		require.NoError(t, err)
+		if free >= acquirers+1+margin {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Logf("the server has room for %d more connections, not %d: going on", free, acquirers+1+margin)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // The environment of holderChild, besides ChildDatabase.
@@ -804,4 +824,3 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.b.String()
 }
-

@@ -72,6 +72,10 @@ type Harness[TTx any] struct {
 	// database (testdb.Schema, testdb.OpenSQLite, mysqltest.Database)
 	// return that one instead.
 	Database func(t *testing.T) string
+	// Headroom, when set, returns how many more connections the server
+	// takes (max_connections less those open), for the concurrency topic,
+	// which opens 65 at once and waits for room for them.
+	Headroom func(ctx context.Context) (int64, error)
 }
 
 // ChildDatabase is the variable of the environment that tells a test

@@ -102,6 +102,12 @@ func SQLiteHarness(db *sql.DB, store driver.Store[*sql.Tx]) storetest.Harness[*s
 // concurrency topic runs.
 var PostgresLevels = []sql.IsolationLevel{sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable}
 
+// HeadroomQuery is how many more connections the PostgreSQL server takes
+// (Harness.Headroom): max_connections less those open, less the ones
+// reserved for superusers.
+const HeadroomQuery = `SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
+	- (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')`
+
 // QueryString runs a query of one string on db.
 func QueryString(t *testing.T, db *sql.DB, query string) string {
 	t.Helper()

@@ -316,12 +316,20 @@ func newPool(tb testing.TB, schema string, mode pgx.QueryExecMode, maxConns int3
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.ConnConfig.DefaultQueryExecMode = mode
 	cfg.MaxConns = maxConns
+	cfg.MaxConnIdleTime, cfg.HealthCheckPeriod = IdleTime, IdleTime/2
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		tb.Fatalf("pool: %v", err)
 	}
 	return pool
 }
+
+// IdleTime is how long the tests' pools keep a connection no test uses:
+// long enough for a test to reuse its connections from call to call, short
+// enough that the pools of tests waiting for their turn to open many
+// connections at once (the conformance suite's concurrency topic, 65) give
+// theirs back to the server meanwhile.
+const IdleTime = 3 * time.Second
 
 // ExecModes are the pgx query exec modes the stores must work in. Simple
 // protocol and exec mode are what PgBouncer in transaction mode needs.
