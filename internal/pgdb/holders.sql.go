@@ -10,6 +10,103 @@ import (
 	"time"
 )
 
+const AcquireHolder = `-- name: AcquireHolder :one
+WITH c AS (
+    SELECT CAST(COALESCE($2::timestamptz, clock_timestamp()) AS timestamptz) AS clock
+), held AS (
+    SELECT h.holder, h.expires_at FROM txlimit_holder AS h
+    WHERE h.name = $3 AND h.key = $4 AND h.holder <> ''
+), d AS (
+    SELECT c.clock,
+           count(held.holder) FILTER (WHERE held.expires_at > c.clock) AS live,
+           COALESCE(bool_or(held.holder = $5::text AND held.expires_at > c.clock), false) AS mine
+    FROM c LEFT JOIN held ON true
+    GROUP BY c.clock
+), g AS (
+    SELECT d.clock, d.live, d.mine, (d.mine OR d.live < $1::bigint) AS granted,
+           d.clock + $6::bigint * interval '1 microsecond' AS expires
+    FROM d
+), reclaimed AS (
+    DELETE FROM txlimit_holder AS r USING g
+    WHERE g.granted AND r.name = $3 AND r.key = $4 AND r.holder <> ''
+      AND r.holder <> $5 AND r.expires_at <= g.clock
+    RETURNING r.holder
+), granted AS (
+    INSERT INTO txlimit_holder (name, key, holder, expires_at)
+    SELECT $3, $4, $5, g.expires FROM g WHERE g.granted
+    ON CONFLICT (name, key, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at
+    RETURNING 1
+), raised AS (
+    UPDATE txlimit_holder AS l SET expires_at = greatest(l.expires_at, g.expires)
+    FROM g
+    WHERE g.granted AND l.name = $3 AND l.key = $4 AND l.holder = ''
+    RETURNING 1
+)
+SELECT g.clock, g.live, CAST(g.mine AS boolean) AS mine, CAST(g.granted AS boolean) AS granted,
+       CAST(g.expires AS timestamptz) AS expires,
+       CAST(COALESCE((SELECT x.expires_at FROM (
+                SELECT held.expires_at, row_number() OVER (ORDER BY held.expires_at) AS n
+                FROM held WHERE held.expires_at > g.clock) AS x
+             WHERE x.n = g.live - $1::bigint + 1), g.clock) AS timestamptz) AS free,
+       CAST(COALESCE((SELECT json_agg(holder) FROM reclaimed), '[]') AS text) AS reclaimed
+FROM g
+`
+
+type AcquireHolderParams struct {
+	Capacity int64
+	Now      *time.Time
+	Name     string
+	Key      string
+	Holder   string
+	HoldFor  int64
+}
+
+type AcquireHolderRow struct {
+	Clock     time.Time
+	Live      int64
+	Mine      bool
+	Granted   bool
+	Expires   time.Time
+	Free      time.Time
+	Reclaimed string
+}
+
+// The whole acquire of one slot of (name, key) in one statement, sent in
+// one round trip after LockHolderKey (an acquire without rate limits): it
+// counts the live holders at the clock, grants when fewer than capacity
+// are live or the holder is one of them, and then reclaims the expired
+// holders (but the holder's own row), inserts the holder or moves its
+// expiry to the clock plus hold_for (µs), and raises the lock row's expiry
+// to it: GrantHolder's writes, decided in the statement (driver.DecideSlot's
+// rule). It returns the clock, the live holders before the call, whether
+// the holder was one, the decision, the holder's expiry, for a denial the
+// instant a slot comes back (the expiry of the live holder that leaves
+// capacity - 1 live once it has passed; the clock after a grant), and the ids it reclaimed as a JSON
+// array. The data-modifying WITH queries run once, whatever reads them, on
+// the statement's snapshot, which under READ COMMITTED is taken after
+// LockHolderKey held the lock.
+func (q *Queries) AcquireHolder(ctx context.Context, db DBTX, arg AcquireHolderParams) (AcquireHolderRow, error) {
+	row := db.QueryRow(ctx, AcquireHolder,
+		arg.Capacity,
+		arg.Now,
+		arg.Name,
+		arg.Key,
+		arg.Holder,
+		arg.HoldFor,
+	)
+	var i AcquireHolderRow
+	err := row.Scan(
+		&i.Clock,
+		&i.Live,
+		&i.Mine,
+		&i.Granted,
+		&i.Expires,
+		&i.Free,
+		&i.Reclaimed,
+	)
+	return i, err
+}
+
 const DeleteHolders = `-- name: DeleteHolders :exec
 DELETE FROM txlimit_holder WHERE name = $1 AND key = $2
 `

@@ -23,11 +23,57 @@ import (
 // stale. Extend locks the lock row too, so that an acquire never counts as
 // expired a holder whose extension is committing.
 
-// Acquire is driver.Ops.Acquire (engine.Acquire on PostgreSQL's holder
-// statements): on pgx the locks and the counts go in one round trip, the
-// grants in one more.
+// Acquire is driver.Ops.Acquire. One slot alone is LockHolderKey and
+// AcquireHolder, which decides and writes in SQL: one round trip on pgx.
+// Otherwise it is engine.Acquire on PostgreSQL's holder statements: on pgx
+// the locks and the counts go in one round trip, the grants in one more,
+// and the takes between them.
 func (pr Protocol) Acquire(ctx context.Context, db DB, p driver.AcquireParams) (driver.AcquireResult, error) {
+	if len(p.Slots) == 1 && len(p.Takes) == 0 {
+		return pr.acquireOne(ctx, db, p)
+	}
 	return engine.Acquire[DB](ctx, dialect(pr), pr, db, p)
+}
+
+// acquireOne is Acquire of one slot: LockHolderKey and AcquireHolder.
+func (pr Protocol) acquireOne(ctx context.Context, db DB, p driver.AcquireParams) (driver.AcquireResult, error) {
+	s := p.Slots[0]
+	lt := LockTimer{On: p.TimeLocks}
+	var created bool
+	var row pgdb.AcquireHolderRow
+	start := lt.Start()
+	err := Send(ctx, db, func(q pgdb.DBTX) error {
+		n, err := queries.LockHolderKey(ctx, q, pgdb.LockHolderKeyParams{Name: s.Name, Key: s.Key, Now: p.Now})
+		created = n == 1
+		return err
+	}, func(q pgdb.DBTX) (err error) {
+		row, err = queries.AcquireHolder(ctx, q, pgdb.AcquireHolderParams{Name: s.Name, Key: s.Key, Holder: s.Holder,
+			Capacity: s.Capacity, HoldFor: s.HoldFor.Microseconds(), Now: p.Now})
+		return err
+	})
+	lt.Stop(start)
+	if err != nil {
+		return driver.AcquireResult{}, err
+	}
+	res := driver.SlotResult{OK: row.Granted, Live: row.Live}
+	switch {
+	case row.Granted:
+		res.Expires = row.Expires
+		if !row.Mine {
+			res.Live++
+		}
+		if err := json.Unmarshal([]byte(row.Reclaimed), &res.Reclaimed); err != nil {
+			return driver.AcquireResult{}, err
+		}
+	default:
+		res.Free = row.Free
+		if created { // a key with no lock row has no holder: never here
+			if err := dialect(pr).DropLocks(ctx, db, []driver.KeyRef{s.KeyRef}); err != nil {
+				return driver.AcquireResult{}, err
+			}
+		}
+	}
+	return driver.AcquireResult{OK: res.OK, Slots: []driver.SlotResult{res}, At: row.Clock, LockWait: lt.Total}, nil
 }
 
 var _ engine.HolderDialect[DB] = dialect{}

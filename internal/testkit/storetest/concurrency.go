@@ -510,8 +510,9 @@ const acquirers = 64
 
 // exactlyCapacity runs acquirers transactions at level, each on a
 // connection of its own, that acquire a slot of one key of a limit of 5 at
-// once, and requires that exactly 5 commit a grant and every other one a
-// denial. A transaction that fails with an error the store calls
+// once, half of them with LimitTx and half with LimitAllTx beside a rate
+// limit that has tokens for all (the stores' two ways to acquire), and
+// requires that exactly 5 commit a grant and every other one a denial. A transaction that fails with an error the store calls
 // retryable (a serialization failure under REPEATABLE READ and
 // SERIALIZABLE, a deadlock, a busy SQLite database) runs again, as an
 // application runs it again; an admission beyond 5 would show as a sixth
@@ -519,29 +520,44 @@ const acquirers = 64
 func exactlyCapacity[TTx any](t *testing.T, h Harness[TTx], level sql.IsolationLevel) {
 	const capacity = 5
 	ctx := context.Background()
-	name := UniqueName(t, "exact")
+	name, rate := UniqueName(t, "exact"), UniqueName(t, "rate")
 	l, err := txlimit.New(h.Store, map[string]txlimit.Config{
 		name: {Kind: txlimit.Concurrency, Capacity: capacity, HoldFor: time.Hour},
+		rate: {Kind: txlimit.TokenBucket, Rate: 1000, Period: time.Hour},
 	}, nil)
 	require.NoError(t, err)
-	once := func(holder string) (bool, error) {
+	once := func(holder string, all bool) (bool, error) {
 		tx, err := h.BeginLevel(ctx, level)
 		if err != nil {
 			return false, err
 		}
-		// A read of a table first: under REPEATABLE READ the snapshot is
+		// Under REPEATABLE READ, a read of a table first: the snapshot is
 		// then older than the lock the acquire waits for (InnoDB takes it
 		// at the first read of a table, PostgreSQL at the first statement).
-		if err := h.Exec(ctx, tx, "SELECT COUNT(*) FROM txlimit"); err != nil {
-			h.Rollback(tx)
-			return false, err
+		// Not under SERIALIZABLE, where InnoDB makes it a locking read of
+		// the whole table, which the takes then deadlock on.
+		if level == sql.LevelRepeatableRead {
+			if err := h.Exec(ctx, tx, "SELECT COUNT(*) FROM txlimit"); err != nil {
+				h.Rollback(tx)
+				return false, err
+			}
 		}
-		res, err := l.LimitTx(ctx, tx, name, "k", txlimit.Holder(holder))
+		var ok bool
+		if all {
+			var res txlimit.MultiResult
+			res, err = l.LimitAllTx(ctx, tx, txlimit.Request{Name: name, Key: "k", Options: []txlimit.Option{txlimit.Holder(holder)}},
+				txlimit.Request{Name: rate, Key: "k"})
+			ok = res.OK
+		} else {
+			var res txlimit.Result
+			res, err = l.LimitTx(ctx, tx, name, "k", txlimit.Holder(holder))
+			ok = res.OK
+		}
 		if err != nil {
 			h.Rollback(tx)
 			return false, err
 		}
-		return res.OK, h.Commit(tx)
+		return ok, h.Commit(tx)
 	}
 	var granted, denied, retried atomic.Int64
 	var grantedTo sync.Map
@@ -553,7 +569,7 @@ func exactlyCapacity[TTx any](t *testing.T, h Harness[TTx], level sql.IsolationL
 			<-start
 			holder := fmt.Sprintf("h%02d", i)
 			for attempt := 1; ; attempt++ {
-				ok, err := once(holder)
+				ok, err := once(holder, i%2 == 1)
 				switch {
 				case err == nil && ok:
 					granted.Add(1)
