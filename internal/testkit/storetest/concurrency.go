@@ -178,6 +178,7 @@ func runConcurrency[TTx any](t *testing.T, h Harness[TTx], newHarness func(t *te
 		require.False(t, res.OK)
 		require.Equal(t, 5*time.Minute, res.RetryAfter)
 		e.requireRetryAfter(t, l, clk, res, 5*time.Minute, name, "k", txlimit.Holder("c"))
+		require.False(t, acquire(t, l, name, "k", "d").OK, "each holder expires on its own: b still holds its slot")
 
 		// A Capacity lowered below the live holders: a slot comes back once
 		// enough of them have expired.
