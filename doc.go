@@ -40,6 +40,14 @@
 // RetryAfter and NextToken are never negative and never more than about 146
 // years (2^62 ns): a longer wait says that.
 //
+// A Concurrency limit admits at most Capacity holders of a key at once (three
+// exports running per tenant): LimitTx acquires a slot for a holder id
+// (Holder) in the caller's transaction, ReleaseTx gives it back, and a
+// holder that neither releases nor extends (Extend) within Config.HoldFor
+// loses it, reclaimed by the next acquire. At no instant do more than
+// Capacity unexpired holders exist; see Concurrency and
+// docs/concurrency.md.
+//
 // Check answers what LimitTx would, taking nothing and locking nothing, with
 // the state of the limit (Result.Remaining, NextToken, At): the one way to
 // read a limit, for a UI or for a caller that waits outside its

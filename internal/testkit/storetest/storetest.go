@@ -98,8 +98,14 @@ const ChildDatabase = "TXLIMIT_STORETEST_DATABASE"
 // on a small VM, and a fifth of the suite's CPU. The topics do not run in
 // parallel with each other: a parallel subtest would leave its parent's
 // pool open, and its parallel slot free for another store's, while it
-// waits (53300, too many clients, seen at max_connections 100). The soak
-// comes last: the connections it kills may still be in the pool after it.
+// waits (53300, too many clients, seen at max_connections 100). The
+// concurrency topic opens two harnesses of its own: one for Prune (which
+// deletes every expired holder) and one of 65 connections for its 64
+// acquirers, which waits for its turn among the test binaries of the
+// machine and for room on the server. It also runs the test binary again,
+// as a holder it kills: in that process Run does nothing but hold a slot
+// (ChildDatabase). The soak comes last: the connections it kills may still
+// be in the pool after it.
 func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harness[TTx]) {
 	if os.Getenv(ChildDatabase) != "" {
 		// A holder the concurrency topic runs in a process of its own.
