@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -30,6 +29,13 @@ import (
 // own); Prune, Reset and Ping (a harness of its own); and a holder whose
 // process is killed with SIGKILL, on the real clock.
 func runConcurrency[TTx any](t *testing.T, h Harness[TTx], newHarness func(t *testing.T, conns int32) Harness[TTx]) {
+	// Inside the gate shared, but for the 64 acquirers, alone (gate.go).
+	leave := enterShared(t)
+	defer func() {
+		if leave != nil {
+			leave()
+		}
+	}()
 	ctx := context.Background()
 	e := env[TTx]{h: h, ctx: ctx}
 	slots := func(capacity float64, holdFor time.Duration) txlimit.Config {
@@ -492,16 +498,19 @@ func runConcurrency[TTx any](t *testing.T, h Harness[TTx], newHarness func(t *te
 		require.ErrorIs(t, err, txlimit.ErrNotMigrated)
 	})
 
+	leave()
+	leave = nil
 	t.Run("ExactlyCapacityOf64", func(t *testing.T) {
 		require.NotNil(t, h.BeginLevel, "the harness says how to begin at an isolation level")
 		require.NotEmpty(t, h.Levels)
-		lockConnections(t, h)
+		enterAlone(t, h)
 		big := newHarness(t, acquirers+1)
 		for _, level := range h.Levels {
 			t.Run(levelName(level), func(t *testing.T) { exactlyCapacity(t, big, level) })
 		}
 	})
 
+	leave = enterShared(t)
 	t.Run("KilledHolder", func(t *testing.T) { killedHolder(t, h) })
 }
 
@@ -624,40 +633,6 @@ func exactlyCapacity[TTx any](t *testing.T, h Harness[TTx], level sql.IsolationL
 // levelName is level as a subtest's name: "read_committed".
 func levelName(level sql.IsolationLevel) string {
 	return strings.ReplaceAll(strings.ToLower(level.String()), " ", "_")
-}
-
-// lockConnections serializes, across the test binaries of the machine, the
-// parts of the suite that open acquirers+1 connections at once, until t
-// ends: several binaries (stores, exec modes) doing so together would
-// exceed PostgreSQL's default max_connections of 100. Then, where the
-// harness can tell (Headroom), it waits up to two minutes for the server to
-// have room for them and a few more: the pools of the tests waiting for the
-// lock meanwhile close their idle connections (testdb.IdleTime).
-func lockConnections[TTx any](t *testing.T, h Harness[TTx]) {
-	f, err := os.OpenFile(filepath.Join(os.TempDir(), "txlimit-storetest-connections.lock"), os.O_CREATE|os.O_RDWR, 0o666)
-	require.NoError(t, err)
-	require.NoError(t, syscall.Flock(int(f.Fd()), syscall.LOCK_EX))
-	t.Cleanup(func() {
-		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		_ = f.Close()
-	})
-	if h.Headroom == nil {
-		return
-	}
-	const margin = 10
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		free, err := h.Headroom(context.Background())
-		require.NoError(t, err)
-		if free >= acquirers+1+margin {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Logf("the server has room for %d more connections, not %d: going on", free, acquirers+1+margin)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // The environment of holderChild, besides ChildDatabase.

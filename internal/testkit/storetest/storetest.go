@@ -101,8 +101,8 @@ const ChildDatabase = "TXLIMIT_STORETEST_DATABASE"
 // waits (53300, too many clients, seen at max_connections 100). The
 // concurrency topic opens two harnesses of its own: one for Prune (which
 // deletes every expired holder) and one of 65 connections for its 64
-// acquirers, which waits for its turn among the test binaries of the
-// machine and for room on the server. It also runs the test binary again,
+// acquirers, which run when no other topic of any test binary of the
+// machine does, and there is room on the server (gate.go). It also runs the test binary again,
 // as a holder it kills: in that process Run does nothing but hold a slot
 // (ChildDatabase). The soak comes last: the connections it kills may still
 // be in the pool after it.
@@ -116,6 +116,7 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harne
 	// enough to make callers queue on a row and on every shard.
 	shared := newHarness(t, 9)
 	t.Run("prune", func(t *testing.T) {
+		defer enterShared(t)()
 		pruned := newHarness(t, 3)
 		runPrune(t, pruned)
 		t.Run("equivalence", func(t *testing.T) { runPruneEquivalence(t, shared, pruned) })
@@ -135,6 +136,11 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harne
 		{"concurrency", func(t *testing.T, h Harness[TTx]) { runConcurrency(t, h, newHarness) }},
 		{"soak", runSoak[TTx]},
 	} {
-		t.Run(topic.name, func(t *testing.T) { topic.run(t, shared) })
+		t.Run(topic.name, func(t *testing.T) {
+			if topic.name != "concurrency" { // it enters the gate on its own
+				defer enterShared(t)()
+			}
+			topic.run(t, shared)
+		})
 	}
 }
