@@ -10,45 +10,38 @@ import (
 
 // CommitTx takes the limits of reqs, all or none as LimitAllTx takes them,
 // and ends tx with the decision: it commits tx when every limit grants and
-// rolls it back otherwise. The tokens are spent if and only if tx's own work
-// commits with them, and a denial leaves nothing of tx. Call it in place of
-// tx.Commit when the decision can wait until the work is done; LimitTx
-// decides before the work.
+// rolls it back otherwise, so that the tokens are spent if and only if tx's
+// work commits with them. Call it in place of tx.Commit when the decision
+// can wait until the work is done; LimitTx decides before the work.
 //
 // The error is nil if and only if tx committed. A denial returns the
-// MultiResult (OK false; each Result is what Check would say of its limit)
-// and its Err, a *RateLimitedError with the RetryAfter. An error matching
-// ErrCommitUnknown means the connection failed during the COMMIT: tx may
-// or may not have committed. Bad input is an *InvalidError returned before
-// anything is sent, tx left open for the caller's deferred Rollback, as is
-// a savepoint passed for tx (pgstore refuses one: its COMMIT would commit
-// the outer transaction); after any other error tx has been rolled back.
-// CommitTx never fails open.
+// MultiResult (each Result is what Check would say) and its Err, a
+// *RateLimitedError. An error matching ErrCommitUnknown means the
+// connection failed during the COMMIT: tx may or may not have committed.
+// Bad input, Reserve and UpTo (which decide what the work is to be)
+// included, is an *InvalidError returned before anything is sent, tx left
+// open for the caller's deferred Rollback, as is a savepoint passed for tx
+// (pgstore refuses one: its COMMIT would commit the outer transaction);
+// after any other error tx has been rolled back. CommitTx never fails open.
 //
 // On pgstore, when every limit is an unsharded token bucket or fixed
-// window, the takes go to the server with the COMMIT in one pipeline, so the
-// limits' rows are locked only while the commit runs. pgx then needs one
-// more round trip to close tx, which Commit saves.
-// Other limits are taken as LimitAllTx takes them and tx is then
-// committed; so are all limits on pgsqlstore and sqlitestore (database/sql
-// sends one statement at a time). Reserve and UpTo, which decide what the
-// work is to be, do not apply: they are an *InvalidError. docs/commit.md
-// compares the modes. A limit with Config.Lease is taken from its row here,
-// as LimitAllTx takes it: a lease's own transaction would wait for tx.
+// window, the takes go with the COMMIT in one pipeline, so the rows are
+// locked only while the commit runs (pgx then needs a round trip to close
+// tx, which Commit saves); other limits, and every limit on the
+// database/sql stores, are taken as LimitAllTx takes them. A limit with
+// Config.Lease is taken from its row. docs/commit.md compares the modes.
 func (l *Limiter[TTx]) CommitTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
 	return l.commitIn(ctx, &tx, nil, reqs)
 }
 
-// Commit is CommitTx in a transaction of its own: it begins a transaction
-// on the store's pool, runs fn in it and ends it as CommitTx does, as
-// pgx.BeginFunc commits, with the takes of reqs riding the COMMIT. On
-// pgstore the whole transaction then costs no round trip of the limiter's
-// own. An error of fn rolls the transaction back, takes nothing and is
-// returned as it is; fn must not commit or roll back tx itself. The
-// requests are validated before the transaction begins, and a limit with
-// Config.Lease is taken from its lease then: Commit is the form that
-// honours leases, the answer for a hot key at commit (docs/hot-keys.md).
-// A store without a pool is an *InvalidError.
+// Commit is CommitTx in a transaction of its own, as pgx.BeginFunc runs
+// one: it begins a transaction on the store's pool, runs fn in it and ends
+// it as CommitTx does (on pgstore with no round trip of the limiter's own).
+// An error of fn rolls the transaction back, takes nothing and is returned
+// as it is; fn must not commit or roll back tx itself. The requests are
+// validated before the transaction begins, and a limit with Config.Lease is
+// taken from its lease then: Commit is the form that honours leases
+// (docs/hot-keys.md). A store without a pool is an *InvalidError.
 func (l *Limiter[TTx]) Commit(ctx context.Context, fn func(tx TTx) error, reqs ...Request) (MultiResult, error) {
 	return l.commitIn(ctx, nil, fn, reqs)
 }
@@ -63,11 +56,9 @@ func (l *Limiter[TTx]) commitIn(ctx context.Context, tx *TTx, fn func(TTx) error
 	})
 }
 
-// takeWith is a call whose work is fixed before the limits are taken, at
-// commit or in the caller's batch (when): it validates reqs and has the
-// store take them with send, which runs the work too. With leases (Commit)
-// the leased limits are taken from their leases first. A denial is the
-// error.
+// takeWith is a call whose work is fixed before the limits are taken (when):
+// send has the store take them and run the work, after the leased limits
+// are taken from their leases (with leases). A denial is the error.
 func (l *Limiter[TTx]) takeWith(ctx context.Context, op, when string, reqs []Request, leases bool,
 	send func(driver.TakeAllParams) (driver.TakeAllResult, error)) (MultiResult, error) {
 	obs := l.observe()
@@ -88,10 +79,9 @@ func (l *Limiter[TTx]) takeWith(ctx context.Context, op, when string, reqs []Req
 	return res, err
 }
 
-// commit hands out the tokens of the leased limits of rs from their leases
-// (Config.Lease; Commit only, with leases), then has the store take the
-// others and do the work with send; the leased tokens go back when the
-// work did not commit.
+// commit takes the leased limits of rs from their leases (with leases),
+// then the others with send, and gives the leased tokens back when the work
+// did not commit.
 func (l *Limiter[TTx]) commit(ctx context.Context, leases bool, rs []request, obs *observation, send func(driver.TakeAllParams) (driver.TakeAllResult, error)) (MultiResult, error) {
 	results := make([]Result, len(rs))
 	var got []leased
@@ -107,11 +97,9 @@ func (l *Limiter[TTx]) commit(ctx context.Context, leases bool, rs []request, ob
 		return nil
 	}
 	for i, r := range rs {
-		// Only Commit takes from leases: it takes them before its
-		// transaction begins. Under CommitTx and SendBatch the caller's
-		// transaction is open, and a lease's own would wait for it
-		// (SQLite's one writer) or for a connection the caller may be
-		// holding the last of.
+		// Only Commit takes from leases, before its transaction begins:
+		// under CommitTx and SendBatch a lease's transaction would wait for
+		// the caller's (SQLite's one writer, or the pool's last connection).
 		if r.config.Lease == 0 || !leases {
 			stored, storedAt = append(stored, r), append(storedAt, i)
 			continue
@@ -163,8 +151,8 @@ func (l *Limiter[TTx]) commit(ctx context.Context, leases bool, rs []request, ob
 }
 
 // deniedByLease is the MultiResult of a commit whose leased limit denied
-// gives (the denial res): the tokens handed out to the limits before it go
-// back, and every other limit gets what Check would say.
+// (res): the tokens handed out before it go back, and every other limit
+// gets what Check would say.
 func (l *Limiter[TTx]) deniedByLease(ctx context.Context, rs []request, denied int, res Result, giveBack func() error) (MultiResult, error) {
 	if err := giveBack(); err != nil {
 		return MultiResult{}, err
@@ -179,27 +167,23 @@ func (l *Limiter[TTx]) deniedByLease(ctx context.Context, rs []request, denied i
 		if err != nil {
 			return MultiResult{}, err
 		}
+		checked.Taken = 0 // nothing was taken
 		out.Results[i] = checked
 		if !checked.OK {
 			out.RetryAfter = max(out.RetryAfter, checked.RetryAfter)
 		}
 	}
-	for i := range out.Results {
-		out.Results[i].Taken = 0
-	}
 	return out, nil
 }
 
-// The calls whose work is fixed before the limits are taken
-// (checkFixedWork).
+// The calls whose work is fixed before the limits are taken.
 const (
 	atCommit = "at commit, after the work has run"
 	inBatch  = "in a batch, whose statements are queued already"
 )
 
 // checkFixedWork rejects the options that decide what the work is to be,
-// in a call whose work is fixed already (when: at commit, done; in a
-// batch, queued).
+// in a call whose work is fixed already.
 func (r request) checkFixedWork(when string) error {
 	switch {
 	case r.slot():

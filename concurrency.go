@@ -8,6 +8,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
 )
 
@@ -50,6 +51,10 @@ import (
 // and pgstore.SendBatch refuse a Concurrency limit: a slot guards the work
 // that runs after it is acquired. Credit and Wait do not apply either.
 const Concurrency Kind = 8
+
+// maxWait is the longest RetryAfter a Result reports, about 146 years
+// (2^62 ns in whole µs), and the longest HoldFor.
+const maxWait = time.Duration(algo.MaxWait) * time.Microsecond
 
 // maxSlots is the largest Capacity of a Concurrency limit.
 const maxSlots = 1_000_000_000

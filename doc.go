@@ -17,8 +17,7 @@
 //	})
 //
 // If the transaction rolls back, the tokens come back; if it commits, they
-// are spent. There is no second system (a Redis counter) whose state can drift
-// from the data it guards.
+// are spent. No second system (a Redis counter) can drift from the data.
 //
 // # Limits
 //
@@ -38,7 +37,8 @@
 // without checking again (schedule it in the same transaction: a River job,
 // say). Config.MaxReserved caps the debt; Credit gives tokens back.
 // RetryAfter and NextToken are never negative and never more than about 146
-// years (2^62 ns): a longer wait says that.
+// years (2^62 ns). Check answers what LimitTx would, taking and locking
+// nothing, with the state of the limit (Result.Remaining, NextToken, At).
 //
 // A Concurrency limit admits at most Capacity holders of a key at once (three
 // exports running per tenant): LimitTx acquires a slot for a holder id
@@ -48,11 +48,6 @@
 // Capacity unexpired holders exist; see Concurrency and
 // docs/concurrency.md.
 //
-// Check answers what LimitTx would, taking nothing and locking nothing, with
-// the state of the limit (Result.Remaining, NextToken, At): the one way to
-// read a limit, for a UI or for a caller that waits outside its
-// transaction.
-//
 // # Taking tokens: before the work, at commit, in a batch
 //
 // Every operation X on a limit has a form XTx that runs in a transaction the
@@ -61,63 +56,57 @@
 // their own only. There are three moments to take tokens:
 //
 //   - Before the work: LimitTx (one limit) and LimitAllTx (several, all or
-//     none). The work runs only with its tokens, and may use what the call
-//     says (UpTo's Result.Taken, a reservation's RetryAfter).
-//   - At commit: CommitTx ends a transaction the caller began in place of
-//     its Commit, and Commit runs a function in a transaction of its own and
+//     none). The work may use what the call says (UpTo's Result.Taken, a
+//     reservation's RetryAfter).
+//   - At commit: CommitTx ends a transaction the caller began, in place of
+//     its Commit; Commit runs a function in a transaction of its own and
 //     ends it so. The work and the tokens commit together, or neither; on
-//     pgstore the takes ride the COMMIT and cost no round trip of their own.
+//     pgstore the takes ride the COMMIT.
 //   - In the caller's pgx.Batch: pgstore.SendBatch sends the takes ahead of
 //     the batch's statements, which run only when every limit granted.
 //
 // An option a mode cannot honour is an *InvalidError that names the mode
-// that can: Reserve and UpTo decide what the work is to be, so they apply
-// before the work only. docs/usage.md has the table of modes and options.
+// that can: Reserve and UpTo apply before the work only. docs/usage.md has
+// the table of modes and options.
 //
 // # Hot keys
 //
-// LimitTx locks the limit's rows until the caller's transaction ends: two
-// transactions cannot both spend the same tokens, and a limit that many
-// transactions share serializes them. There are two answers
+// LimitTx locks the limit's rows until the caller's transaction ends, so a
+// limit that many transactions share serializes them. There are two answers
 // (docs/hot-keys.md). Before the work, Config.Shards spreads the limit over
-// rows that calls take without waiting for one another, never admitting more
-// than one unsharded limit would. At commit, Config.Lease lets Commit hand a
-// key's tokens out from memory, taken from its row a slice at a time, so
-// that most transactions never touch the row; LeaseAhead takes the next
-// slice before the one held runs out.
+// rows that calls take without waiting for one another, never admitting
+// more than one unsharded limit would. At commit, Config.Lease lets Commit
+// hand a key's tokens out from memory, taken from its row a slice at a
+// time; LeaseAhead takes the next slice before the one held runs out.
 //
 // # Transactions and locks
 //
 // Within one call txlimit locks in one canonical order; across calls in one
 // transaction the order is the caller's, and two transactions that lock the
-// same rows in different orders can deadlock (retryable). Take several
-// limits with one LimitAllTx, all or nothing. On PostgreSQL LimitTx works
-// under READ COMMITTED; under REPEATABLE READ or SERIALIZABLE a concurrent
-// update of the same limit is a serialization failure (40001), retryable:
-// pgstore.RunTx, pgsqlstore.RunTx and mysqlstore.RunTx run the transaction
-// again. Do not call a form without Tx for a key the caller's open
-// transaction holds: it waits for that transaction, which waits for it.
-//
-// Each call reads one clock once: the database server's (the process's on
-// SQLite), so application servers with skewed clocks agree, or
-// Options.Clock, for tests. A clock that steps backwards adds nothing.
+// same rows in different orders can deadlock (retryable): take several
+// limits with one LimitAllTx. Under REPEATABLE READ or SERIALIZABLE a
+// concurrent update of the same limit is a serialization failure (40001),
+// retryable: the stores' RunTx run the transaction again. Do not call a form
+// without Tx for a key the caller's open transaction holds: it waits for
+// that transaction, which waits for it. Each call reads one clock once: the
+// database server's (the process's on SQLite), or Options.Clock, for tests.
+// A clock that steps backwards adds nothing.
 //
 // # Stores and errors
 //
 // New infers the Limiter's transaction type from its store: pgstore.New(pool)
 // (pgx v5, pgx.Tx), pgsqlstore.New(db) (PostgreSQL on database/sql, *sql.Tx),
-// mysqlstore.New(db) or sqlitestore.New(db) (*sql.Tx). Only these stores
-// implement the store's interface. The schema is goose migrations in package
-// migrations, run at setup with migrations.Up; Limiter.Ping checks it.
+// mysqlstore.New(db) or sqlitestore.New(db) (*sql.Tx); no other type is a
+// store. The schema is goose migrations, run at setup with migrations.Up;
+// Limiter.Ping checks it.
 //
 // A denial is not an error: Result.Err converts it to a *RateLimitedError
 // (errors.Is(err, ErrRateLimited)). Errors are bad input (an *InvalidError,
 // errors.As(err, new(*InvalidError)), naming the field and the fix; nothing
-// was written) or the database's own, as the driver returns them, with the
-// fix added where the cause is a setup mistake (ErrNotMigrated, a pooler's
-// exec mode, SQLite's DSN). After an error inside a caller's transaction,
-// roll it back. docs/usage.md is the manual; docs/failures.md covers failing
-// open and retries.
+// was written) or the database's own, with the fix added where the cause is
+// a setup mistake (ErrNotMigrated, a pooler's exec mode, SQLite's DSN).
+// After an error inside a caller's transaction, roll it back. docs/usage.md
+// is the manual; docs/failures.md covers failing open and retries.
 package txlimit
 
 //go:generate bash scripts/sqlc.sh generate

@@ -16,14 +16,12 @@ var (
 	ErrRateLimited = errors.New("txlimit: rate limited")
 	// ErrNotMigrated matches the error of every call on a database whose
 	// txlimit table is missing or out of date: run migrations.Up first.
-	// Limiter.Ping reports it at startup. Options.FailOpen never grants on
-	// it: it is a mistake in the deployment, not an outage.
+	// Options.FailOpen never grants on it.
 	ErrNotMigrated = driver.ErrNotMigrated
 	// ErrCommitUnknown matches the error of CommitTx and Commit when the
 	// connection failed after the COMMIT was sent and before its answer
-	// came: the transaction, and the tokens with it, may or may not have
-	// committed. Find out from the transaction's own rows before running
-	// its work again.
+	// came: the transaction and its tokens may or may not have committed.
+	// Find out from its own rows before running its work again.
 	ErrCommitUnknown = driver.ErrCommitUnknown
 )
 
@@ -41,10 +39,9 @@ func (e *RateLimitedError) Error() string {
 // Is makes errors.Is(err, ErrRateLimited) true.
 func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimited }
 
-// InvalidError reports bad input: a config, a name, a key, a count, an
-// option a form cannot honour (it names the form that can), or a store
-// without the pool a form without Tx needs. When it is returned nothing was
-// written. errors.As(err, new(*InvalidError)) tells it apart.
+// InvalidError reports bad input, and that nothing was written: a config, a
+// name, a key, a count, an option a form cannot honour (it names the form
+// that can), a store without the pool a form without Tx needs.
 type InvalidError struct {
 	Limit   string // the limit's name, when known
 	Field   string // the offending field or argument
@@ -72,11 +69,9 @@ func validName(name string) error {
 	return validText("name", name, name)
 }
 
-// maxKeyLen bounds the length in bytes of a limit's key, and maxNameLen
-// that of its name, so that (name, key, shard) fits one index entry on every
-// store (PostgreSQL's B-tree takes at most 2704 bytes). A longer key is an
-// *InvalidError on every store; hash it first (for example the hex of its
-// SHA-256) when it can be longer.
+// maxNameLen and maxKeyLen bound the bytes of a limit's name and key, so
+// that (name, key, shard) fits one index entry on every store (PostgreSQL's
+// B-tree takes at most 2704 bytes).
 const (
 	maxNameLen = 256
 	maxKeyLen  = 2048
@@ -100,12 +95,17 @@ func validText(field, limit, s string) error {
 	return nil
 }
 
-// storeErr is err as a caller sees it: a store built without a pool, which
-// the forms without Tx need, is the caller's mistake, an *InvalidError.
+// storeErr is err as a caller sees it: a store without the pool a form
+// without Tx needs is an *InvalidError.
 func storeErr(err error) error {
 	if errors.Is(err, driver.ErrNoPool) {
 		return &InvalidError{Field: "store", Problem: "has no pool or database, which this form needs to run a " +
 			"transaction of its own: pass one to the store's New, or use the …Tx form in a transaction of yours"}
 	}
 	return err
+}
+
+// invalid is the *InvalidError of limit's field, its problem formatted.
+func invalid(limit, field, problem string, args ...any) *InvalidError {
+	return &InvalidError{Limit: limit, Field: field, Problem: fmt.Sprintf(problem, args...)}
 }

@@ -2,54 +2,39 @@ package txlimit
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
+	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
 )
 
 // defaultLeaseFor is how long a lease lasts when Config.LeaseFor is 0.
 const defaultLeaseFor = time.Second
 
-// leases are the leases a Limiter holds (Config.Lease), one per (name,
-// key) at most.
-type leases struct {
-	mu sync.Mutex
-	m  map[driver.KeyRef]*lease
-}
-
 // lease is the tokens of one (name, key) this Limiter took from the limit
-// and hands out from memory to the commit forms: the slice it hands out
-// from and, with Config.LeaseAhead, at most one more taken ahead. Each
-// slice keeps its own times, so that a token is spent or given back within
-// the time of the take it came from.
+// and hands out to Commit: the slice it hands out from (cur) and, with
+// Config.LeaseAhead, one taken ahead (next) to replace it. Each slice keeps
+// its own times, so that a token is spent or given back within its take's.
 type lease struct {
-	mu sync.Mutex
-	// cur is the slice handed out from; next the one taken ahead, which
-	// replaces it when it is spent or over.
+	mu        sync.Mutex
 	cur, next slice
-	// ahead is the take of next in flight, nil when there is none: there
-	// is at most one take of a lease at a time, and next is empty while it
+	// ahead is the take of next in flight, or nil; next is empty while it
 	// runs.
 	ahead *takeAhead
-	// gens counts the slices taken, for their gen.
-	gens uint64
+	gens  uint64 // slices taken, for their gen
 }
 
 // slice is the tokens of one take of a lease; the zero slice is none.
 type slice struct {
 	tokens float64
 	// until is when the slice ends, on this process's clock: LeaseFor
-	// after it was taken, or earlier, at the end of the window its tokens
-	// were taken in.
+	// after it was taken, or at the end of its FixedWindow if sooner.
 	until time.Time
 	// returnBy is until for a TokenBucket, the end of the window for a
-	// FixedWindow: its unspent tokens go back to the limit before then,
-	// and are dropped after (returnTokens).
+	// FixedWindow: the time its unspent tokens may go back (returnTokens).
 	returnBy time.Time
-	// config is what the tokens were taken under, for their return.
-	config Config
+	config   Config // the tokens were taken under
 	// gen names the take, never 0: a token handed out from a slice goes
 	// back to it only while it lasts.
 	gen uint64
@@ -66,40 +51,14 @@ type takeAhead struct {
 	cancel context.CancelFunc
 }
 
-func (ls *leases) get(k driver.KeyRef) *lease {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if ls.m == nil {
-		ls.m = map[driver.KeyRef]*lease{}
-	}
-	le := ls.m[k]
-	if le == nil {
-		le = &lease{}
-		ls.m[k] = le
-	}
-	return le
-}
-
-// all is every lease, for ReturnLeases.
-func (ls *leases) all() map[driver.KeyRef]*lease {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	out := make(map[driver.KeyRef]*lease, len(ls.m))
-	for k, le := range ls.m {
-		out[k] = le
-	}
-	return out
-}
-
 // settle waits until no lease of k is being taken, so that a read of the
 // limit's row and of the lease's tokens agree (Check).
-func (ls *leases) settle(ctx context.Context, k driver.KeyRef) error {
-	ls.mu.Lock()
-	le := ls.m[k]
-	ls.mu.Unlock()
-	if le == nil {
+func (l *Limiter[TTx]) settle(ctx context.Context, k driver.KeyRef) error {
+	v, ok := l.leases.Load(k)
+	if !ok {
 		return nil
 	}
+	le := v.(*lease)
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	return le.awaitAhead(ctx, false)
@@ -113,16 +72,17 @@ type leased struct {
 	returnBy time.Time // the slice's
 }
 
-// fromLease hands r's tokens out of its key's lease. When the slice held
-// is over or lacks them, it is ended and the slice taken ahead replaces it
-// (waiting for it when its take is in flight), or else a new one is taken
-// here: up to max(Lease, r.count) tokens in a short transaction of the
-// Limiter's own. When the limit does not have r.count tokens, res is the
-// denial (OK false), with the wait Check gives. With LeaseAhead, a slice
-// left with fewer than LeaseAhead tokens has the next one taken in the
-// background, so that its callers do not wait for it.
+// fromLease hands r's tokens out of its key's lease. A slice that is over
+// or lacks them is ended, and the one taken ahead replaces it (waited for
+// while in flight), or else takeLease takes one, or res is its denial.
+// With LeaseAhead, a slice left with fewer tokens has the next one taken.
 func (l *Limiter[TTx]) fromLease(ctx context.Context, r request) (res Result, got leased, err error) {
-	le := l.leases.get(driver.KeyRef{Name: r.name, Key: r.key})
+	k := driver.KeyRef{Name: r.name, Key: r.key}
+	v, ok := l.leases.Load(k)
+	if !ok {
+		v, _ = l.leases.LoadOrStore(k, &lease{})
+	}
+	le := v.(*lease)
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	for !le.cur.serves(r.count, l.leaseNow()) {
@@ -152,9 +112,9 @@ func (l *Limiter[TTx]) fromLease(ctx context.Context, r request) (res Result, go
 	return res, leased{le: le, gen: le.cur.gen, count: r.count, returnBy: le.cur.returnBy}, nil
 }
 
-// takeLease takes a new slice for r into le.cur, which is empty: up to
-// max(Lease, r.count) tokens. Fewer than r.count is a denial, and what was
-// taken goes back at once.
+// takeLease takes a new slice of up to max(Lease, r.count) tokens into
+// le.cur, which is empty. Fewer than r.count is a denial, with the wait
+// Check gives, and what was taken goes back at once.
 func (l *Limiter[TTx]) takeLease(ctx context.Context, r request, le *lease) (Result, error) {
 	s, err := l.takeSlice(ctx, r, max(r.config.Lease, r.count))
 	if err != nil {
@@ -166,10 +126,8 @@ func (l *Limiter[TTx]) takeLease(ctx context.Context, r request, le *lease) (Res
 				return Result{}, err
 			}
 		}
-		// The denial, with the wait the limit gives r itself. Tokens that
-		// came back since the take (another process's credit) may make
-		// Check grant: the call is still denied, having taken nothing,
-		// with RetryAfter 0.
+		// Tokens credited since the take may make Check grant: the call
+		// is still denied, with RetryAfter 0.
 		res, err := in(ctx, l, nil, true, func(tx TTx) (Result, error) { return l.check(ctx, tx, r) })
 		res.OK, res.Taken = false, 0
 		return res, err
@@ -181,9 +139,8 @@ func (l *Limiter[TTx]) takeLease(ctx context.Context, r request, le *lease) (Res
 }
 
 // takeSlice takes up to want tokens of r's limit in a short transaction of
-// the Limiter's own, as a slice lasting LeaseFor from before the take, and
-// a FixedWindow's no longer than the window they were taken in. Its gen is
-// the caller's to set.
+// its own, as a slice lasting LeaseFor from before the take (a
+// FixedWindow's, no longer than its window). The caller sets its gen.
 func (l *Limiter[TTx]) takeSlice(ctx context.Context, r request, want float64) (slice, error) {
 	p := r.take()
 	p.Count, p.UpTo, p.Reserve, p.ReadAll = want, true, false, false
@@ -196,22 +153,22 @@ func (l *Limiter[TTx]) takeSlice(ctx context.Context, r request, want float64) (
 	s := slice{tokens: t.Taken, config: r.config, until: before.Add(r.config.LeaseFor)}
 	s.returnBy = s.until
 	if r.config.Kind == FixedWindow {
-		// Its tokens are this window's: they are handed out and given
-		// back in it, its end measured from before the take on this
-		// clock, so never after it.
-		s.returnBy = before.Add(windowEnd(r, t.At).Sub(t.At))
-		s.until = minTime(s.until, s.returnBy)
+		// The tokens are this window's: its end, measured on this clock
+		// from before the take, is never later than the window's.
+		period := r.config.Period.Microseconds()
+		end := time.UnixMicro(algo.WindowStart(r.limit.Origin, period, t.At.UnixMicro()) + period)
+		s.returnBy = before.Add(end.Sub(t.At))
+		if s.returnBy.Before(s.until) {
+			s.until = s.returnBy
+		}
 	}
 	return s, nil
 }
 
-// startTakeAhead takes le's next slice in the background (LeaseAhead),
-// le.mu held: up to Lease tokens, in a context of its own that the
-// caller's ending does not cancel (other callers will hand its tokens
-// out), bounded by LeaseFor, past which the slice would be over on
-// landing. A take that fails is reported to the Observer (Op
-// "lease_ahead") and otherwise ignored: the call that finds the lease
-// empty takes one itself.
+// startTakeAhead takes le's next slice of up to Lease tokens in the
+// background, le.mu held, in a context the caller's ending does not cancel
+// (other callers hand its tokens out), bounded by LeaseFor. A take that
+// fails only goes to the Observer (Op "lease_ahead").
 func (l *Limiter[TTx]) startTakeAhead(ctx context.Context, r request, le *lease) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.config.LeaseFor)
 	ahead := &takeAhead{done: make(chan struct{}), cancel: cancel}
@@ -235,9 +192,9 @@ func (l *Limiter[TTx]) startTakeAhead(ctx context.Context, r request, le *lease)
 	}()
 }
 
-// awaitAhead waits, le.mu held, until le has no take ahead in flight,
-// unlocking le.mu meanwhile. When ctx ends first it returns ctx's error,
-// having cancelled the take and waited for it to end when cancel is set.
+// awaitAhead waits, le.mu held (and unlocked meanwhile), until le has no
+// take ahead in flight, or returns ctx's error, having cancelled the take
+// and waited for it to end when cancel is set.
 func (le *lease) awaitAhead(ctx context.Context, cancel bool) error {
 	for le.ahead != nil {
 		ahead := le.ahead
@@ -258,16 +215,7 @@ func (le *lease) awaitAhead(ctx context.Context, cancel bool) error {
 	return nil
 }
 
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
-// leaseNow is the clock leases last on: this process's, or Options.Clock
-// when a test sets it, so that a lease ends with the window the test's
-// clock leaves.
+// leaseNow is the clock leases last on: this process's, or Options.Clock.
 func (l *Limiter[TTx]) leaseNow() time.Time {
 	if l.clock != nil {
 		return l.clock()
@@ -275,17 +223,8 @@ func (l *Limiter[TTx]) leaseNow() time.Time {
 	return time.Now()
 }
 
-// windowEnd is the end of the window of Period that at is in, for r's
-// limit.
-func windowEnd(r request, at time.Time) time.Time {
-	period, origin := r.config.Period.Microseconds(), r.limit.Origin
-	us := at.UnixMicro() - origin
-	start := us - ((us%period)+period)%period
-	return time.UnixMicro(origin + start + period)
-}
-
 // endSlice gives s's tokens back to the limit (returnTokens) and empties
-// it: the tokens handed out from it go back to the limit from now on.
+// it, so that those handed out from it go back to the limit too.
 func (l *Limiter[TTx]) endSlice(ctx context.Context, name, key string, s *slice) error {
 	if err := l.returnTokens(ctx, name, key, s.config, s.tokens, s.returnBy); err != nil {
 		return err
@@ -306,12 +245,10 @@ func (l *Limiter[TTx]) giveBack(ctx context.Context, r request, got leased) erro
 	return l.returnTokens(ctx, r.name, r.key, r.config, got.count, got.returnBy)
 }
 
-// returnTokens gives n unspent tokens of a lease back to the limit (Credit)
-// before returnBy, and drops them after: a token bucket's are spent or given
-// back within LeaseFor of being taken, a FixedWindow's within the window
-// they were taken in. A credit later would add tokens that the bucket's
-// Capacity, or the window's end, would have cut meanwhile, and the limit
-// could admit more than it would without leases.
+// returnTokens credits n unspent tokens of a lease back to the limit before
+// returnBy and drops them after: a later credit would add tokens that the
+// bucket's Capacity, or the window's end, would have cut meanwhile, and the
+// limit could admit more than it would without leases.
 func (l *Limiter[TTx]) returnTokens(ctx context.Context, name, key string, c Config, n float64, returnBy time.Time) error {
 	if n <= 0 || !l.leaseNow().Before(returnBy) {
 		return nil
@@ -319,77 +256,41 @@ func (l *Limiter[TTx]) returnTokens(ctx context.Context, name, key string, c Con
 	return l.creditIn(ctx, nil, name, key, n, []Option{Inline(c)})
 }
 
-// Leased is the tokens of (name, key) that this Limiter holds in a lease
-// (Config.Lease): taken from the limit and not yet handed out.
+// leased is the tokens of (name, key) that this Limiter holds in leases and
+// has not handed out.
 func (l *Limiter[TTx]) leased(name, key string) float64 {
-	l.leases.mu.Lock()
-	le := l.leases.m[driver.KeyRef{Name: name, Key: key}]
-	l.leases.mu.Unlock()
-	if le == nil {
+	v, ok := l.leases.Load(driver.KeyRef{Name: name, Key: key})
+	if !ok {
 		return 0
 	}
+	le := v.(*lease)
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	return le.cur.tokens + le.next.tokens
 }
 
-// ReturnLeases ends every lease the Limiter holds (Config.Lease), each in a
-// short transaction of its own, giving their unspent tokens back to their
-// limits (those of a lease past its time are dropped, as at its next
-// call): call it when the process stops, so that the tokens are not lost
-// with it. A lease being taken ahead (Config.LeaseAhead) is waited for and
-// returned too; when ctx ends first, its take is cancelled, and ReturnLeases
-// returns once it has stopped: no goroutine of a lease outlives it, unless
-// calls running meanwhile start one. A lease taken afterwards works as
-// before. It returns the first error and leaves the slices of that lease
-// not yet returned as they were.
-func (l *Limiter[TTx]) ReturnLeases(ctx context.Context) error {
-	for k, le := range l.leases.all() {
+// ReturnLeases ends every lease the Limiter holds (Config.Lease), giving
+// their unspent tokens back to their limits, each in a short transaction of
+// its own (those of a lease past its time are dropped): call it when the
+// process stops, so that the tokens are not lost with it. A lease being
+// taken ahead is waited for and returned too; when ctx ends first, its take
+// is cancelled and stopped before ReturnLeases returns, so that no
+// goroutine of a lease outlives it (unless calls running meanwhile start
+// one). Leases taken afterwards work as before. It returns the first error,
+// leaving that lease's slices not yet returned as they were.
+func (l *Limiter[TTx]) ReturnLeases(ctx context.Context) (err error) {
+	l.leases.Range(func(k, v any) bool {
+		key, le := k.(driver.KeyRef), v.(*lease)
 		le.mu.Lock()
-		err := le.awaitAhead(ctx, true)
+		defer le.mu.Unlock()
+		err = le.awaitAhead(ctx, true)
 		if err == nil {
-			err = l.endSlice(ctx, k.Name, k.Key, &le.cur)
+			err = l.endSlice(ctx, key.Name, key.Key, &le.cur)
 		}
 		if err == nil {
-			err = l.endSlice(ctx, k.Name, k.Key, &le.next)
+			err = l.endSlice(ctx, key.Name, key.Key, &le.next)
 		}
-		le.mu.Unlock()
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// leaseProblem is what is wrong with c's Lease, or "".
-func (c Config) leaseProblem() string {
-	switch {
-	case c.Lease == 0:
-		return ""
-	case !finite(c.Lease) || c.Lease < 0:
-		return "must be a finite number of tokens >= 0 (0: no lease)"
-	case c.Lease > c.Capacity:
-		return "exceeds Capacity: a lease takes at most what the limit holds"
-	case c.Kind != TokenBucket && c.Kind != FixedWindow:
-		return "applies to TokenBucket and FixedWindow limits, whose tokens a lease can hold, not to a " + c.Kind.name()
-	}
-	return ""
-}
-
-// leaseAheadProblem is what is wrong with c's LeaseAhead, or "". It may
-// equal Lease, not exceed it: a slice holds at most Lease tokens once it
-// has handed one out, so LeaseAhead = Lease already takes the next slice
-// at a slice's first call, and more would promise what it cannot do.
-func (c Config) leaseAheadProblem() string {
-	switch {
-	case c.LeaseAhead == 0:
-		return ""
-	case !finite(c.LeaseAhead) || c.LeaseAhead < 0:
-		return "must be a finite number of tokens >= 0 (0: the next lease is taken when the lease runs out)"
-	case c.Lease == 0:
-		return "needs Lease: it is how low a lease runs before the next one is taken; set Lease too, or leave LeaseAhead 0"
-	case c.LeaseAhead > c.Lease:
-		return fmt.Sprintf("exceeds Lease (%v): LeaseAhead = Lease already takes the next lease at a lease's first call; set at most Lease, such as Lease/2", c.Lease)
-	}
-	return ""
+		return err == nil
+	})
+	return err
 }

@@ -3,6 +3,8 @@ package txlimit
 import (
 	"context"
 	"reflect"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -11,9 +13,9 @@ import (
 // Options configures a Limiter. The zero value is ready to use.
 type Options struct {
 	// Clock, when set, is read once per call and replaces the store's
-	// clock: the database server's for PostgreSQL, the process's for SQLite
-	// (which has no server). Meant for tests; in production the database
-	// clock keeps application servers with skewed clocks in agreement.
+	// clock: the database server's, or the process's for SQLite. Meant for
+	// tests; in production the database clock keeps application servers
+	// with skewed clocks in agreement.
 	Clock func() time.Time
 
 	// FailOpen chooses availability over enforcement for the forms that
@@ -21,50 +23,38 @@ type Options struct {
 	// when the store fails (the database is down, the pool exhausted past
 	// the context's deadline, a lock timeout), they return an OK Result
 	// with FailedOpen set and a nil error, consuming nothing, and the error
-	// goes to the Observer. Bad input (*InvalidError, a store without a
-	// pool included), ErrNotMigrated, a setup the store cannot work in
-	// (another kind of database, a DSN or pooler mode it cannot use) and a
-	// cancelled context are still returned as errors. The …Tx forms never fail open: the caller's
-	// transaction has failed with the store, and only the caller can
-	// decide what to do with it; nor does Commit, whose transaction holds
-	// the caller's work. Defaults to false: every error is returned (fail
-	// closed).
+	// goes to the Observer. Bad input (*InvalidError), ErrNotMigrated, a
+	// setup the store cannot work in (another kind of database, a DSN or
+	// pooler mode it cannot use) and a cancelled context are still errors.
+	// The …Tx forms never fail open (only the caller can decide what to do
+	// with its failed transaction), nor does Commit. Defaults to false.
 	FailOpen bool
 
-	// Observer, when set, is told about every call of the Limiter, with its
-	// decision or its error and the time spent waiting for row locks: one
-	// Event per call (per limit of LimitAll and the commit forms), each
-	// batch of Prune, and a lease taken ahead that failed (Event.Op says
-	// which). Use it to export metrics or logs (otelobserver,
-	// promobserver). It is called on the caller's goroutine after the call
-	// has decided (for the …Tx forms, before the caller's transaction ends;
-	// a lease taken ahead, on the goroutine that took it), so it must be
-	// fast and safe for concurrent use, and must not use the transaction.
-	// Without it the Limiter does no extra work at all: no clock reads, no
-	// Event.
+	// Observer, when set, is told about every call of the Limiter (Event),
+	// for metrics or logs (otelobserver, promobserver). It is called on the
+	// caller's goroutine once the call has decided (for the …Tx forms,
+	// before the caller's transaction ends; for a lease taken ahead, on the
+	// goroutine that took it): it must be fast, safe for concurrent use, and
+	// must not use the transaction. Without it the Limiter does no extra
+	// work at all.
 	Observer func(ctx context.Context, e Event)
 }
 
 // Limiter checks and consumes named limits whose state lives in a database.
-// TTx is the store's transaction type (pgx.Tx for pgstore, *sql.Tx for
-// pgsqlstore and sqlitestore) and is inferred from the store given to New.
-//
-// Every operation on a limit has two forms, following River: XTx runs in a
-// transaction the caller owns, so the tokens are spent if and only if that
-// transaction commits; X runs in a short transaction of its own on the
-// store's pool. LimitAll takes several limits at once, all or none. Prune,
-// the maintenance job that deletes the state of limits that are full again,
-// runs transactions of its own.
-//
-// A Limiter is safe for concurrent use.
+// TTx is the store's transaction type (pgx.Tx for pgstore, *sql.Tx for the
+// others), inferred from the store given to New. Every operation on a limit
+// has two forms: XTx runs in a transaction the caller owns, so the tokens
+// are spent if and only if that transaction commits; X runs in a short
+// transaction of its own on the store's pool. A Limiter is safe for
+// concurrent use.
 type Limiter[TTx any] struct {
 	store           driver.Ops[TTx]
 	limits          map[string]Config
 	clock           func() time.Time
 	observer        func(context.Context, Event)
 	failOpenOnError bool
-	prune           pruneCursor
-	leases          leases // Config.Lease's
+	pruneAfter      atomic.Pointer[driver.KeyRef] // where the next Prune starts
+	leases          sync.Map                      // driver.KeyRef to its *lease (Config.Lease)
 }
 
 // New returns a Limiter on store with the named limits. Every config is
@@ -100,8 +90,8 @@ func (l *Limiter[TTx]) Config(name string) (Config, bool) {
 	return c, ok
 }
 
-// in runs do in tx when the caller gave one (the …Tx forms), and otherwise
-// in a short transaction of the Limiter's own, read-only when readOnly.
+// in runs do in tx when the caller gave one, and otherwise in a short
+// transaction of its own, read-only when readOnly.
 func in[TTx, T any](ctx context.Context, l *Limiter[TTx], tx *TTx, readOnly bool, do func(TTx) (T, error)) (T, error) {
 	if tx != nil {
 		return do(*tx)
@@ -122,19 +112,16 @@ func (l *Limiter[TTx]) Limit(ctx context.Context, name, key string, opts ...Opti
 
 // LimitTx checks the limit name for key and, when the tokens are there (or
 // the Reserve option allows a reservation), consumes them in tx. The tokens
-// are spent if and only if tx commits; a rollback gives them back. A denied
-// call writes nothing. The rows of the limit stay locked until tx ends, so
-// keep the transaction short, or use Shards for a limit many transactions
-// share (docs/hot-keys.md).
+// are spent if and only if tx commits. A denied call writes nothing. The
+// limit's rows stay locked until tx ends, so keep the transaction short,
+// or use Shards for a limit many transactions share (docs/hot-keys.md).
 //
-// A denial is a Result with OK false, not an error; call Result.Err for the
-// error style. Errors are bad input (*InvalidError, nothing written) or the
-// database's own; a serialization failure under REPEATABLE READ or
-// SERIALIZABLE is retryable like any other.
-//
-// Do not call Limit, Check or any other form without Tx for the same key
-// while tx holds it: that call runs in a transaction of its own, which waits
-// for tx's row lock, and tx waits for the call: it ends only with ctx.
+// A denial is a Result with OK false, not an error (Result.Err converts
+// it). Errors are bad input (*InvalidError, nothing written) or the
+// database's own (a serialization failure under REPEATABLE READ or
+// SERIALIZABLE is retryable). Do not call a form without Tx for the same
+// key while tx holds it: it waits for tx's row lock, and tx for it, until
+// ctx ends.
 func (l *Limiter[TTx]) LimitTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Result, error) {
 	return l.limitIn(ctx, &tx, name, key, opts)
 }
@@ -161,8 +148,8 @@ func (l *Limiter[TTx]) limitIn(ctx context.Context, tx *TTx, name, key string, o
 	return l.finish(ctx, opLimit, r, res, err, tx == nil)
 }
 
-// finish ends a Limit or Check call: it applies Options.FailOpen to the
-// error of a form without Tx (mayFailOpen) and tells the Observer.
+// finish ends a Limit or Check call: Options.FailOpen for a form without Tx
+// (mayFailOpen), then the Observer.
 func (l *Limiter[TTx]) finish(ctx context.Context, op string, r request, res Result, err error, mayFailOpen bool) (Result, error) {
 	failedOpen := mayFailOpen && l.failOpen(err)
 	switch {
@@ -171,7 +158,7 @@ func (l *Limiter[TTx]) finish(ctx context.Context, op string, r request, res Res
 	case err != nil:
 		res = Result{}
 	}
-	res.At = res.At.UTC() // whichever clock read it, as every store reports it
+	res.At = res.At.UTC() // whichever clock read it
 	l.report(ctx, r.obs, op, r, res, err, failedOpen)
 	if failedOpen {
 		return res, nil
@@ -179,21 +166,19 @@ func (l *Limiter[TTx]) finish(ctx context.Context, op string, r request, res Res
 	return res, err
 }
 
-// Check is CheckTx in a short transaction of its own. It first waits for a
-// lease of the key being taken (Config.LeaseAhead's in the background), so
-// that Remaining and Leased agree while no other call is made. With
-// Options.FailOpen, a failure of the store answers OK (see Options).
+// Check is CheckTx in a short transaction of its own, after waiting for a
+// lease of the key being taken ahead, so that Remaining and Leased agree.
+// With Options.FailOpen, a failure of the store answers OK (see Options).
 func (l *Limiter[TTx]) Check(ctx context.Context, name, key string, opts ...Option) (Result, error) {
 	return l.checkIn(ctx, nil, name, key, opts)
 }
 
-// CheckTx returns the decision LimitTx would make now, consuming nothing,
-// writing nothing and locking nothing, and the state of the limit: what a
-// UI draws (Remaining, NextToken, At; Limiter.Config gives the rest).
-// Count(0) reads a limit without asking for any token. Under concurrency
-// the answer may be stale by the time it is used; only LimitTx consumes
-// atomically. Unlike Check, it does not wait for a lease being taken
-// ahead, since that take may wait for tx.
+// CheckTx returns the decision LimitTx would make now, taking, writing and
+// locking nothing, with the state of the limit a UI draws (Remaining,
+// NextToken, At; Limiter.Config gives the rest). Count(0) reads a limit
+// without asking for a token. The answer may be stale by the time it is
+// used; only LimitTx consumes atomically. Unlike Check, it does not wait
+// for a lease being taken ahead, which may wait for tx.
 func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, opts ...Option) (Result, error) {
 	return l.checkIn(ctx, &tx, name, key, opts)
 }
@@ -201,7 +186,7 @@ func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, op
 func (l *Limiter[TTx]) checkIn(ctx context.Context, tx *TTx, name, key string, opts []Option) (Result, error) {
 	r, err := l.limitRequest(name, key, opts)
 	if err == nil && tx == nil {
-		err = l.leases.settle(ctx, driver.KeyRef{Name: r.name, Key: r.key})
+		err = l.settle(ctx, driver.KeyRef{Name: r.name, Key: r.key})
 	}
 	var res Result
 	if err == nil {
@@ -236,7 +221,11 @@ func (l *Limiter[TTx]) ResetTx(ctx context.Context, tx TTx, name, key string) er
 }
 
 func (l *Limiter[TTx]) resetIn(ctx context.Context, tx *TTx, name, key string) error {
-	r, err := l.keyRequest(name, key)
+	r := request{name: name, key: key, obs: l.observe()}
+	err := validName(name)
+	if err == nil {
+		err = validText("key", name, key)
+	}
 	if err == nil {
 		k := driver.KeyRef{Name: r.name, Key: r.key}
 		_, err = in(ctx, l, tx, false, func(tx TTx) (struct{}, error) {
@@ -261,12 +250,10 @@ func (l *Limiter[TTx]) Credit(ctx context.Context, name, key string, count float
 // CreditTx gives count tokens back to (name, key), for example those of a
 // reservation whose work was cancelled (Result.Count is what it took), never
 // lifting the limit above its Capacity. Only Inline is used among opts.
-//
 // A credit is not tied to any reservation: crediting twice gives the tokens
-// twice. Make it happen once by crediting in the same transaction as the
-// change that cancels the work, under a lock on that work's own row (for a
-// River job: credit only when JobCancelTx reports the job cancelled, in the
-// same transaction; examples/river does exactly that).
+// twice. Credit once, in the transaction that cancels the work, under a
+// lock on the work's own row (a River job: when JobCancelTx reports it
+// cancelled; see examples/river).
 func (l *Limiter[TTx]) CreditTx(ctx context.Context, tx TTx, name, key string, count float64, opts ...Option) error {
 	return l.creditIn(ctx, &tx, name, key, count, opts)
 }
@@ -285,12 +272,11 @@ func (l *Limiter[TTx]) creditIn(ctx context.Context, tx *TTx, name, key string, 
 	return err
 }
 
-// Ping checks that the store's database answers and holds the txlimit
-// tables (txlimit_holder too) with every column this version uses, on the
-// store's pool: call it at startup to fail fast. A missing or outdated table is an error matching
-// ErrNotMigrated, whose message names migrations.Up; a database of another
-// kind than the store's is an error that names the store to use; a store
-// without a pool is an *InvalidError.
+// Ping checks, on the store's pool, that the database answers and holds the
+// txlimit tables (txlimit_holder too) with every column this version uses:
+// call it at startup to fail fast. A missing or outdated table is an error
+// matching ErrNotMigrated; another kind of database, an error naming the
+// store to use; a store without a pool, an *InvalidError.
 func (l *Limiter[TTx]) Ping(ctx context.Context) error {
 	if err := l.store.Ping(ctx); err != nil {
 		return storeErr(err)

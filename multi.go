@@ -9,9 +9,8 @@ import (
 	"github.com/txlimit/txlimit/internal/driver"
 )
 
-// Request is one limit of a LimitAll call: the name and key of the limit and
-// the options LimitTx would take for it (Count, Reserve, Inline), with
-// the same defaults (Count defaults to 1):
+// Request is one limit of a LimitAll call: its name, key and the options
+// LimitTx would take for it, with the same defaults:
 //
 //	txlimit.Request{Name: "send", Key: user, Options: []txlimit.Option{txlimit.Count(3)}}
 type Request struct {
@@ -23,21 +22,18 @@ type Request struct {
 // MultiResult is the outcome of LimitAll.
 type MultiResult struct {
 	// OK reports whether every limit granted its tokens, and so whether
-	// they were all taken. When it is false, nothing was taken from any
-	// limit.
+	// they were all taken. When it is false, nothing was taken.
 	OK bool
 	// RetryAfter is, when OK is false, the longest RetryAfter among the
-	// limits that denied: the time until every one of them would grant the
-	// same request. When OK is true, it is the longest RetryAfter among the
-	// reservations (0 when there is none): when the reserved work may run.
+	// limits that denied: when every one of them would grant the same
+	// request. When OK is true, it is the longest among the reservations
+	// (0 when there is none): when the reserved work may run.
 	RetryAfter time.Duration
-	// Results has one Result per request, in the order of the requests.
-	// Results[i].OK reports whether that limit alone grants; when the
-	// MultiResult is not OK, none of them took anything, and each
-	// Remaining is what the limit holds.
+	// Results has one Result per request, in their order. Results[i].OK
+	// reports whether that limit alone grants; when the MultiResult is not
+	// OK, none took anything, and each Remaining is what the limit holds.
 	Results []Result
-	// At is the clock reading every decision was made at.
-	At time.Time
+	At      time.Time // the clock reading every decision was made at
 }
 
 // Err returns nil when m is OK (reservations included) and otherwise the
@@ -66,9 +62,8 @@ func (l *Limiter[TTx]) LimitAll(ctx context.Context, reqs ...Request) (MultiResu
 	return l.limitAllIn(ctx, nil, reqs)
 }
 
-// finishAll ends a LimitAll call as finish ends a Limit call: FailOpen for
-// a form without Tx (mayFailOpen), then the Observer, one Event per limit,
-// or a single one with the error when the call failed without results.
+// finishAll is finish for a LimitAll call: one Event per limit, or one with
+// the error when the call failed without results.
 func (l *Limiter[TTx]) finishAll(ctx context.Context, op string, obs *observation, rs []request, res MultiResult, err error, mayFailOpen bool) (MultiResult, error) {
 	failedOpen := mayFailOpen && l.failOpen(err)
 	switch {
@@ -80,7 +75,7 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, op string, obs *observatio
 	case err != nil:
 		res = MultiResult{}
 	}
-	res.At = res.At.UTC() // whichever clock read it, as every store reports it
+	res.At = res.At.UTC()
 	for i := range res.Results {
 		res.Results[i].At = res.Results[i].At.UTC()
 	}
@@ -90,8 +85,7 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, op string, obs *observatio
 		}
 		for i := range res.Results {
 			one := res.Results[i]
-			// A denied call took nothing from any limit: report each as
-			// denied, also those whose own tokens were there.
+			// A denied call took nothing from any limit.
 			one.OK = one.OK && res.OK
 			l.report(ctx, obs, op, rs[i], one, err, failedOpen)
 		}
@@ -104,28 +98,22 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, op string, obs *observatio
 
 // LimitAllTx checks several limits at once and consumes all of them or none:
 // when every limit has the tokens (or grants them as a reservation), each
-// one's are taken in tx; when any limit denies, nothing is taken from any of
-// them, and the MultiResult names the limits that denied. As with LimitTx,
-// the tokens are spent if and only if tx commits, and a denial is a result,
-// not an error.
+// one's are taken in tx; when any limit denies, nothing is taken, and the
+// MultiResult names the limits that denied. As with LimitTx, the tokens are
+// spent if and only if tx commits, and a denial is not an error.
 //
 // Every row of every limit is locked, waiting for other transactions, in one
-// canonical order: by name, then key (compared byte by byte), then shard,
-// whatever the order of reqs. Two transactions that call LimitAllTx on the
-// same limits in different orders therefore never deadlock on them. A
-// sharded limit is always locked whole here (no shard is skipped for a free
-// one), so LimitAllTx suits limits that are not each other's hot spots; use
-// LimitTx for a single hot sharded limit. The locks are held until tx ends,
-// so do not then take the same limits in another order in the same
-// transaction (through LimitTx, say).
+// canonical order (name, then key, byte by byte, then shard), so that two
+// LimitAllTx calls on the same limits never deadlock on them. A sharded
+// limit is locked whole here: use LimitTx for a single hot sharded limit.
+// The locks are held until tx ends, so do not then take the same limits in
+// another order in the same transaction. Each (name, key) may appear once:
+// give one request the sum of the counts. Bad input in any request is an
+// *InvalidError before anything is read or written.
 //
 // A Concurrency limit's slot is acquired with the others, all or none: its
 // key's lock row is locked before any row of a rate limit, a denied rate
 // limit leaves no holder, and a full Concurrency limit takes no token.
-//
-// Each (name, key) may appear once: give one request the sum of the counts
-// instead of two requests. Bad input in any request is an *InvalidError
-// before anything is read or written.
 func (l *Limiter[TTx]) LimitAllTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
 	return l.limitAllIn(ctx, &tx, reqs)
 }
@@ -135,7 +123,16 @@ func (l *Limiter[TTx]) limitAllIn(ctx context.Context, tx *TTx, reqs []Request) 
 	rs, err := l.newRequests(reqs)
 	var res MultiResult
 	if err == nil {
-		res, err = in(ctx, l, tx, false, func(tx TTx) (MultiResult, error) { return l.limitAll(ctx, tx, rs, obs) })
+		res, err = in(ctx, l, tx, false, func(tx TTx) (MultiResult, error) {
+			if slices.ContainsFunc(rs, request.slot) {
+				return l.acquireAll(ctx, tx, rs, obs)
+			}
+			all, err := l.store.TakeAll(ctx, tx, takeAllParams(rs, obs))
+			if err != nil {
+				return MultiResult{}, err
+			}
+			return multiResult(rs, all, obs)
+		})
 	}
 	return l.finishAll(ctx, opLimitAll, obs, rs, res, err, tx == nil)
 }
@@ -169,19 +166,7 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 	return rs, nil
 }
 
-func (l *Limiter[TTx]) limitAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
-	if slices.ContainsFunc(rs, request.slot) {
-		return l.acquireAll(ctx, tx, rs, obs)
-	}
-	all, err := l.store.TakeAll(ctx, tx, takeAllParams(rs, obs))
-	if err != nil {
-		return MultiResult{}, err
-	}
-	return multiResult(rs, all, obs)
-}
-
-// takeAllParams is the store's TakeAll for rs, with one clock for the call:
-// the first request's reading.
+// takeAllParams is the store's TakeAll for rs, on the first request's clock.
 func takeAllParams(rs []request, obs *observation) driver.TakeAllParams {
 	p := driver.TakeAllParams{Takes: make([]driver.TakeParams, len(rs)), Now: rs[0].now, TimeLocks: obs != nil}
 	for i, r := range rs {

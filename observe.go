@@ -8,7 +8,7 @@ import (
 	"github.com/txlimit/txlimit/internal/driver"
 )
 
-// The operations an Event reports (Event.Op).
+// The operations an Event reports.
 const (
 	opLimit    = "limit"
 	opCheck    = "check"
@@ -25,61 +25,50 @@ const (
 	opLeaseAhead = "lease_ahead"
 )
 
-// Event is one call as Options.Observer sees it.
+// Event is one call as Options.Observer sees it, with its decision or its
+// error and the time spent waiting for row locks.
 type Event struct {
-	// Op names the operation: "limit" (Limit or LimitTx), "check",
-	// "credit" (Count is the count credited), "reset", each with
-	// its …Tx form; "limit_all" (LimitAll or LimitAllTx: one Event per
-	// limit of the call, or one Event with Err when the call failed; when
-	// the call was denied, every limit's Event is a denial, since nothing
-	// was taken from any of them, with RetryAfter 0 for a limit whose own
-	// tokens were there); "commit" (CommitTx or Commit, as "limit_all":
-	// a denial is one whose transaction did not commit, and Err is set
-	// when it failed for another reason, fn's error included); "batch"
-	// (pgstore.SendBatch, as "limit_all": Err is set when it failed, the
-	// error of the batch's own statements included); "prune" (one batch
-	// of Prune: Name and Key are
-	// empty, Count is the number of rows the batch deleted); "lease_ahead"
-	// (a lease taken ahead in the background, Config.LeaseAhead, that
-	// failed: Err is its error and Count the tokens it asked for; no
-	// caller saw the error, and the next call that finds the lease empty
-	// takes one itself). A Concurrency limit's acquire is a "limit" or
-	// "limit_all" Event with Holder set; "release" and "extend" (Release,
-	// Extend and their …Tx forms: Result.OK is what they returned); and
-	// "reclaim", one Event per expired holder an acquire deleted (Holder is
-	// its id, Count 1), told after the acquire's own Event (for the …Tx
-	// forms, undone if the caller's transaction rolls back).
+	// Op names the operation, with its …Tx form: "limit", "check",
+	// "credit" (Count is the count credited), "reset"; "limit_all", one
+	// Event per limit, or one with Err when the call failed (when the call
+	// was denied, every limit's Event is a denial, with RetryAfter 0 for a
+	// limit whose own tokens were there); "commit" (CommitTx, Commit) and
+	// "batch" (pgstore.SendBatch), as "limit_all", a denial being a call
+	// whose work did not take effect, and Err set when it failed for
+	// another reason (fn's error, the batch's statements' included);
+	// "prune", one batch (Count is the rows it deleted; Name and Key are
+	// empty); "lease_ahead", a lease taken ahead that failed (Err is its
+	// error, Count the tokens it asked for; no caller saw the error). A
+	// Concurrency limit's acquire is a "limit" or "limit_all" Event with
+	// Holder set; "release" and "extend" (Release, Extend: Result.OK is
+	// what they returned); "reclaim", one Event per expired holder an
+	// acquire deleted (Holder is its id, Count 1), told after the
+	// acquire's own (for the …Tx forms, undone if the caller's transaction
+	// rolls back).
 	Op    string
 	Name  string
 	Key   string
 	Count float64
 	// Holder is the holder's id in the Events of a Concurrency limit.
 	Holder string
-	// Result is the decision. It is the zero Result when Err is set, unless
+	// Result is the decision: the zero Result when Err is set, unless
 	// FailedOpen.
 	Result Result
-	// Err is the error of a failed call, also when Options.FailOpen turned
-	// it into a grant (FailedOpen).
-	Err error
-	// FailedOpen reports that the store failed and Options.FailOpen granted
-	// the call without consuming anything.
-	FailedOpen bool
-	// Duration is how long the call took, as its caller waited for it.
-	Duration time.Duration
+	// Err is the error of a failed call, also when FailedOpen.
+	Err        error
+	FailedOpen bool          // as Result.FailedOpen
+	Duration   time.Duration // how long the call took, as its caller waited
 	// LockWait is the part of Duration spent in the statements that lock
-	// the limit's rows: the wait for other transactions that hold them
-	// plus those statements' round trips. A LockWait close to Duration on a
-	// busy limit is the sign that it needs Shards.
+	// the limit's rows. A LockWait close to Duration on a busy limit says
+	// it needs Shards.
 	LockWait time.Duration
 	// Outcome classifies the event for a metric label: "allowed",
 	// "reserved", "denied", "failed_open" or "error".
 	Outcome string
-	// ErrorKind classifies Err for a metric label, with few values so that
-	// a label on it stays cheap: "" when Err is nil; "invalid" for bad
-	// input, unknown limits and a store without a pool (*InvalidError);
-	// "not_migrated" (ErrNotMigrated); "canceled" and
-	// "deadline_exceeded" for the context; and "database" for every other
-	// error of the store.
+	// ErrorKind classifies Err for a metric label, in few values: "" when
+	// Err is nil; "invalid" (*InvalidError); "not_migrated"
+	// (ErrNotMigrated); "canceled" and "deadline_exceeded" for the context;
+	// "database" for every other error of the store.
 	ErrorKind string
 }
 
@@ -171,11 +160,8 @@ func (o *observation) reclaimed(r request, holders []string) {
 }
 
 // failOpen decides whether an error of a form without Tx is turned into a
-// grant under Options.FailOpen. Bad input, a missing pool, a database
-// without txlimit's table and a setup the store cannot work in (another
-// kind of database, a DSN or pooler mode it cannot use) are the program's or
-// the deployment's mistakes, and a cancelled context means the caller has
-// gone: those stay errors.
+// grant under Options.FailOpen. The program's or the deployment's mistakes,
+// and a cancelled context (the caller has gone), stay errors.
 func (l *Limiter[TTx]) failOpen(err error) bool {
 	return l.failOpenOnError && err != nil && !errors.As(err, new(*InvalidError)) &&
 		!errors.Is(err, ErrNotMigrated) && !errors.Is(err, driver.ErrSetup) && !errors.Is(err, context.Canceled)

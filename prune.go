@@ -3,83 +3,64 @@ package txlimit
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/txlimit/txlimit/internal/driver"
 )
 
-// defaultPruneBatchSize is the number of keys one Prune batch examines when
-// PruneOptions.BatchSize is 0.
+// defaultPruneBatchSize is PruneOptions.BatchSize's default.
 const defaultPruneBatchSize = 1000
 
 // PruneOptions configures Prune. A nil *PruneOptions is the zero value,
 // which is ready to use.
 type PruneOptions struct {
-	// BatchSize is the number of (name, key) pairs one batch examines.
-	// Each batch is one short transaction. Defaults to 1000.
+	// BatchSize is the number of (name, key) pairs one batch, one short
+	// transaction, examines. Defaults to 1000.
 	BatchSize int
 	// MaxBatches bounds the work of one call: Prune stops after this many
 	// batches, and the next call on the same Limiter continues where this
 	// one stopped. Defaults to 0: go through every key once.
 	MaxBatches int
 	// Limits gives the configuration of names the Limiter was not given
-	// (limits used only with Inline), and replaces the Limiter's own
-	// for the names it lists. Prune must judge each limit by the
-	// configuration its calls use: a row that is full under a smaller
-	// Capacity is not full under a larger one.
+	// (limits used only with Inline), and replaces the Limiter's own for
+	// the names it lists: Prune must judge each limit by the configuration
+	// its calls use (a row full under a smaller Capacity is not full under
+	// a larger one).
 	Limits map[string]Config
 }
 
 // PruneResult reports what Prune did.
 type PruneResult struct {
-	// Deleted is the number of rows deleted.
-	Deleted int
-	// Keys is the number of (name, key) pairs examined.
-	Keys int
+	Deleted int // rows deleted
+	Keys    int // (name, key) pairs examined
 	// Unknown is the number of (name, key) pairs left alone because their
-	// name has no configuration, neither in New nor in
-	// PruneOptions.Limits, so Prune cannot tell whether they are full.
-	// These are often limits that are no longer used; ResetTx deletes them.
+	// name has no configuration, in New or PruneOptions.Limits: often
+	// limits no longer used, which ResetTx deletes.
 	Unknown int
-	// Batches is the number of transactions Prune ran.
-	Batches int
-	// Complete reports whether the call reached the last key. It is false
-	// when MaxBatches stopped it first.
+	Batches int // transactions run
+	// Complete reports whether the call reached the last key: false when
+	// MaxBatches stopped it first.
 	Complete bool
 }
 
-// pruneCursor is where the next Prune call of a Limiter starts.
-type pruneCursor struct {
-	mu    sync.Mutex
-	after driver.KeyRef
-}
-
-// Prune deletes the state of limits that have refilled to capacity. A full
-// limit and a limit with no row are the same (a missing row is read as
-// full), so Prune changes no decision; it keeps the table as small as the
-// set of limits that are actually depleted.
-//
-// Prune goes through the keys in batches of PruneOptions.BatchSize, each in
-// a short transaction of its own on the store's pool (without one it
-// returns an *InvalidError). It deletes the rows of a (name, key) only when it holds all
-// of them and every shard, projected to now, is exactly what a missing row
-// would be; it deletes the rows of one key together, never some shards of
-// it. On PostgreSQL the rows are locked with FOR UPDATE SKIP LOCKED, so Prune
-// never waits for a row that live traffic holds: a key in use is skipped and
-// pruned by a later run. On SQLite each batch takes the database's write
-// lock, like any writer, for the time of the batch.
+// Prune deletes the state of limits that have refilled to capacity, which a
+// missing row means too: it changes no decision, and keeps the table as
+// small as the set of limits that are depleted. It goes through the keys in
+// batches of PruneOptions.BatchSize, each in a short transaction of its own
+// on the store's pool (without one it returns an *InvalidError). It deletes
+// the rows of a (name, key) together, only when it holds all of them and
+// every shard, projected to now, is exactly what a missing row would be. On
+// PostgreSQL and MySQL it never waits for a row that live traffic holds
+// (SKIP LOCKED): a key in use is left to a later run. On SQLite each batch
+// takes the write lock, like any writer. Rows whose name has no
+// configuration are left alone. Prune stops at the first error (a cancelled
+// ctx included) and returns it with what it had done.
 //
 // When the Limiter (or PruneOptions.Limits) has a Concurrency limit, Prune
 // first deletes, in batches of its own, every expired holder of every
 // Concurrency limit and the lock rows of keys whose every holder has
-// expired (an acquire reclaims the expired holders of its key anyway; this
-// is for keys not acquired again), passing over rows that live traffic
-// holds where the database can. Those batches count in Batches and Deleted,
-// and in MaxBatches.
-//
-// Rows whose name has no configuration are left alone and counted in
-// PruneResult.Unknown. Prune stops at the first error (a cancelled ctx
-// included) and returns it with what it had done.
+// expired (an acquire reclaims its own key's; this is for keys not
+// acquired again), passing over rows live traffic holds where the database
+// can. Those batches count in Batches, Deleted and MaxBatches.
 func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResult, error) {
 	var o PruneOptions
 	if opts != nil {
@@ -121,14 +102,11 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 		}
 	}
 
-	l.prune.mu.Lock()
-	after := l.prune.after
-	l.prune.mu.Unlock()
-	defer func() {
-		l.prune.mu.Lock()
-		l.prune.after = after
-		l.prune.mu.Unlock()
-	}()
+	var after driver.KeyRef
+	if p := l.pruneAfter.Load(); p != nil {
+		after = *p
+	}
+	defer func() { l.pruneAfter.Store(&after) }()
 	for o.MaxBatches == 0 || res.Batches < o.MaxBatches {
 		if err := ctx.Err(); err != nil {
 			return res, err

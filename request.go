@@ -23,28 +23,25 @@ type callOptions struct {
 // Defaults to 1. It may be fractional; it must be finite and >= 0.
 func Count(n float64) Option { return func(o *callOptions) { o.count = n } }
 
-// UpTo takes as many tokens as the limit holds, up to n (redis_rate's
-// AllowAtMost): n when they are there, otherwise the most whole tokens
-// there are; Result.Taken says how many. It denies, taking nothing, only
-// when not even one token is there (n itself when n is below one). It is
-// Count(n) that takes what there is, and it never reserves: with Reserve,
-// it is an *InvalidError. In LimitAll every limit
-// called with UpTo takes the same amount, the least any of them could take
-// alone (each unit of the work needs a token of each), and the call still
-// takes from every limit or from none.
+// UpTo is Count(n) that takes what there is (redis_rate's AllowAtMost): n
+// when the limit holds it, otherwise the most whole tokens there are;
+// Result.Taken says how many. It denies, taking nothing, only when not even
+// one token is there (n itself when n is below one). It never reserves:
+// with Reserve, it is an *InvalidError. In LimitAll every limit called with
+// UpTo takes the least any of them could take alone (each unit of the work
+// needs a token of each), from every limit or from none.
 func UpTo(n float64) Option { return func(o *callOptions) { o.count, o.upTo = n, true } }
 
 // Reserve lets Limit take the tokens even when the limit lacks them, as a
 // reservation: the result is OK with RetryAfter > 0, meaning the tokens are
 // yours and the work should run after RetryAfter without checking the limit
 // again. Config.MaxReserved caps the debt. A reservation whose wait would
-// reach about 146 years, or whose debt would leave float64's range, is refused with
-// an *InvalidError for Count, taking nothing.
+// reach about 146 years, or whose debt would leave float64's range, is an
+// *InvalidError for Count, taking nothing.
 func Reserve() Option { return func(o *callOptions) { o.reserve = true } }
 
-// Inline gives the limit's configuration in the call. It is required for a
-// name that was not given to New and replaces the configuration of one that
-// was.
+// Inline gives the limit's configuration in the call: required for a name
+// not given to New, it replaces the configuration of one that was.
 func Inline(c Config) Option { return func(o *callOptions) { cc := c; o.config = &cc } }
 
 // request is one call, validated by newRequest.
@@ -61,8 +58,8 @@ type request struct {
 	obs     *observation // nil unless the Limiter has an Observer
 }
 
-// newRequest validates a call. The request it returns on an error still
-// names the call (name, key, count), for the Observer.
+// newRequest validates a call. On an error the request still names the
+// call, for the Observer.
 func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observation) (request, error) {
 	o := callOptions{count: 1}
 	for _, opt := range opts {
@@ -93,7 +90,11 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observat
 		return r, err
 	}
 	if !finite(o.count) || o.count < 0 {
-		return r, &InvalidError{Limit: name, Field: r.countField(), Problem: fmt.Sprintf("must be a finite number >= 0, got %v", o.count)}
+		field := "Count"
+		if o.upTo {
+			field = "UpTo"
+		}
+		return r, invalid(name, field, "must be a finite number >= 0, got %v", o.count)
 	}
 	r.limit = r.config.stored().Limit(name, key)
 	var err error
@@ -104,15 +105,7 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observat
 // shard is the configuration of one of r's shards.
 func (r request) shard() algo.Config { return r.limit.Shard(r.limit.Shards) }
 
-// countField names the option that set r's count.
-func (r request) countField() string {
-	if r.upTo {
-		return "UpTo"
-	}
-	return "Count"
-}
-
-// checkCount rejects a count that no amount of waiting would grant.
+// checkCount rejects a count that no wait would grant.
 func (r request) checkCount() error {
 	c := r.config
 	if r.slot() {
@@ -122,16 +115,13 @@ func (r request) checkCount() error {
 	case r.upTo && r.reserve:
 		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: "cannot be combined with Reserve: a reservation takes its whole count"}
 	case r.upTo && r.count >= 1 && c.Capacity < 1:
-		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: fmt.Sprintf(
-			"%v asks for whole tokens, but Capacity %v holds less than one; ask for at most Capacity", r.count, c.Capacity)}
+		return invalid(r.name, "UpTo", "%v asks for whole tokens, but Capacity %v holds less than one; ask for at most Capacity", r.count, c.Capacity)
 	case r.upTo:
 		return nil // it takes at most Capacity
 	case !r.reserve && r.count > c.Capacity:
-		return &InvalidError{Limit: r.name, Field: "Count", Problem: fmt.Sprintf(
-			"%v exceeds Capacity %v and could never be granted; raise Capacity or use Reserve", r.count, c.Capacity)}
+		return invalid(r.name, "Count", "%v exceeds Capacity %v and could never be granted; raise Capacity or use Reserve", r.count, c.Capacity)
 	case r.reserve && c.MaxReserved > 0 && r.count > c.Capacity+c.MaxReserved:
-		return &InvalidError{Limit: r.name, Field: "Count", Problem: fmt.Sprintf(
-			"%v exceeds Capacity+MaxReserved %v and could never be reserved; raise MaxReserved", r.count, c.Capacity+c.MaxReserved)}
+		return invalid(r.name, "Count", "%v exceeds Capacity+MaxReserved %v and could never be reserved; raise MaxReserved", r.count, c.Capacity+c.MaxReserved)
 	}
 	return nil
 }
@@ -145,8 +135,7 @@ func (r request) take() driver.TakeParams {
 }
 
 // now reads Options.Clock, or returns nil for the store's clock. A reading
-// the store's database cannot hold (driver.ClockRanger) is an
-// *InvalidError, before any statement.
+// the store's database cannot hold (driver.ClockRanger) is an *InvalidError.
 func (l *Limiter[TTx]) now() (*time.Time, error) {
 	if l.clock == nil {
 		return nil, nil
@@ -175,13 +164,4 @@ func (l *Limiter[TTx]) limitRequest(name, key string, opts []Option) (request, e
 // failedOpen is the Result of r granted by Options.FailOpen.
 func (r request) failedOpen(at time.Time) Result {
 	return Result{Name: r.name, Key: r.key, Count: r.count, Holder: r.holder, OK: true, FailedOpen: true, At: at}
-}
-
-// keyRequest validates a call that names a key and needs no config.
-func (l *Limiter[TTx]) keyRequest(name, key string) (request, error) {
-	r := request{name: name, key: key, obs: l.observe()}
-	if err := validName(name); err != nil {
-		return r, err
-	}
-	return r, validText("key", name, key)
 }

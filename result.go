@@ -1,7 +1,6 @@
 package txlimit
 
 import (
-	"fmt"
 	"math"
 	"time"
 
@@ -9,8 +8,7 @@ import (
 	"github.com/txlimit/txlimit/internal/driver"
 )
 
-// Result is the outcome of Limit or Check, or of one limit of LimitAll: the
-// one way to read a limit (Check reads without taking).
+// Result is the outcome of Limit or Check, or of one limit of LimitAll.
 type Result struct {
 	Name string
 	Key  string
@@ -18,14 +16,13 @@ type Result struct {
 	// reservation gives back with Credit.
 	Count float64
 	// Taken is the number of tokens the call took: Count for a grant (a
-	// reservation included), what UpTo found for a call with UpTo, 0 for a
-	// denial. For Check, what LimitTx would take now.
+	// reservation included), what UpTo found, 0 for a denial. For Check,
+	// what LimitTx would take now.
 	Taken float64
-	// OK reports whether the tokens were granted (or, for Check, would be).
+	// OK reports whether the tokens were granted (for Check, would be).
 	OK bool
 	// FailedOpen reports that the store failed and Options.FailOpen
-	// granted the call without consuming anything (the error went to the
-	// Observer).
+	// granted the call without consuming anything.
 	FailedOpen bool
 	// RetryAfter is, when OK is false, the time until the same request
 	// would be granted. When OK is true and RetryAfter > 0, the tokens were
@@ -35,32 +32,24 @@ type Result struct {
 	// the time until a slot is expected back (the earliest expiry of a live
 	// holder); a Release frees one sooner.
 	RetryAfter time.Duration
-	// At is the clock reading the decision was made at.
-	At time.Time
+	At         time.Time // the clock reading the decision was made at
 	// Remaining is the number of tokens the limit holds after the call,
-	// summed over all shards and projected to At: what later calls may
-	// take. After a denial (or a Check), nothing was taken and it is what
-	// the limit holds; it is negative while reservations are outstanding.
-	// It is read under the call's locks, except where the call locked
-	// nothing or not every shard (a denial decided on committed state, a
-	// sharded limit served from one free shard on PostgreSQL with
+	// summed over all shards and projected to At; negative while
+	// reservations are outstanding. It is read under the call's locks,
+	// except where the call locked nothing or not every shard (a denial
+	// decided on committed state, one free shard read with
 	// Config.ReportRemaining): there the other shards count as last
-	// committed, and transactions that hold them may be changing them. It
-	// is 0 when Partial is set. For a Concurrency limit, the free slots
-	// after the call: Capacity less the live holders.
+	// committed. It is 0 when Partial is set. For a Concurrency limit, the
+	// free slots after the call: Capacity less the live holders.
 	Remaining float64
 	// NextToken is the time from At until the limit holds one whole token
 	// more than floor(Remaining) (at least one), if no call takes or gives
-	// back tokens meanwhile: for that long a caller told it has
-	// floor(Remaining) whole tokens cannot get more. It is what the HTTP
-	// RateLimit header calls the effective window (package httplimit sends
-	// it as t). It is 0 when the limit will never hold that many (its
-	// Capacity is lower), and when Partial is set; never more than
-	// RetryAfter's bound.
+	// back tokens meanwhile: the HTTP RateLimit header's effective window.
+	// It is 0 when the limit will never hold that many (its Capacity is
+	// lower), and when Partial is set; never more than RetryAfter's bound.
 	NextToken time.Duration
-	// Partial reports that the call read only one shard of a sharded
-	// limit, so that Remaining and NextToken are unknown (and 0): a call
-	// PostgreSQL served from one free shard, without
+	// Partial reports that Remaining and NextToken are unknown (and 0): the
+	// call read one free shard of a sharded limit, on PostgreSQL, without
 	// Config.ReportRemaining.
 	Partial bool
 	// Leased is, for Check, the tokens of the key this Limiter holds in
@@ -82,13 +71,13 @@ func (r Result) Err() error {
 	return &RateLimitedError{Name: r.Name, Key: r.Key, RetryAfter: r.RetryAfter}
 }
 
-// result is the Result of what a store decided for r: t.States are the
-// shards after the call (unchanged when nothing was taken), or nil when the
-// store read one shard only (Partial).
+// result is the Result of what a store decided for r.
 func (r request) result(t driver.TakeResult) (Result, error) {
 	d := t.Decision
 	if d.Overflow {
-		return Result{}, r.overflowError()
+		return Result{}, invalid(r.name, "Count", "%v reserved at Rate %v per %v would put the limit in a debt it repays "+
+			"only after about 146 years or more, or beyond what a float64 holds; nothing was taken. Lower Count, raise Rate, "+
+			"or set MaxReserved to cap the debt", r.count, r.config.Rate, r.config.Period)
 	}
 	res := Result{
 		Name: r.name, Key: r.key, Count: r.count, OK: d.OK, Taken: t.Taken,
@@ -102,31 +91,12 @@ func (r request) result(t driver.TakeResult) (Result, error) {
 	if t.States != nil {
 		now := t.At.UnixMicro()
 		res.Remaining = algo.Pooled(r.shard(), t.States, now)
-		res.NextToken = r.nextToken(t.States, now, res.Remaining)
+		// The time until a request of target tokens would fit is exactly
+		// the time until the limit holds them.
+		if target := math.Floor(max(res.Remaining, 0)) + 1; target <= r.config.Capacity {
+			_, next := algo.TakeShards(r.shard(), t.States, now, target, false)
+			res.NextToken = time.Duration(next.RetryAfter) * time.Microsecond
+		}
 	}
 	return res, nil
-}
-
-// overflowError is the error of a reservation that algo refused because
-// its wait would reach MaxWait or its debt leave float64's range.
-func (r request) overflowError() error {
-	c := r.config
-	return &InvalidError{Limit: r.name, Field: "Count", Problem: fmt.Sprintf(
-		"%v reserved at Rate %v per %v would put the limit in a debt it repays only after about 146 years or more, "+
-			"or beyond what a float64 holds; nothing was taken. Lower Count, raise Rate, or set MaxReserved to cap the debt",
-		r.count, c.Rate, c.Period)}
-}
-
-// nextToken returns the time until the shards, left alone, pool one whole
-// token more than floor(remaining) (at least one), or 0 when that exceeds
-// the limit's capacity.
-func (r request) nextToken(states []algo.State, now int64, remaining float64) time.Duration {
-	target := math.Floor(max(remaining, 0)) + 1
-	if target > r.config.Capacity {
-		return 0
-	}
-	// The time until a request of target tokens would fit is exactly the
-	// time until the limit holds target tokens.
-	_, d := algo.TakeShards(r.shard(), states, now, target, false)
-	return time.Duration(d.RetryAfter) * time.Microsecond
 }

@@ -10,46 +10,35 @@ import (
 )
 
 // Wait blocks until the limit name grants key its tokens, then returns the
-// granted Result; it is Limit in a loop, for workers that would rather wait
-// than be told no (a job that calls an API under a per-organisation limit,
-// say). Count(n) makes it what x/time/rate calls WaitN.
+// granted Result: Limit in a loop, for workers that would rather wait than
+// be told no. Count(n) makes it what x/time/rate calls WaitN.
 //
-// Each attempt is a Limit call: a short transaction of its own that holds its
-// locks only for that call. After a denial Wait sleeps, holding no transaction
-// and no connection, for the denial's RetryAfter plus a random extra drawn
-// uniformly from [0, spread) (see jitter.Spread), where spread is the time the limit
-// takes to add the count (count × Period/Rate), at most Period. Callers that
-// wait on one key then come back spread over about the time one grant's worth
-// of tokens takes to arrive, rather than all at once, and a token that
-// arrives while callers wait is granted within spread of arriving.
+// Each attempt is a Limit call. After a denial Wait sleeps, holding no
+// transaction and no connection, for the denial's RetryAfter plus a random
+// extra drawn uniformly from [0, spread) (jitter.Spread), spread being the
+// time the limit takes to add the count (count × Period/Rate), at most
+// Period: a token that arrives while callers wait is granted within spread.
 //
 // If ctx has a deadline and the denial's RetryAfter would end after it, Wait
-// returns at once, without sleeping, with the denied Result and an error that
-// matches both context.DeadlineExceeded and ErrRateLimited (errors.Is) and
-// is a *RateLimitedError for errors.As; a retry would come too late. The
-// random extra is never drawn past the deadline. If ctx ends while Wait
-// sleeps, it returns the last denied Result and ctx.Err().
+// returns at once with the denied Result and an error that matches both
+// context.DeadlineExceeded and ErrRateLimited (errors.Is) and is a
+// *RateLimitedError for errors.As. The random extra is never drawn past the
+// deadline. If ctx ends while Wait sleeps, it returns the last denied Result
+// and ctx.Err(). A wait beyond about 146 years says so: with a deadline
+// Wait returns at once, without one it sleeps until ctx ends. RetryAfter is
+// on the limiter's clock and Wait sleeps on the process's: with an
+// Options.Clock that does not move, Wait waits until ctx ends.
 //
-// A count the limit could never grant (above its Capacity) is the
-// *InvalidError Limit returns, at once, as is any other bad input; errors
-// of the store are returned as Limit returns them, and with Options.FailOpen
-// a failing store grants the call (Result.FailedOpen). Wait does not take
-// the Reserve option: a reservation is granted at once, so there is nothing
-// to wait for; call Limit with Reserve and sleep the Result's RetryAfter.
+// Bad input, a count above Capacity included, is the *InvalidError Limit
+// returns, at once; errors of the store are returned as Limit returns them
+// (with Options.FailOpen, a failing store grants the call). Wait refuses
+// Reserve: a reservation is granted at once; call Limit with Reserve and
+// sleep the Result's RetryAfter.
 //
-// A denial whose wait is beyond about 146 years says that: with
-// a deadline Wait returns at once; without one it sleeps until ctx ends.
-//
-// RetryAfter is on the limiter's clock (the database's, or Options.Clock)
-// and Wait sleeps on the process's: with a Clock that does not move, Wait
-// waits until ctx ends.
-//
-// Wait takes the tokens in a transaction of its own, so they are spent
-// whatever the caller does next; there is no WaitTx, because sleeping inside
-// the caller's transaction would hold its locks and connection for the wait.
-// To spend the tokens only if the caller's work commits, wait for them with
-// Check's RetryAfter outside the transaction and take them with LimitTx
-// inside it.
+// The tokens are spent whatever the caller does next. There is no WaitTx
+// (it would hold the caller's locks while it sleeps): to spend the tokens
+// only if the work commits, wait with Check's RetryAfter outside the
+// transaction and take them with LimitTx inside it.
 func (l *Limiter[TTx]) Wait(ctx context.Context, name, key string, opts ...Option) (Result, error) {
 	// A timer, unless the conformance suite runs Wait on a virtual clock.
 	sleep := waitsleep.From(ctx)
@@ -74,8 +63,7 @@ func (l *Limiter[TTx]) Wait(ctx context.Context, name, key string, opts ...Optio
 		if err != nil || res.OK {
 			return res, err
 		}
-		// A denial: the call was valid, so the limit has a config (given
-		// to New, or inline) with Rate and Period > 0.
+		// A denial: the call was valid, so the limit has a config.
 		cfg := l.limits[name]
 		if o.config != nil {
 			cfg = *o.config

@@ -27,48 +27,15 @@ const (
 	// or of each calendar unit (Config.Calendar).
 	FixedWindow
 	// SlidingWindow admits at most Rate in a window of Period that slides
-	// with the clock, counted as the sliding window counter does: the count
-	// of the current fixed window plus the previous window's count,
-	// weighted by the part of the previous window that the sliding window
-	// still covers:
-	//
-	//	prev·(1 - elapsed/Period) + curr + count <= Rate
-	//
-	// where elapsed is the time since the current window started (windows
-	// are aligned to an origin, as a FixedWindow's). The state is O(1): the
-	// two counts and the window's start (State.Value, State.Prev, State.TS).
-	// The weight is exact, never rounded, so a limit never resets early:
-	// under 1 per minute, the call after one at 12:00:30 is admitted at
-	// 12:02:00 at the earliest (CakePHP #19287 rounded the weighted count
-	// down and admitted it at 12:00:31).
-	//
-	// Worst case: the weighting assumes the previous window's calls were
-	// spread evenly over it. When they all came at its end, a window of
-	// Period that straddles the boundary admits them and nearly all of the
-	// next window's. With Capacity b and Rate r per Period p, any span of
-	// length L (reservations aside) admits at most
+	// with the clock, by the sliding window counter with an exact weight
+	// (txlimit.SlidingWindow); its state is counts (sliding.go). Worst case:
+	// with Capacity b and Rate r per Period p, any span of length L
+	// (reservations aside) admits at most
 	//
 	//	b + min(r, b)·(L - 1µs)/p
 	//
-	// tokens: for L = p and the default b = r, at most r·(2 - 1µs/p), just
-	// under 2·Rate. Every fixed window admits at most b, and many windows
-	// at most min(r, b) each on average. A smaller Capacity or a shorter
-	// Period tightens the bound at the price of bursts: b = r/2 bounds
-	// every window of p at r (and admits r/2 per Period); Rate r/k per p/k with
-	// b = r/k bounds a window of p at r·(1 + 1/k) and admits r per p in
-	// bursts of r/k. An exact bound of Rate with bursts of Rate needs the
-	// time of every call in the window (a sliding log), which one row per
-	// key cannot hold.
-	//
-	// Capacity (default Rate) caps the tokens, as in the other kinds: above
-	// Rate, unused Rate carries over to later windows up to Capacity (the
-	// count goes below 0, down to Rate-Capacity). A reservation's debt (a
-	// count above Rate) is never forgotten: each window that ends passes
-	// its count on to the next less Rate, so a debt is paid at Rate per
-	// Period, given back evenly over each window as the weighting gives
-	// back the previous window's count. Because the state is a count and
-	// not tokens, a changed Rate applies at once: raising it from 10 to 20
-	// per minute admits 10 more calls at once in a window that counted 10.
+	// tokens, just under 2·Rate for L = p and the default b = r
+	// (docs/windows.md).
 	SlidingWindow
 )
 
@@ -105,25 +72,20 @@ type Decision struct {
 	// state as it was.
 	OK bool
 	// RetryAfter is, for a denial, the time until the whole count fits; for
-	// a granted reservation (OK with the value below zero), the time until
-	// the reserved tokens exist, when the reserved work may run. It is 0 for
-	// an ordinary grant, never negative and never more than MaxWait: a
-	// denial whose wait is longer (or cannot be computed) says MaxWait.
+	// a granted reservation, the time until the reserved tokens exist. It
+	// is 0 for an ordinary grant and never more than MaxWait: a denial whose
+	// wait is longer (or cannot be computed) says MaxWait.
 	RetryAfter int64
-	// Overflow reports a reservation refused because granting it would put
-	// the limit out of what can be represented: a RetryAfter of MaxWait or
-	// more, or a value beyond float64's range. OK is then false, RetryAfter
-	// 0 and the states come back unchanged, as for a denial, but waiting
-	// does not help: the caller reports it as bad input (a count too large
-	// for the limit), not as a denial.
+	// Overflow reports a reservation refused because granting it would need
+	// a RetryAfter of MaxWait or more, or a value beyond float64's range.
+	// OK is false and the states come back unchanged, but waiting does not
+	// help: the caller reports bad input, not a denial.
 	Overflow bool
 }
 
 // MaxWait is the longest wait, in microseconds, that a Decision reports:
 // half the range of time.Duration (2^62 ns, about 146 years), so that a
-// caller may add a jitter or a period to it without overflowing. A denial
-// whose wait is longer reports MaxWait; a reservation whose wait would reach
-// it is refused (Decision.Overflow).
+// caller may add a jitter or a period to it without overflowing.
 const MaxWait = int64(1<<62) / 1000
 
 // tolerance absorbs floating-point rounding so that, say, ten refills of 0.1
@@ -134,11 +96,10 @@ func tolerance(c Config) float64 {
 }
 
 // Full returns a state that is full at every instant: what a missing row
-// means. For a fixed or sliding window its TS is the window origin, so that
-// advancing it to any instant lands on a window boundary aligned to origin;
-// a calendar window ignores origin, and its TS is the start of the window
-// that holds the epoch. A sliding window's Value is the count of a full
-// window, Rate-Capacity (0 by default).
+// means. A fixed or sliding window's TS is on the window origin (a calendar
+// window's, the start of the window that holds the epoch), so that
+// advancing it lands on a window boundary. A sliding window's Value is the
+// count of a full window.
 func Full(c Config, origin int64) State {
 	switch {
 	case c.calendar():
@@ -146,19 +107,17 @@ func Full(c Config, origin int64) State {
 		return State{Value: c.Capacity, TS: start}
 	case c.Kind == SlidingWindow:
 		return State{Value: c.low(), TS: floorMod(origin, c.Period)}
-	}
-	if c.Kind == FixedWindow {
+	case c.Kind == FixedWindow:
 		return State{Value: c.Capacity, TS: floorMod(origin, c.Period)}
 	}
-	return State{Value: c.Capacity, TS: 0}
+	return State{Value: c.Capacity}
 }
 
 // Project advances s to now without consuming anything. Time running
-// backwards (now before s.TS) adds nothing and never moves TS back, so no
-// stretch of time is ever credited twice. The value is capped at Capacity
-// even when no time has passed (a row written under a larger capacity).
-// For a SlidingWindow the state is a count (see SlidingWindow), capped so
-// that the tokens never exceed Capacity; Pooled gives its tokens.
+// backwards adds nothing and never moves TS back, so no stretch of time is
+// credited twice. The value is capped at Capacity even when no time has
+// passed (a row written under a larger capacity). A SlidingWindow's state
+// is a count; Pooled gives its tokens.
 func Project(c Config, s State, now int64) State {
 	switch {
 	case c.Kind == SlidingWindow:
@@ -192,23 +151,13 @@ func Take(c Config, s State, now int64, count float64, reserve bool) (State, Dec
 }
 
 // TakeShards consumes count tokens from a limit split into len(states)
-// shards, each configured by c (one shard's share of rate, capacity and
-// MaxReserved). The shards are pooled: the request fits when their projected
-// values add up to count. When it does not and reserve is set, the tokens are
-// granted anyway as a reservation (the pooled value goes below zero) unless
-// the debt would exceed the pooled MaxReserved.
-//
-// The shards are projected to the call's instant: the later of now and the
-// latest shard timestamp (see Pooled), each on its own timestamp. A grant
-// returns new states that spread what is left evenly over the shards, all
-// stamped with that instant (so that each one reaches zero at the same
-// instant, which makes the reservation's RetryAfter exactly that of one
-// unsharded bucket). A denial returns the states unchanged (the same slice)
-// with the time until the request would be granted, at most MaxWait.
-//
-// A reservation that would need a wait of MaxWait or more, or would take
-// the pooled value beyond float64's range, is refused: the states come back
-// unchanged with Decision.Overflow set.
+// shards, each configured by c (one shard's share). The request fits when
+// the shards pool count (see Pooled); when it does not and reserve is set,
+// it is granted as a reservation unless the debt would exceed the pooled
+// MaxReserved (or overflow). A grant spreads what is left evenly over the
+// shards, all stamped with the call's instant, so that a reservation's
+// RetryAfter is exactly that of one unsharded bucket. A denial returns the
+// states unchanged (the same slice).
 func TakeShards(c Config, states []State, now int64, count float64, reserve bool) ([]State, Decision) {
 	n := float64(len(states))
 	var sliding slidingPool
@@ -257,10 +206,9 @@ func TakeShards(c Config, states []State, now int64, count float64, reserve bool
 
 // Pooled returns the sum of the shards' values projected to the call's
 // instant: now, or the latest shard timestamp when that is later (a clock
-// that stepped back, or one read before a shard that another call stamped
-// later was locked). Each shard is projected on its own timestamp, so a
-// shard that was behind gets its refill up to that instant, as an unsharded
-// bucket, stamped by the later call, would have had it.
+// that stepped back, or read before another call stamped a shard). Each
+// shard is projected from its own timestamp, so one that was behind gets
+// its refill up to that instant.
 func Pooled(c Config, states []State, now int64) float64 {
 	if c.Kind == SlidingWindow {
 		return poolSliding(c, states, now).tokens
@@ -269,10 +217,9 @@ func Pooled(c Config, states []State, now int64) float64 {
 	return v
 }
 
-// CreditShards gives count tokens back to a limit split into shards, never
-// lifting the pooled value above the pooled capacity, and spreads the result
-// evenly, stamped like a grant of TakeShards. The values stay finite for
-// any finite count.
+// CreditShards gives count tokens back to a limit split into shards, up to
+// the pooled capacity, spread and stamped like a grant. The values stay
+// finite for any finite count.
 func CreditShards(c Config, states []State, now int64, count float64) []State {
 	if c.Kind == SlidingWindow {
 		p := poolSliding(c, states, now)
@@ -283,11 +230,10 @@ func CreditShards(c Config, states []State, now int64, count float64) []State {
 	return spread(len(states), math.Min(pooled+count, c.Capacity*float64(len(states))), ts)
 }
 
-// Reshard returns the states of a limit whose states were written under
-// from (the config of one of len(states) shards) as n shards of to: the
-// pooled value at the call's instant (see Pooled), capped at the n shards'
-// pooled capacity, spread evenly and stamped like a grant. The limit holds
-// the same tokens (and the same debt) before and after.
+// Reshard returns the states of a limit written under from (one of
+// len(states) shards) as n shards of to, holding the same tokens (and the
+// same debt), capped at the n shards' pooled capacity, stamped like a
+// grant.
 func Reshard(from Config, states []State, to Config, n int, now int64) []State {
 	if from.Kind == SlidingWindow {
 		// A count is the same whatever the shards (from and to are one
@@ -299,12 +245,8 @@ func Reshard(from Config, states []State, to Config, n int, now int64) []State {
 	return spread(n, math.Min(total, to.Capacity*float64(n)), ts)
 }
 
-// pool projects every shard, on its own timestamp, to the call's instant
-// (the later of now and the latest shard timestamp) and returns the sum of
-// their values and the latest of their projected timestamps: what a grant
-// stamps every shard with. Projecting a shard that is behind only to now
-// and then stamping it with a later instant would drop its refill in
-// between.
+// pool returns Pooled and the latest projected timestamp: what a grant
+// stamps every shard with.
 func pool(c Config, states []State, now int64) (float64, int64) {
 	at := instant(states, now)
 	var sum float64
@@ -317,10 +259,7 @@ func pool(c Config, states []State, now int64) (float64, int64) {
 	return sum, ts
 }
 
-// instant is the instant a call at now decides at: now, or the latest
-// timestamp of states when that is later. An unsharded bucket whose TS is
-// ahead of now holds its refill up to TS; a sharded limit holds every
-// shard's refill up to the latest timestamp any of them was given.
+// instant is the instant a call at now decides at (see Pooled).
 func instant(states []State, now int64) int64 {
 	at := now
 	for _, s := range states {
@@ -415,8 +354,7 @@ func floorMod(a, m int64) int64 {
 }
 
 // clampDuration rounds a wait up to whole microseconds within [0,
-// MaxWait]. A NaN (a wait that cannot be computed) is MaxWait, so that a
-// denial never says "now".
+// MaxWait]; a NaN is MaxWait, so that a denial never says "now".
 func clampDuration(us float64) int64 {
 	switch {
 	case math.IsNaN(us) || us >= float64(MaxWait):

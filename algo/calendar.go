@@ -20,30 +20,17 @@ const (
 )
 
 // Calendar makes the windows of a FixedWindow calendar units in a time zone
-// instead of multiples of Period. The zero value (no Unit) keeps windows of
-// Period.
-//
+// instead of multiples of Period (the zero value keeps windows of Period).
 // A window starts at the first instant whose local date and time (in
-// Location) is at or after midnight of its first day. That is local
-// midnight on an ordinary day. Where the clocks jump over midnight
-// (Asia/Kathmandu on 1986-01-01, America/Havana in March), the first local
-// instant of the new date is the jump: the window starts when the clocks
-// read 00:15 or 01:00. Where they turn back to or across midnight, so that
-// midnight happens twice (America/Havana in November, America/St_Johns
-// before 2011), it starts at the first midnight, and the local time that
-// follows it belongs to the new window even while it reads the day before.
-// Days are therefore 23, 23.5, 24, 24.5 or 25 hours long and months 28 to
-// 31 days. A date a zone skips entirely (Pacific/Apia, 2011-12-30) is a
-// window of no length: its Rate comes with the next window's.
-//
-// The windows depend only on the zone's rules (Go's tzdata) and the
-// instant, never on a clock or the machine's zone, so every process and
-// every store computes the same boundaries.
+// Location) is at or after midnight of its first day: local midnight, or
+// the jump where the clocks skip midnight (Asia/Kathmandu on 1986-01-01),
+// or the first midnight where it happens twice (America/Havana in
+// November). A date a zone skips (Pacific/Apia, 2011-12-30) is a window of
+// no length: its Rate comes with the next. The windows depend only on the
+// zone's rules (Go's tzdata) and the instant.
 type Calendar struct {
-	Unit CalendarUnit
-	// Weekday is the first day of a Week window: time.Sunday (the zero
-	// value) or time.Monday (ISO 8601), or any other.
-	Weekday time.Weekday
+	Unit    CalendarUnit
+	Weekday time.Weekday // the first day of a Week window
 	// Location is the time zone of the windows. nil is UTC.
 	Location *time.Location
 }
@@ -58,8 +45,8 @@ func (cal Calendar) Window(t int64) (start, end int64) {
 	return start, cal.start(i + 1)
 }
 
-// window returns the index of the window that holds t and its start.
-// Indexes count windows: one more is the next window.
+// window returns the index of the window that holds t (one more is the
+// next window) and its start.
 func (cal Calendar) window(t int64) (int64, int64) {
 	y, m, d := time.UnixMicro(t).In(cal.location()).Date()
 	i := cal.index(y, m, d)
@@ -121,10 +108,9 @@ func (cal Calendar) start(i int64) int64 {
 
 // firstAtOrAfter returns the earliest instant whose local time in loc, read
 // as µs of a clock on UTC, is at least wall. It walks the zone's periods
-// (each with one UTC offset) from a day before, where no offset (all are
-// within ±24h) can have reached wall yet: in the first period that reaches
-// it, that is the instant its offset reads wall, or the period's start when
-// the clocks jumped over wall into it.
+// (each with one UTC offset) from a day before, which no offset can have
+// reached yet, to the first that reaches wall: the instant its offset reads
+// wall, or its start when the clocks jumped over wall into it.
 func firstAtOrAfter(loc *time.Location, wall int64) int64 {
 	t := wall - dayMicros
 	for {
@@ -140,12 +126,9 @@ func firstAtOrAfter(loc *time.Location, wall int64) int64 {
 }
 
 // zoneEnd returns when the period of the zone in effect at at ends, or
-// false when it never does. Past the last transition its tzdata lists
-// (2037), Go computes the periods a year at a time, and ZoneBounds on
-// December 31 of a leap year ends the year's last period at December 31
-// 00:00 UTC, before at (Go 1.26). The offset it reports there is right;
-// only the bound is early: the period runs on to the next UTC year, where
-// the lookup starts a new one.
+// false when it never does. Past the zone's last transition (2037),
+// ZoneBounds on December 31 of a leap year ends the period before at (Go
+// 1.26); its offset is right, so it is taken to run to the next UTC year.
 func zoneEnd(at time.Time) (int64, bool) {
 	_, end := at.ZoneBounds()
 	switch {
@@ -157,34 +140,22 @@ func zoneEnd(at time.Time) (int64, bool) {
 	return time.Date(at.UTC().Year()+1, time.January, 1, 0, 0, 0, 0, time.UTC).UnixMicro(), true
 }
 
-// after returns the start of the window n windows after the one that holds
-// t. n is at least 1; counts so large that the result would be past MaxWait
-// from any instant the library handles (and a NaN) are capped, which keeps
-// the dates in range: the caller clamps the wait to MaxWait.
+// afterLimit is, per unit, a count of windows that reaches past MaxWait
+// (about 53,300 days).
+var afterLimit = [...]float64{Day: 60_000, Week: 9_000, Month: 1_800, Year: 150}
+
+// after returns the start of the window n (at least 1) windows after the
+// one that holds t. A count that would reach past MaxWait (and a NaN) is
+// capped, which keeps the dates in range: the caller clamps the wait.
 func (cal Calendar) after(t int64, n float64) int64 {
-	// MaxWait is about 146 years (53,300 days); even a zone that skips a
-	// day now and then has more than 300 days a year, so each of these
-	// counts reaches past it.
-	var limit float64
-	switch cal.Unit {
-	case Day:
-		limit = 60_000
-	case Week:
-		limit = 9_000
-	case Month:
-		limit = 1_800
-	default:
-		limit = 150
-	}
-	if !(n < limit) { // a NaN too: a wait that cannot be computed is MaxWait
+	if limit := afterLimit[cal.Unit]; !(n < limit) { // a NaN too: MaxWait
 		n = limit
 	}
 	i, _ := cal.window(t)
 	return cal.start(i + int64(n))
 }
 
-// projectCalendar is Project for a FixedWindow with calendar windows: the
-// windows of FixedWindow, each a calendar unit.
+// projectCalendar is Project for a FixedWindow with calendar windows.
 func projectCalendar(c Config, s State, now int64) State {
 	if now <= s.TS {
 		return State{Value: math.Min(s.Value, c.Capacity), TS: s.TS}

@@ -2,17 +2,14 @@ package algo
 
 import "math"
 
-// The SlidingWindow state is a count, not tokens: Value is the count of the
-// current window (what was taken in it, plus what earlier windows passed on:
-// a debt beyond Rate, or, below zero, unused Rate saved up to Capacity),
-// Prev the count the previous window hands over, weighted by the part of
-// the previous window that the sliding window still covers, and TS the
-// start of the current window. The tokens are then
+// The SlidingWindow state is counts (docs/windows.md): Value is the count of
+// the current window, which starts at TS (below zero, unused Rate saved
+// up), Prev the count the previous window hands over. The tokens are
 //
 //	Rate - Value - Prev·(TS+Period-now)/Period
 //
 // and Value never goes below low = Rate - Capacity (the count of a full
-// window), so they never exceed Capacity. See SlidingWindow.
+// window), so they never exceed Capacity.
 
 // low returns the count of a full window: Rate - Capacity.
 func (c Config) low() float64 { return c.Rate - c.Capacity }
@@ -23,9 +20,7 @@ func projectSliding(c Config, s State, now int64) State {
 	if low := c.low(); count < low {
 		// More than Capacity would be there by the end of the window (a
 		// row written under a larger Capacity or a lower Rate): the count
-		// rises to low, and the surplus comes off what Prev still holds
-		// back. The tokens are then Capacity at the window's end and never
-		// more than before at any instant of it.
+		// rises to low, and the surplus comes off what Prev holds back.
 		prev = math.Max(0, prev-(low-count))
 		count = low
 	}
@@ -69,13 +64,12 @@ type slidingPool struct {
 	at   int64 // the call's instant (see Pooled)
 }
 
-// poolSliding projects each shard to the call's instant and merges them.
-// Shards stamped by the same write share a window and their counts and
-// Prevs add up. A shard whose window started earlier (only after the
-// config changed) is moved to the latest window: what its Prev still holds
-// back at the call's instant is then given back by the end of the later
-// window, more slowly, and its next window starts later: it never gives
-// more, at any instant, than it would have.
+// poolSliding projects each shard to the call's instant and merges them:
+// shards stamped by the same write share a window, and their counts and
+// Prevs add up. A shard whose window started earlier (after a config
+// change) is moved to the latest window, where what its Prev still holds
+// back is given back more slowly: never more, at any instant, than it would
+// have.
 func poolSliding(c Config, states []State, now int64) slidingPool {
 	at := instant(states, now)
 	projected := make([]State, len(states))
@@ -96,13 +90,10 @@ func poolSliding(c Config, states []State, now int64) slidingPool {
 	return p
 }
 
-// with returns n shards of c (n shards of one limit) holding the pooled
-// count count and p's prev, spread evenly and stamped p.ts. A count below
-// the n shards' low (a credit past the window's count, or a reshard under a
-// lower Capacity) would hold more than Capacity at the end of the window:
-// it stops at low and the rest comes off what prev still holds back at the
-// call's instant, so that the tokens then are exactly Rate·n - count - what
-// prev held back, capped at the pooled Capacity.
+// with returns n shards of c holding the pooled count and p's prev, spread
+// evenly and stamped p.ts. A count below the n shards' low (a credit past
+// the window's count, or a reshard under a lower Capacity) stops at low,
+// and the rest comes off what prev holds back at the call's instant.
 func (p slidingPool) with(c Config, n int, count float64) []State {
 	nf := float64(n)
 	prev := p.prev

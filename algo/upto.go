@@ -4,19 +4,11 @@ import "math"
 
 // TakeUpTo takes as many tokens as a limit split into len(states) shards
 // holds, up to n, and returns the new states, the decision and how many it
-// took (redis_rate's AllowAtMost, mennanov/limiters' TakeMax). It takes n
-// when n fits, exactly as TakeShards would; otherwise the most whole tokens
-// that fit, fewer than n (for n = 2.5 with 2.2 tokens there: 2). It denies
-// only when not even one unit fits, the unit being one token, or n when n is
-// less than one (such an n is taken whole or not at all); the denial takes
-// nothing, returns the states unchanged (the same slice) and says when one
-// unit fits, exactly as TakeShards(c, states, now, unit, false) does. Every
-// kind is served alike, since only the pooled tokens matter.
-//
-// It never reserves: a reservation takes its whole count by definition, so
-// there is nothing to take "up to". The unit must not exceed the pooled
-// Capacity (a caller asking up to n of a limit whose Capacity is below one
-// token asks for at most Capacity).
+// took (redis_rate's AllowAtMost). It takes n when n fits, as TakeShards
+// would; otherwise the most whole tokens that fit (for n = 2.5 with 2.2
+// there: 2). It denies only when not even one unit fits (one token, or n
+// when n is less than one), as TakeShards(c, states, now, unit, false)
+// does. It never reserves. The unit must not exceed the pooled Capacity.
 func TakeUpTo(c Config, states []State, now int64, n float64) ([]State, Decision, float64) {
 	if next, d := TakeShards(c, states, now, n, false); d.OK {
 		return next, d, n

@@ -1,18 +1,13 @@
 // Package clientip finds the IP address of a client behind trusted reverse
-// proxies and turns it into a limit key: the rules behind
-// httplimit.ClientIPKey and grpclimit.ClientIPKey (and httplimit.RemoteAddrKey
-// and grpclimit.PeerKey, which key an address alone). The two middlewares
-// read the peer and the forwarded addresses from their own requests (an HTTP
-// header, gRPC metadata); what the proxies wrote is walked here, once, under
-// one Config, which httplimit.ClientIP and grpclimit.ClientIP are names of,
-// so that a server answering HTTP and gRPC behind the same proxies
-// configures both with one value.
+// proxies and turns it into a limit key for httplimit and grpclimit, whose
+// ClientIP is this Config: one value configures both.
 package clientip
 
 import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -50,8 +45,7 @@ type Keyer struct {
 }
 
 // NewKeyer checks c and returns its Keyer. An invalid Config is an error
-// that names the field as "ClientIP.Field", for the caller to prefix with
-// its package's name.
+// naming the field as "ClientIP.Field".
 func NewKeyer(c Config) (Keyer, error) {
 	bits := c.IPv6Prefix
 	if bits == 0 {
@@ -81,8 +75,7 @@ func NewKeyer(c Config) (Keyer, error) {
 	return Keyer{trusted: trusted, forwarded: forwarded, ipv6Bits: bits}, nil
 }
 
-// Header is the field whose values Key walks, in its canonical form:
-// "X-Forwarded-For" or "Forwarded" (gRPC metadata writes it in lower case).
+// Header is the field whose values Key walks, in its canonical form.
 func (k Keyer) Header() string {
 	if k.forwarded {
 		return "Forwarded"
@@ -131,12 +124,7 @@ func (k Keyer) Key(peer netip.Addr, values []string) (string, error) {
 }
 
 func (k Keyer) isTrusted(a netip.Addr) bool {
-	for _, p := range k.trusted {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(k.trusted, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
 // AddrKey is the key of the address a, unmapped and without a zone: an IPv4

@@ -289,8 +289,11 @@ func TestLimitAllLocksInOneOrder(t *testing.T) {
 }
 
 // Prune never waits for a row that live traffic holds: with a transaction
-// holding one key's row, a batch deletes the other idle keys and returns
-// at once, leaving the held key for a later run.
+// holding one key's row, a batch deletes the other idle keys and returns,
+// leaving the held key for a later run. "Never waits" is observed, not
+// timed: while the batch runs, InnoDB shows no transaction of the test's
+// database in LOCK WAIT (lockWaits), a probe first shown to see a plain
+// locking read of the same row wait.
 func TestPruneDoesNotWait(t *testing.T) {
 	ctx := context.Background()
 	db := mysqltest.Database(t, 4)
@@ -308,24 +311,79 @@ func TestPruneDoesNotWait(t *testing.T) {
 	mu.Lock()
 	at = at.Add(time.Hour) // every key full again
 	mu.Unlock()
+	const lockHeld = "SELECT value FROM txlimit WHERE name = 'idle' AND `key` = 'k2' AND shard = 1 FOR UPDATE"
 	held, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer held.Rollback()
-	_, err = held.ExecContext(ctx, "SELECT value FROM txlimit WHERE name = 'idle' AND `key` = 'k2' AND shard = 1 FOR UPDATE")
+	_, err = held.ExecContext(ctx, lockHeld)
 	require.NoError(t, err)
 
-	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	begun := time.Now()
-	res, err := l.Prune(pctx, nil)
+	// InnoDB refreshes what information_schema.INNODB_TRX shows only once
+	// nobody has read it for 100 ms: the probe reads it every 150.
+	tick := time.NewTicker(150 * time.Millisecond)
+	defer tick.Stop()
+	probe := func() int { <-tick.C; return lockWaits(t, db) }
+
+	// The control: a locking read of the held row waits, and the probe sees
+	// it, until its own innodb_lock_wait_timeout (1 s) ends it with 1205.
+	conn, err := db.Conn(ctx)
 	require.NoError(t, err)
-	require.Less(t, time.Since(begun), 2*time.Second, "Prune waited for the held row")
-	require.Equal(t, 8, res.Deleted, "four idle keys of two rows; the held one is left")
+	_, err = conn.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = 1")
+	require.NoError(t, err)
+	control := make(chan error, 1)
+	go func() { _, err := conn.ExecContext(ctx, lockHeld); control <- err }()
+	for probe() == 0 {
+		select {
+		case err := <-control:
+			t.Fatalf("the probe never saw the control wait for the held row (it ended with %v)", err)
+		default:
+		}
+	}
+	var myErr *mysql.MySQLError
+	require.ErrorAs(t, <-control, &myErr)
+	require.EqualValues(t, 1205, myErr.Number, "the control waited for the held row until its timeout")
+	_, err = conn.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = DEFAULT")
+	require.NoError(t, err)
+	require.NoError(t, conn.Close())
+	require.Zero(t, probe(), "the control's wait is over")
+
+	type pruned struct {
+		res txlimit.PruneResult
+		err error
+	}
+	done := make(chan pruned, 1)
+	go func() { res, err := l.Prune(ctx, nil); done <- pruned{res, err} }()
+	var p pruned
+	for waiting := true; waiting; {
+		select {
+		case p = <-done:
+			waiting = false
+		case <-tick.C:
+			if lockWaits(t, db) > 0 {
+				_ = held.Rollback() // let the batch end
+				<-done
+				t.Fatal("Prune waited for the held row")
+			}
+		}
+	}
+	require.NoError(t, p.err)
+	require.Equal(t, 8, p.res.Deleted, "four idle keys of two rows; the held one is left")
 	var left int
 	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM txlimit WHERE name = 'idle'").Scan(&left))
 	require.Equal(t, 2, left)
 	require.NoError(t, held.Rollback())
-	res, err = l.Prune(ctx, nil)
+	res, err := l.Prune(ctx, nil)
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Deleted, "a later run deletes it")
+}
+
+// lockWaits counts the transactions of db's database that wait for a row
+// lock, as InnoDB shows them (information_schema, on MySQL and MariaDB).
+func lockWaits(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM information_schema.INNODB_TRX AS x
+		JOIN information_schema.PROCESSLIST AS p ON p.ID = x.trx_mysql_thread_id
+		WHERE x.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()`).Scan(&n))
+	return n
 }

@@ -2,16 +2,13 @@ package mysqlstore
 
 import (
 	"context"
-	"database/sql"
-	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"reflect"
 	"strings"
 
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/sqltx"
 )
 
 // The MySQL and MariaDB error numbers the store names.
@@ -39,42 +36,23 @@ var mysqlErrorType = struct{ pkg, name string }{"github.com/go-sql-driver/mysql"
 // errNumber returns the server's error number of the first MySQL error in
 // err's chain.
 func errNumber(err error) (uint16, bool) {
-	for err != nil {
-		if n, ok := numberOf(err); ok {
-			return n, true
+	if v := reflect.ValueOf(err); v.Kind() == reflect.Pointer && !v.IsNil() && v.Elem().Kind() == reflect.Struct {
+		t, f := v.Elem().Type(), v.Elem().FieldByName("Number")
+		if t.PkgPath() == mysqlErrorType.pkg && t.Name() == mysqlErrorType.name && f.CanUint() {
+			return uint16(f.Uint()), true
 		}
-		switch u := err.(type) {
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				if n, ok := errNumber(e); ok {
-					return n, true
-				}
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return errNumber(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if n, ok := errNumber(e); ok {
+				return n, true
 			}
-			return 0, false
-		default:
-			return 0, false
 		}
 	}
 	return 0, false
-}
-
-func numberOf(err error) (uint16, bool) {
-	v := reflect.ValueOf(err)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return 0, false
-	}
-	v = v.Elem()
-	t := v.Type()
-	if t.Kind() != reflect.Struct || t.PkgPath() != mysqlErrorType.pkg || t.Name() != mysqlErrorType.name {
-		return 0, false
-	}
-	f := v.FieldByName("Number")
-	if !f.IsValid() || !f.CanUint() {
-		return 0, false
-	}
-	return uint16(f.Uint()), true
 }
 
 // ErrWrongDatabase matches (errors.Is) the error of a call on a *sql.DB or
@@ -87,16 +65,11 @@ var ErrWrongDatabase = errors.New("txlimit/mysqlstore: the database is not MySQL
 // the DSN parameter to set (see the package documentation).
 var ErrDSN = errors.New("txlimit/mysqlstore: the DSN lacks a setting the store needs")
 
-// querier is a *sql.DB or a *sql.Tx.
-type querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
 // wrap adds to err what the caller must do about it, keeping the driver's
 // error reachable with errors.As. q, when not nil, is where the failed
 // statement ran: an error that carries no MySQL error number is checked
-// there for a database that is not MySQL.
-func wrap(ctx context.Context, q querier, op string, err error) error {
+// there for a database that is not MySQL (sqltx.WrongDatabase).
+func wrap(ctx context.Context, q sqltx.Querier, op string, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -105,21 +78,11 @@ func wrap(ctx context.Context, q querier, op string, err error) error {
 		if isDSNError(err) {
 			return err
 		}
-		// PostgreSQL's drivers (pgx's *pgconn.PgError, lib/pq's *pq.Error)
-		// give a SQLSTATE by this method; its transaction is aborted, so
-		// wrongDatabase could not ask it anything.
-		var pgErr interface{ SQLState() string }
-		if errors.As(err, &pgErr) {
-			return fmt.Errorf("%w: it answered with SQLSTATE %s, so it is PostgreSQL; use pgsqlstore.New(db) for PostgreSQL on "+
-				"database/sql (%s: %w)", ErrWrongDatabase, pgErr.SQLState(), op, err)
-		}
 		if strings.Contains(err.Error(), "unsupported Scan, storing driver.Value type []uint8 into type *time.Time") {
-			return fmt.Errorf("%w: add parseTime=true to the DSN: the store reads DATETIME columns as time.Time (%s: %w)", ErrDSN, op, err)
+			return dsnError("add parseTime=true to the DSN: the store reads DATETIME columns as time.Time (%s: %w)", op, err)
 		}
-		if q != nil {
-			if wrong := wrongDatabase(ctx, q, err); wrong != nil {
-				return wrong
-			}
+		if wrong := sqltx.WrongDatabase(ctx, q, err, ErrWrongDatabase, sqltx.MySQL); wrong != nil {
+			return wrong
 		}
 		return fmt.Errorf("txlimit/mysqlstore: %s: %w", op, err)
 	}
@@ -136,40 +99,14 @@ func wrap(ctx context.Context, q querier, op string, err error) error {
 	return fmt.Errorf("txlimit/mysqlstore: %s: %w", op, err)
 }
 
+// dsnError is an ErrDSN naming what to set, a mistake of the setup
+// (driver.Setup) on which txlimit.Options.FailOpen never grants.
+func dsnError(format string, args ...any) error {
+	return driver.Setup(fmt.Errorf("%w: "+format, append([]any{ErrDSN}, args...)...))
+}
+
 // isDSNError reports whether err is one of the store's own DSN errors.
 func isDSNError(err error) bool { return errors.Is(err, ErrDSN) || errors.Is(err, ErrWrongDatabase) }
-
-// wrongDatabase is called with an error that carries no MySQL error number,
-// which every MySQL or MariaDB error does: it asks q which database it is,
-// and returns nil when that is MySQL or cannot be told (a lost connection, a
-// cancelled context).
-func wrongDatabase(ctx context.Context, q querier, cause error) error {
-	if errors.Is(cause, context.Canceled) || errors.Is(cause, context.DeadlineExceeded) || brokenConn(cause) ||
-		errors.Is(cause, sql.ErrTxDone) || errors.Is(cause, sql.ErrConnDone) {
-		return nil
-	}
-	var version string
-	if q.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&version) == nil {
-		return fmt.Errorf("%w: it is SQLite %s; use sqlitestore.New(db) (the store's statement failed: %w)", ErrWrongDatabase, version, cause)
-	}
-	if q.QueryRowContext(ctx, "SELECT current_setting('server_version')").Scan(&version) == nil {
-		return fmt.Errorf("%w: it is PostgreSQL %s; use pgsqlstore.New(db) for PostgreSQL on database/sql (the store's statement failed: %w)",
-			ErrWrongDatabase, version, cause)
-	}
-	return nil
-}
-
-// brokenConn reports whether err says that the connection broke: the
-// server or the network went away, or database/sql's driver gave the
-// connection up.
-func brokenConn(err error) bool {
-	var netErr net.Error
-	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) || errors.Is(err, sqldriver.ErrBadConn) ||
-		// go-sql-driver's ErrInvalidConn ("invalid connection"), which it
-		// returns when the server closed the connection under a statement.
-		strings.Contains(err.Error(), "invalid connection")
-}
 
 // Retryable reports whether err, returned inside a transaction (by LimitTx or
 // any other statement before COMMIT) or by BeginTx, means that running the
@@ -190,8 +127,8 @@ func brokenConn(err error) bool {
 //
 // The transaction did not commit in any of these cases, so no token was
 // spent. Context cancellation and deadlines are not retryable (the caller
-// gave up), nor is bad input (txlimit.ErrInvalid) or a setting missing from
-// the DSN (ErrDSN).
+// gave up), nor is bad input (a *txlimit.InvalidError), a setting missing
+// from the DSN (ErrDSN) or a database that is not MySQL (ErrWrongDatabase).
 //
 // An error from COMMIT itself on a lost connection is different: the commit
 // may or may not have happened. RunTx never retries it.
@@ -214,7 +151,7 @@ func Retryable(err error) bool {
 	case connectFailed:
 		return true
 	}
-	return brokenConn(err)
+	return sqltx.BrokenConn(err)
 }
 
 // beginError is an error of BeginTx on a *sql.DB: database/sql connects

@@ -3,7 +3,6 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
-	_ "embed"
 	"encoding/hex"
 	"encoding/json"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/txlimit/txlimit/internal/driver"
 	"github.com/txlimit/txlimit/internal/engine"
 	gen "github.com/txlimit/txlimit/mysqlstore/internal/db"
+	"github.com/txlimit/txlimit/mysqlstore/internal/rawsql"
 )
 
 // The operations of concurrency limits on MySQL and MariaDB
@@ -23,13 +23,9 @@ import (
 // waits for an acquiring transaction to end (the read locks the holders it
 // counts). Extend locks the lock row too.
 
-// deleteHoldersSQL deletes the listed rows of txlimit_holder, which the
-// transaction holds, by their primary keys: a JSON array of [name, key,
-// holder], each hex (see deleteRowsSQL). Bound by hand: sqlc's MySQL engine
-// does not parse JSON_TABLE.
-//
-//go:embed holders_delete.sql
-var deleteHoldersSQL string
+// deleteHoldersSQL deletes the listed rows of txlimit_holder by their
+// primary keys (rawsql: JSON_TABLE).
+var deleteHoldersSQL = rawsql.Get("DeleteHolderRows").SQL
 
 var _ engine.HolderDialect[*sql.Tx] = holderDialect{}
 
@@ -203,7 +199,7 @@ func (s *backend) PruneHolders(ctx context.Context, p driver.PruneHoldersParams)
 	}
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return 0, beginErr(err)
+		return 0, s.BeginErr(ctx, err)
 	}
 	defer func() { _ = tx.Rollback() }()
 	at, err := holderClock(ctx, tx, p.Now)
@@ -231,7 +227,7 @@ func (s *backend) PruneHolders(ctx context.Context, p driver.PruneHoldersParams)
 		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, s.commitErr(ctx)(err)
+		return 0, s.CommitErr(ctx, err)
 	}
 	return int(n), nil
 }

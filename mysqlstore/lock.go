@@ -3,38 +3,27 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"slices"
 	"strconv"
 	"time"
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 	gen "github.com/txlimit/txlimit/mysqlstore/internal/db"
+	"github.com/txlimit/txlimit/mysqlstore/internal/rawsql"
 )
 
-var queries = gen.New()
-
-// ensureRowsSQL creates the listed rows that are missing, as placeholders
-// (their limit's full state: the same as no row), and locks the ones that
-// exist, one after the other in the order of the list, waiting for the
-// transactions that hold them. ON DUPLICATE KEY UPDATE locks the row it
-// finds by its primary key and no gap (see takeRowSQL for why that matters);
-// its assignment changes nothing. The rows come as a JSON array of [name,
-// key, shard, value, ts, prev] (see rowWrite), the one way both MySQL and MariaDB
-// turn a list into rows: bound by hand, since sqlc's MySQL engine does not
-// parse JSON_TABLE.
-const ensureRowsSQL = `-- name: EnsureRows :execrows
-INSERT INTO txlimit (name, ` + "`key`" + `, shard, value, prev, ts)
-SELECT UNHEX(j.n), UNHEX(j.k), j.s, CAST(j.v AS DOUBLE), CAST(j.p AS DOUBLE), j.t
-FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]',
-                                   s INT PATH '$[2]', v VARCHAR(32) PATH '$[3]', t DATETIME(6) PATH '$[4]',
-                                   p VARCHAR(32) PATH '$[5]')) AS j
-ORDER BY j.i
-ON DUPLICATE KEY UPDATE shard = txlimit.shard`
+// The store's statements: sqlc's (queries/mysql), and the ones on lists of
+// rows, which sqlc's MySQL engine cannot compile (internal/rawsql/rows.sql).
+var (
+	queries                                    = gen.New()
+	ensureRowsSQL, writeRowsSQL, deleteRowsSQL = rawsql.Get("EnsureRows").SQL, rawsql.Get("WriteRows").SQL, rawsql.Get("DeleteRows").SQL
+	topsSQL, lockRowsSQL, lockIdleSQL          = rawsql.Get("Tops").SQL, rawsql.Get("LockRows").SQL, rawsql.Get("LockIdle").SQL
+)
 
 // ensure creates and locks rows 0..Shards-1 of each limit, in the order
 // given (which must be the canonical one when there are several).
@@ -56,7 +45,7 @@ func ensure(ctx context.Context, tx *sql.Tx, limits ...driver.Limit) error {
 	return nil
 }
 
-// placeholder is the row ensureSQL creates for l.
+// placeholder is the row ensure creates for l.
 func placeholder(l driver.Limit) algo.State { return l.Full() }
 
 // put is the row that stores state s of shard of l. Row 0 of a sharded
@@ -95,98 +84,72 @@ func shards(from, to int) []int32 {
 	return out
 }
 
-// locked is every row of a key that lockKey holds.
-type locked struct {
-	// had are the rows as they were before the call: placeholders left
-	// out.
-	had []driver.Row
-	// created are the placeholders (rows ensure created, or left by an
-	// earlier call that did not write them).
-	created []int32
-	// all are every row held, placeholders included.
-	all []driver.Row
-	at  time.Time
-}
-
-// lockKey locks every row of l's key, creating the missing ones of shards
-// 0..Shards-1 first, in ascending shard order, and reads them with the
-// clock, read once they are held. Rows beyond Shards-1 (another config's)
-// are locked after them, still in shard order.
-func lockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *time.Time) (locked, error) {
+// LockKey implements engine.Dialect: it locks every row of l's key,
+// creating the missing ones of shards 0..Shards-1 first (ensure: InnoDB
+// must create a row to lock it without locking a gap, whatever create
+// says), in ascending shard order, and reads them with the clock, read once
+// they are held. Rows beyond Shards-1 (another config's) are locked after
+// them, still in shard order. The placeholders it holds are Created.
+func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *time.Time, _ bool) (engine.Locked, error) {
 	if err := ensure(ctx, tx, l); err != nil {
-		return locked{}, err
+		return engine.Locked{}, err
 	}
 	rows, err := queries.LockShards(ctx, tx, gen.LockShardsParams{Name: []byte(l.Name), Key: []byte(l.Key), Shards: shards(0, l.Shards)})
 	if err != nil {
-		return locked{}, wrap(ctx, tx, "lock the limit's rows", err)
+		return engine.Locked{}, wrap(ctx, tx, "lock the limit's rows", err)
 	}
 	if len(rows) == 0 {
-		return locked{}, fmt.Errorf("txlimit/mysqlstore: lock the limit's rows: none found after creating them")
+		return engine.Locked{}, fmt.Errorf("txlimit/mysqlstore: lock the limit's rows: none found after creating them")
 	}
-	var out locked
-	out.at = rows[0].Clock
-	top := rows[0].Top
+	var all []driver.Row
 	for _, r := range rows {
-		out.all = append(out.all, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts})
+		all = append(all, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts})
 		if err := checkUTC(r.Ts, r.Clock); err != nil {
-			return locked{}, err
+			return engine.Locked{}, err
 		}
 	}
-	if top >= int64(l.Shards) {
+	if top := rows[0].Top; top >= int64(l.Shards) {
 		more, err := queries.LockShards(ctx, tx, gen.LockShardsParams{Name: []byte(l.Name), Key: []byte(l.Key), Shards: shards(l.Shards, int(top)+1)})
 		if err != nil {
-			return locked{}, wrap(ctx, tx, "lock the rows of another config's shards", err)
+			return engine.Locked{}, wrap(ctx, tx, "lock the rows of another config's shards", err)
 		}
 		for _, r := range more {
-			out.all = append(out.all, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts})
+			all = append(all, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts})
 		}
 	}
-	for _, r := range out.all {
-		if int(r.Shard) < l.Shards && isPlaceholder(l, r) {
-			out.created = append(out.created, r.Shard)
-		} else {
-			out.had = append(out.had, r)
-		}
-	}
-	if now != nil {
-		out.at = time.UnixMicro(now.UnixMicro()).UTC()
-	}
-	return out, nil
+	return held(l, all, clockOr(now, rows[0].Clock)), nil
 }
 
-// writeRowsSQL stores the new state of several rows the transaction holds
-// (or creates one that is missing), from a JSON array of [name, key, shard,
-// value, ts, prev], name and key in hexadecimal (so that no character set stands
-// between Go's bytes and the VARBINARY columns) and value as the shortest
-// decimal that reads back as the same float64 (MySQL parses it exactly with
-// CAST; a JSON number goes through the JSON parser, which need not).
-// Bound by hand: JSON_TABLE.
-const writeRowsSQL = `-- name: WriteRows :exec
-INSERT INTO txlimit (name, ` + "`key`" + `, shard, value, prev, ts)
-SELECT UNHEX(j.n), UNHEX(j.k), j.s, CAST(j.v AS DOUBLE), CAST(j.p AS DOUBLE), j.t
-FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]',
-                                   v VARCHAR(32) PATH '$[3]', t DATETIME(6) PATH '$[4]', p VARCHAR(32) PATH '$[5]')) AS j
-ON DUPLICATE KEY UPDATE value = CAST(j.v AS DOUBLE), prev = CAST(j.p AS DOUBLE), ts = j.t`
+// held is what the transaction holds of l's key, rows: the placeholders of
+// shards 0..Shards-1 (rows ensure created, or left by an earlier call that
+// did not write them) Created, the others Had.
+func held(l driver.Limit, rows []driver.Row, at time.Time) engine.Locked {
+	out := engine.Locked{At: at}
+	for _, r := range rows {
+		if int(r.Shard) < l.Shards && isPlaceholder(l, r) {
+			out.Created = append(out.Created, r.Shard)
+		} else {
+			out.Had = append(out.Had, r)
+		}
+	}
+	return out
+}
 
-// deleteRowsSQL deletes the rows listed as a JSON array of [name, key,
-// shard] (hexadecimal as in writeRowsSQL), which the transaction holds, by
-// their primary keys. Bound by hand: JSON_TABLE.
-const deleteRowsSQL = `-- name: DeleteRows :execrows
-DELETE t FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]')) AS j
-STRAIGHT_JOIN txlimit AS t FORCE INDEX (PRIMARY)
-    ON t.name = UNHEX(j.n) AND t.` + "`key`" + ` = UNHEX(j.k) AND t.shard = j.s`
+// clockOr is the call's own clock, now, or the server's when now is nil.
+// txlimit refuses a now that DATETIME(6) cannot hold (ClockRange) before any
+// statement, and write refuses a state that it cannot.
+func clockOr(now *time.Time, server time.Time) time.Time {
+	if now != nil {
+		return time.UnixMicro(now.UnixMicro()).UTC()
+	}
+	return server
+}
 
 // rowWrite is the new state of one row.
 type rowWrite struct {
 	name, key string
 	shard     int32
 	state     algo.State
-}
-
-// rowRef names one row.
-type rowRef struct {
-	name, key string
-	shard     int32
 }
 
 func (w rowWrite) MarshalJSON() ([]byte, error) {
@@ -197,19 +160,17 @@ func (w rowWrite) MarshalJSON() ([]byte, error) {
 		formatFloat(w.state.Value), formatTime(time.UnixMicro(w.state.TS)), formatFloat(w.state.Prev)})
 }
 
-func (r rowRef) MarshalJSON() ([]byte, error) {
-	return json.Marshal([]any{hexOf(r.name), hexOf(r.key), r.shard})
-}
-
-const hexDigits = "0123456789ABCDEF"
-
-func hexOf(s string) string {
-	b := make([]byte, 2*len(s))
-	for i := 0; i < len(s); i++ {
-		b[2*i], b[2*i+1] = hexDigits[s[i]>>4], hexDigits[s[i]&15]
+// jsonRef is a key, or with a shard one of its rows, in the JSON lists of
+// rows.sql.
+func jsonRef(k driver.KeyRef, shard ...int32) []any {
+	out := []any{hexOf(k.Name), hexOf(k.Key)}
+	for _, sh := range shard {
+		out = append(out, sh)
 	}
-	return string(b)
+	return out
 }
+
+func hexOf(s string) string { return hex.EncodeToString([]byte(s)) }
 
 // formatFloat is the shortest decimal that reads back as v.
 func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
@@ -217,40 +178,65 @@ func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) 
 // formatTime is t in UTC as a DATETIME(6) literal.
 func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000000") }
 
-// write stores writes and deletes doomed: one statement each (WriteShard
-// for a single row), none for an empty list.
-func write(ctx context.Context, tx *sql.Tx, writes []rowWrite, doomed []rowRef) error {
+// Write implements engine.Dialect: the states of every KeyWrite in one
+// statement (write), whose rows ensure created, and the rows of deletes in
+// another.
+func (s *backend) Write(ctx context.Context, tx *sql.Tx, writes []engine.KeyWrite, deletes []engine.RowRef) (int64, error) {
+	var ws []rowWrite
+	for _, w := range writes {
+		for i, st := range w.States {
+			ws = append(ws, put(w.Limit, int32(i), st))
+		}
+	}
+	if err := write(ctx, tx, ws); err != nil {
+		return 0, err
+	}
+	return deleteRows(ctx, tx, deletes)
+}
+
+// write stores writes: WriteShard for a single row, WriteRows for more, none
+// for an empty list.
+func write(ctx context.Context, tx *sql.Tx, writes []rowWrite) error {
 	switch len(writes) {
 	case 0:
+		return nil
 	case 1:
 		w := writes[0]
 		if err := checkTime("a limit's state", time.UnixMicro(w.state.TS)); err != nil {
 			return err
 		}
-		if err := queries.WriteShard(ctx, tx, gen.WriteShardParams{
+		return wrap(ctx, tx, "write the limit's rows", queries.WriteShard(ctx, tx, gen.WriteShardParams{
 			Value: w.state.Value, Prev: w.state.Prev, Ts: time.UnixMicro(w.state.TS).UTC(), Name: []byte(w.name), Key: []byte(w.key), Shard: w.shard,
-		}); err != nil {
-			return wrap(ctx, tx, "write the limit's rows", err)
-		}
-	default:
-		arg, err := json.Marshal(writes)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, writeRowsSQL, arg); err != nil {
-			return wrap(ctx, tx, "write the limit's rows", err)
-		}
+		}))
 	}
-	if len(doomed) > 0 {
-		if _, err := deleteRows(ctx, tx, doomed); err != nil {
-			return err
-		}
+	arg, err := json.Marshal(writes)
+	if err != nil {
+		return err
 	}
-	return nil
+	_, err = tx.ExecContext(ctx, writeRowsSQL, arg)
+	return wrap(ctx, tx, "write the limit's rows", err)
 }
 
-func deleteRows(ctx context.Context, tx *sql.Tx, rows []rowRef) (int64, error) {
-	arg, err := json.Marshal(rows)
+// deleteRows deletes rows, which tx holds: DeleteShards when they are of
+// one key (the rows a call created and then wrote none of), DeleteRows
+// otherwise.
+func deleteRows(ctx context.Context, tx *sql.Tx, rows []engine.RowRef) (int64, error) {
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	list := make([][]any, len(rows))
+	var ofKey []int32
+	for i, r := range rows {
+		list[i] = jsonRef(r.KeyRef, r.Shard)
+		if r.KeyRef == rows[0].KeyRef {
+			ofKey = append(ofKey, r.Shard)
+		}
+	}
+	if len(ofKey) == len(rows) {
+		n, err := queries.DeleteShards(ctx, tx, gen.DeleteShardsParams{Name: []byte(rows[0].Name), Key: []byte(rows[0].Key), Shards: ofKey})
+		return n, wrap(ctx, tx, "delete rows", err)
+	}
+	arg, err := json.Marshal(list)
 	if err != nil {
 		return 0, err
 	}
@@ -262,222 +248,54 @@ func deleteRows(ctx context.Context, tx *sql.Tx, rows []rowRef) (int64, error) {
 	return n, wrap(ctx, tx, "delete rows", err)
 }
 
-// store writes states to rows 0..Shards-1 of l's key, which the
-// transaction holds (all of them), and deletes the rows beyond them.
-func store(ctx context.Context, tx *sql.Tx, l driver.Limit, all []driver.Row, states []algo.State) error {
-	writes := make([]rowWrite, len(states))
-	for i, s := range states {
-		writes[i] = put(l, int32(i), s)
-	}
-	var doomed []rowRef
-	for _, sh := range driver.Extra(all, l.Shards) {
-		doomed = append(doomed, rowRef{name: l.Name, key: l.Key, shard: sh})
-	}
-	return write(ctx, tx, writes, doomed)
-}
-
-// forget deletes the placeholders k holds, when the call writes nothing:
-// the key then keeps no row it did not have.
-func forget(ctx context.Context, tx *sql.Tx, l driver.Limit, k locked) error {
-	if len(k.created) == 0 {
-		return nil
-	}
-	_, err := queries.DeleteShards(ctx, tx, gen.DeleteShardsParams{Name: []byte(l.Name), Key: []byte(l.Key), Shards: k.created})
-	return wrap(ctx, tx, "delete the rows the call created", err)
-}
-
-// take is driver.Store.Take. An unsharded limit is taken in one statement
-// (takeRow; returning: the server is MariaDB, whose RETURNING gives the
-// result in the same round trip); a sharded one, from one shard no other transaction holds when
-// one has the tokens (takeOneShard); anything else, and whatever those leave
-// undecided, locks every row of the key and decides in Go (driver.Decide).
-func take(ctx context.Context, tx *sql.Tx, p driver.TakeParams, returning bool) (driver.TakeResult, error) {
-	var start time.Time
-	if p.TimeLocks {
-		start = time.Now()
-	}
-	lockWait := func() time.Duration {
-		if p.TimeLocks {
-			return time.Since(start)
-		}
-		return 0
-	}
-	if p.Shards == 1 && driver.InSQL(p) {
-		res, done, err := takeRow(ctx, tx, p, returning)
-		if err != nil || done {
-			res.LockWait = lockWait()
-			return res, err
-		}
-	}
-	// A reservation on a sharded limit locks every shard: the fast path
-	// grants from one shard only what that shard has.
-	if driver.FitsOneShard(p) && !p.Reserve {
-		res, done, err := takeOneShard(ctx, tx, p)
-		if err != nil || done {
-			res.LockWait = lockWait()
-			return res, err
-		}
-	}
-	if p.Now != nil {
-		if err := checkTime("the clock", *p.Now); err != nil {
-			return driver.TakeResult{}, err
-		}
-	}
-	k, err := lockKey(ctx, tx, p.Limit, p.Now)
-	if err != nil {
-		return driver.TakeResult{}, err
-	}
-	res, write := driver.Decide(p, k.had, k.at)
-	res.LockWait = lockWait()
-	if write {
-		return res, store(ctx, tx, p.Limit, k.all, res.States)
-	}
-	return res, forget(ctx, tx, p.Limit, k)
-}
-
-// takeOneShard is the fast path of a sharded limit. It reads every shard
-// as the transaction's snapshot has it (locking nothing) and answers a
-// denial that state already decides: concurrent transactions can only lower
-// it. Otherwise it locks, without waiting, one shard that the snapshot says
-// holds plenty and that no other transaction holds (FOR UPDATE SKIP
-// LOCKED), going round from a random one, and takes from it when it has the
-// tokens. done is false when it locked nothing: the caller then locks every
-// shard, in shard order, waiting.
-//
-// InnoDB keeps a row lock until the transaction ends, even one taken after
-// a savepoint that was rolled back. So, unlike PostgreSQL, the store cannot
-// let go of a shard that turns out to lack the tokens (another call took
-// them since the snapshot): holding it, it must not wait for the other
-// shards, since a call that locks every shard in order may hold those and
-// wait for this one (a deadlock InnoDB ends by rolling one caller back). It
-// locks a shard only when the snapshot gives it twice the count, which makes
-// that rare, and when it happens it takes the other shards that are free
-// without waiting (takeFromFree).
-func takeOneShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, bool, error) {
-	read, err := readShards(ctx, tx, p.Name, p.Key, p.Now)
-	if err != nil {
-		return driver.TakeResult{}, false, err
-	}
-	at := read.At.UnixMicro()
-	states, resharded := p.States(read.Rows, at)
-	if resharded || len(read.Rows) != p.Shards {
-		return driver.TakeResult{}, false, nil // new, or another config's rows: lock every shard
-	}
-	cfg := p.Shard(p.Shards)
-	if _, d := algo.TakeShards(cfg, states, at, p.Count, false); !d.OK {
-		return driver.TakeResult{Decision: d, At: read.At, States: states}, true, nil
-	}
-	margin := 2 * p.Count
-	start := rand.IntN(p.Shards)
-	for i := range p.Shards {
-		shard := (start + i) % p.Shards
-		if algo.Pooled(cfg, states[shard:shard+1], at) < margin {
-			continue
-		}
-		row, err := queries.TryLockShard(ctx, tx, gen.TryLockShardParams{Name: []byte(p.Name), Key: []byte(p.Key), Shard: int32(shard)})
+// TryShard implements engine.SkipLocker: TryLockShard on each shard of
+// order (which the transaction's snapshot says exist: the engine read them
+// first) until one is not held elsewhere.
+func (s *backend) TryShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams, order []int32) (engine.Tried, error) {
+	for _, sh := range order {
+		r, err := queries.TryLockShard(ctx, tx, gen.TryLockShardParams{Name: []byte(p.Name), Key: []byte(p.Key), Shard: sh})
 		if errors.Is(err, sql.ErrNoRows) {
 			continue // another transaction holds it
 		}
 		if err != nil {
-			return driver.TakeResult{}, false, wrap(ctx, tx, "lock a shard", err)
+			return engine.Tried{}, wrap(ctx, tx, "lock a shard", err)
 		}
-		if err := checkUTC(row.Ts, row.Clock); err != nil {
-			return driver.TakeResult{}, false, err
+		if err := checkUTC(r.Ts, r.Clock); err != nil {
+			return engine.Tried{}, err
 		}
-		now := row.Clock
-		if p.Now != nil {
-			now = time.UnixMicro(p.Now.UnixMicro()).UTC()
-		}
-		held := driver.Row{Shard: row.Shard, Value: row.Value, Prev: row.Prev, TS: row.Ts}
-		next, d := driver.DecideOne(p, held, now)
-		if !d.OK {
-			res, err := takeFromFree(ctx, tx, p, held, states, now)
-			return res, err == nil, err
-		}
-		if err := write(ctx, tx, []rowWrite{put(p.Limit, row.Shard, next)}, nil); err != nil {
-			return driver.TakeResult{}, false, err
-		}
-		res := driver.TakeResult{Decision: d, At: now, Partial: true, Taken: p.Count}
-		if p.ReadAll {
-			res.States = slices.Clone(states)
-			res.States[shard] = next
-			res.Partial = false
-		}
-		return res, true, nil
+		return engine.Tried{Row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, Locked: true,
+			Top: int32(p.Shards - 1), Now: clockOr(p.Now, r.Clock)}, nil
 	}
-	return driver.TakeResult{}, false, nil
+	return engine.Tried{}, nil
 }
 
-// takeFromFree decides a sharded call whose one locked shard, held, lacks
-// the tokens, without waiting for any other shard (see takeOneShard): it
-// locks every other shard that no transaction holds (SKIP LOCKED) and
-// decides on every shard it then holds, as on one limit of that many
-// shards (algo.TakeShards), which never admits more than the whole limit
-// could. When it holds every shard that is the store's usual decision; when
-// some are held elsewhere and those it holds lack the tokens, the call is
-// denied, with the wait until the shards it holds would have them: more
-// than the wait of the whole limit, never less. snapshot is every shard as
-// the transaction's snapshot had it.
-func takeFromFree(ctx context.Context, tx *sql.Tx, p driver.TakeParams, held driver.Row, snapshot []algo.State, now time.Time) (driver.TakeResult, error) {
-	var others []int32
-	for sh := range p.Shards {
-		if int32(sh) != held.Shard {
-			others = append(others, int32(sh))
-		}
+// KeepShards implements engine.SkipLocker: the rows are written, and stay
+// locked until the transaction ends, as every InnoDB row lock does.
+func (s *backend) KeepShards(ctx context.Context, tx *sql.Tx, l driver.Limit, rows []driver.Row) error {
+	ws := make([]rowWrite, len(rows))
+	for i, r := range rows {
+		ws[i] = put(l, r.Shard, r.State())
 	}
-	free, err := queries.TryLockShards(ctx, tx, gen.TryLockShardsParams{Name: []byte(p.Name), Key: []byte(p.Key), Shards: others})
+	return write(ctx, tx, ws)
+}
+
+// TryShards implements engine.FreeLocker with TryLockShards.
+func (s *backend) TryShards(ctx context.Context, tx *sql.Tx, p driver.TakeParams, shards []int32) ([]driver.Row, error) {
+	free, err := queries.TryLockShards(ctx, tx, gen.TryLockShardsParams{Name: []byte(p.Name), Key: []byte(p.Key), Shards: shards})
 	if err != nil {
-		return driver.TakeResult{}, wrap(ctx, tx, "lock the free shards", err)
+		return nil, wrap(ctx, tx, "lock the free shards", err)
 	}
-	rows := []driver.Row{held}
-	for _, r := range free {
-		rows = append(rows, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts})
+	rows := make([]driver.Row, len(free))
+	for i, r := range free {
+		rows[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}
 	}
-	slices.SortFunc(rows, func(a, b driver.Row) int { return int(a.Shard) - int(b.Shard) })
-	at := now.UnixMicro()
-	if len(rows) == p.Shards {
-		res, write := driver.Decide(p, rows, now)
-		if !write {
-			return res, nil
-		}
-		return res, store(ctx, tx, p.Limit, rows, res.States)
-	}
-	cfg := p.Shard(p.Shards)
-	states := make([]algo.State, len(rows))
-	for i, r := range rows {
-		states[i] = r.State()
-	}
-	next, d := algo.TakeShards(cfg, states, at, p.Count, false)
-	res := driver.TakeResult{Decision: d, At: now, Partial: true}
-	if d.OK {
-		res.Taken = p.Count
-	}
-	if !d.OK {
-		res.Partial = false
-		res.States = slices.Clone(snapshot)
-		for i, r := range rows {
-			res.States[r.Shard] = states[i]
-		}
-		return res, nil
-	}
-	writes := make([]rowWrite, len(rows))
-	for i, r := range rows {
-		writes[i] = put(p.Limit, r.Shard, next[i])
-	}
-	if p.ReadAll {
-		res.Partial = false
-		res.States = slices.Clone(snapshot)
-		for i, r := range rows {
-			res.States[r.Shard] = next[i]
-		}
-	}
-	return res, write(ctx, tx, writes, nil)
+	return rows, nil
 }
 
-// readShards reads every row of (name, key) as the transaction's snapshot
-// has them, and the clock, locking nothing.
-func readShards(ctx context.Context, tx *sql.Tx, name, key string, now *time.Time) (driver.ReadResult, error) {
-	rows, err := queries.ReadShards(ctx, tx, gen.ReadShardsParams{Name: []byte(name), Key: []byte(key)})
+// Read implements driver.Ops and engine.Dialect with plain reads, which
+// lock nothing: the transaction's snapshot, and its own writes.
+func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
+	rows, err := queries.ReadShards(ctx, tx, gen.ReadShardsParams{Name: []byte(p.Name), Key: []byte(p.Key)})
 	if err != nil {
 		return driver.ReadResult{}, wrap(ctx, tx, "read the limit's rows", err)
 	}
@@ -488,11 +306,8 @@ func readShards(ctx context.Context, tx *sql.Tx, name, key string, now *time.Tim
 			return driver.ReadResult{}, err
 		}
 	}
-	if now != nil {
-		if err := checkTime("the clock", *now); err != nil {
-			return driver.ReadResult{}, err
-		}
-		out.At = time.UnixMicro(now.UnixMicro()).UTC()
+	if p.Now != nil {
+		out.At = clockOr(p.Now, time.Time{})
 		return out, nil
 	}
 	out.At, err = queries.Clock(ctx, tx)
@@ -500,29 +315,6 @@ func readShards(ctx context.Context, tx *sql.Tx, name, key string, now *time.Tim
 		return driver.ReadResult{}, wrap(ctx, tx, "read the clock", err)
 	}
 	return out, checkUTC(out.At)
-}
-
-// credit is driver.Store.Credit. A key with no row is full: there is nothing
-// to give back to it.
-func credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
-	if p.Now != nil {
-		if err := checkTime("the clock", *p.Now); err != nil {
-			return err
-		}
-	}
-	k, err := lockKey(ctx, tx, p.Limit, p.Now)
-	if err != nil {
-		return err
-	}
-	if len(k.had) == 0 {
-		return forget(ctx, tx, p.Limit, k)
-	}
-	return store(ctx, tx, p.Limit, k.all, driver.CreditStates(p, k.had, k.at))
-}
-
-// reset is driver.Store.Reset.
-func reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
-	return wrap(ctx, tx, "delete the limit's rows", queries.DeleteKey(ctx, tx, gen.DeleteKeyParams{Name: []byte(k.Name), Key: []byte(k.Key)}))
 }
 
 // minTime and maxTime bound what DATETIME(6) holds.
@@ -548,8 +340,8 @@ func checkTime(what string, t time.Time) error {
 func checkUTC(ts ...time.Time) error {
 	for _, t := range ts {
 		if t.Location() != time.UTC {
-			return fmt.Errorf("%w: remove loc from the DSN (or set loc=UTC): the driver read a DATETIME in %v, and the store "+
-				"keeps every time in UTC", ErrDSN, t.Location())
+			return dsnError("remove loc from the DSN (or set loc=UTC): the driver read a DATETIME in %v, and the store "+
+				"keeps every time in UTC", t.Location())
 		}
 	}
 	return nil

@@ -7,153 +7,50 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 )
 
-// topsSQL reads the highest shard of each listed key as the transaction's
-// snapshot has it, locking nothing, from a JSON array of [name, key]
-// (hexadecimal): TakeAll locks those rows too, in their place in the
-// canonical order. Bound by hand: JSON_TABLE.
-const topsSQL = `-- name: Tops :many
-SELECT j.i, CAST(COALESCE((SELECT MAX(m.shard) FROM txlimit AS m
-                           WHERE m.name = UNHEX(j.n) AND m.` + "`key`" + ` = UNHEX(j.k)), -1) AS SIGNED) AS top
-FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]')) AS j
-ORDER BY j.i`
-
-// lockRowsSQL locks the listed rows, which exist, by their primary keys, in
-// the order of the JSON array of [name, key, shard] (hexadecimal), waiting
-// for the transactions that hold them, and reads them with the clock:
-// STRAIGHT_JOIN makes the array drive the join, and FORCE INDEX keeps the
-// optimizer from scanning the table (a locking scan locks every row it
-// reads). Bound by hand: JSON_TABLE.
-const lockRowsSQL = `-- name: LockRows :many
-SELECT j.i, t.shard, t.value, t.prev, t.ts, UTC_TIMESTAMP(6) AS clock
-FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]')) AS j
-STRAIGHT_JOIN txlimit AS t FORCE INDEX (PRIMARY)
-    ON t.name = UNHEX(j.n) AND t.` + "`key`" + ` = UNHEX(j.k) AND t.shard = j.s
-ORDER BY j.i
-FOR UPDATE`
-
-// keyRef is a (name, key) in the JSON arrays above.
-type keyRef struct{ name, key string }
-
-func (k keyRef) MarshalJSON() ([]byte, error) {
-	return json.Marshal([]string{hexOf(k.name), hexOf(k.key)})
-}
-
-// takeAll is driver.Store.TakeAll: every row of every limit created when
-// missing and locked in the canonical order (name, then key, byte by byte,
-// then shard), whatever the order of p.Takes, so that two callers can never
-// deadlock on them; then decided in Go (driver.DecideAll) and written, or,
-// for a denial, the placeholder rows it created deleted again.
-func takeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	var start time.Time
-	if p.TimeLocks {
-		start = time.Now()
+// LockKeys implements engine.Dialect: every row of every limit of ls, in
+// the canonical order (name, then key, byte by byte, then shard), created
+// when missing (ensure, in one statement) and locked in one statement
+// (LockRows). The highest shard of each key is read first (a read that
+// locks nothing), so that rows another config left beyond Shards are
+// locked in their place in the order rather than after every key.
+func (s *backend) LockKeys(ctx context.Context, tx *sql.Tx, ls []driver.Limit, now *time.Time) ([]engine.Locked, time.Time, error) {
+	refs := make([]driver.KeyRef, len(ls))
+	for i, l := range ls {
+		refs[i] = driver.KeyRef{Name: l.Name, Key: l.Key}
 	}
-	if p.Now != nil {
-		if err := checkTime("the clock", *p.Now); err != nil {
-			return driver.TakeAllResult{}, err
-		}
-	}
-	order := driver.CanonicalOrder(p.Takes)
-	refs := make([]keyRef, len(order))
-	limits := make([]driver.Limit, len(order))
-	index := make(map[keyRef]int, len(order))
-	for i, j := range order {
-		t := p.Takes[j]
-		refs[i] = keyRef{t.Name, t.Key}
-		limits[i] = t.Limit
-		index[refs[i]] = j
-	}
-	// The highest shard of each key first (a read that locks nothing), so
-	// that rows another config left beyond Shards are locked in their
-	// place in the order rather than after every key.
 	tops, err := readTops(ctx, tx, refs)
 	if err != nil {
-		return driver.TakeAllResult{}, err
+		return nil, time.Time{}, err
 	}
-	if err := ensure(ctx, tx, limits...); err != nil {
-		return driver.TakeAllResult{}, err
+	if err := ensure(ctx, tx, ls...); err != nil {
+		return nil, time.Time{}, err
 	}
-	var lockList []rowRef
-	for i, j := range order {
-		t := p.Takes[j]
-		for sh := range max(t.Shards, tops[i]+1) {
-			lockList = append(lockList, rowRef{name: t.Name, key: t.Key, shard: int32(sh)})
-		}
+	for i, l := range ls {
+		tops[i] = max(l.Shards-1, tops[i])
 	}
-	arg, err := json.Marshal(lockList)
+	rows, at, err := lockRows(ctx, tx, lockRowsSQL, "lock the limits' rows", refs, tops)
 	if err != nil {
-		return driver.TakeAllResult{}, err
+		return nil, time.Time{}, err
 	}
-	rows, err := tx.QueryContext(ctx, lockRowsSQL, arg)
-	if err != nil {
-		return driver.TakeAllResult{}, wrap(ctx, tx, "lock the limits' rows", err)
+	at = clockOr(now, at)
+	out := make([]engine.Locked, len(ls))
+	for i, l := range ls {
+		out[i] = held(l, rows[i], at)
 	}
-	defer rows.Close()
-	had := make([][]driver.Row, len(p.Takes))
-	all := make([][]driver.Row, len(p.Takes))
-	created := make([][]int32, len(p.Takes))
-	var at time.Time
-	for rows.Next() {
-		var i int
-		var r driver.Row
-		var clock time.Time
-		if err := rows.Scan(&i, &r.Shard, &r.Value, &r.Prev, &r.TS, &clock); err != nil {
-			return driver.TakeAllResult{}, wrap(ctx, tx, "lock the limits' rows", err)
-		}
-		if err := checkUTC(r.TS, clock); err != nil {
-			return driver.TakeAllResult{}, err
-		}
-		at = clock
-		j := index[keyRef{lockList[i-1].name, lockList[i-1].key}]
-		t := p.Takes[j]
-		all[j] = append(all[j], r)
-		if int(r.Shard) < t.Shards && isPlaceholder(t.Limit, r) {
-			created[j] = append(created[j], r.Shard)
-		} else {
-			had[j] = append(had[j], r)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return driver.TakeAllResult{}, wrap(ctx, tx, "lock the limits' rows", err)
-	}
-	if err := rows.Close(); err != nil {
-		return driver.TakeAllResult{}, wrap(ctx, tx, "lock the limits' rows", err)
-	}
-	if p.Now != nil {
-		at = time.UnixMicro(p.Now.UnixMicro()).UTC()
-	}
-	var lockWait time.Duration
-	if p.TimeLocks {
-		lockWait = time.Since(start)
-	}
-	out, writes := driver.DecideAll(p, had, at)
-	out.LockWait = lockWait
-	var ws []rowWrite
-	var doomed []rowRef
-	for j, t := range p.Takes {
-		if writes[j] == nil {
-			// A limit that keeps its rows: the placeholders go again.
-			for _, sh := range created[j] {
-				doomed = append(doomed, rowRef{name: t.Name, key: t.Key, shard: sh})
-			}
-			continue
-		}
-		for _, r := range writes[j] {
-			ws = append(ws, put(t.Limit, r.Shard, r.State()))
-		}
-		for _, sh := range driver.Extra(all[j], t.Shards) {
-			doomed = append(doomed, rowRef{name: t.Name, key: t.Key, shard: sh})
-		}
-	}
-	return out, write(ctx, tx, ws, doomed)
+	return out, at, nil
 }
 
 // readTops returns the highest shard of each key (-1 for none) as the
 // transaction's snapshot has it.
-func readTops(ctx context.Context, tx *sql.Tx, refs []keyRef) ([]int, error) {
-	arg, err := json.Marshal(refs)
+func readTops(ctx context.Context, tx *sql.Tx, refs []driver.KeyRef) ([]int, error) {
+	list := make([][]any, len(refs))
+	for i, k := range refs {
+		list[i] = jsonRef(k)
+	}
+	arg, err := json.Marshal(list)
 	if err != nil {
 		return nil, err
 	}
@@ -171,4 +68,47 @@ func readTops(ctx context.Context, tx *sql.Tx, refs []keyRef) ([]int, error) {
 		tops[i-1] = top
 	}
 	return tops, wrap(ctx, tx, "read the limits' shards", rows.Err())
+}
+
+// lockRows locks rows 0..tops[i] of each key of keys, in that order, with
+// query (LockRows, which waits for the rows other transactions hold, or
+// LockIdle, which passes over them), and reads them: out[i] are the rows
+// of keys[i] it holds, at the clock of the last.
+func lockRows(ctx context.Context, tx *sql.Tx, query, op string, keys []driver.KeyRef, tops []int) (out [][]driver.Row, at time.Time, err error) {
+	var list [][]any
+	var owner []int
+	for i, k := range keys {
+		for sh := range tops[i] + 1 {
+			list = append(list, jsonRef(k, int32(sh)))
+			owner = append(owner, i)
+		}
+	}
+	out = make([][]driver.Row, len(keys))
+	if len(list) == 0 {
+		return out, at, nil
+	}
+	arg, err := json.Marshal(list)
+	if err != nil {
+		return nil, at, err
+	}
+	rows, err := tx.QueryContext(ctx, query, arg)
+	if err != nil {
+		return nil, at, wrap(ctx, tx, op, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var i int
+		var r driver.Row
+		if err := rows.Scan(&i, &r.Shard, &r.Value, &r.Prev, &r.TS, &at); err != nil {
+			return nil, at, wrap(ctx, tx, op, err)
+		}
+		if err := checkUTC(r.TS, at); err != nil {
+			return nil, at, err
+		}
+		out[owner[i-1]] = append(out[owner[i-1]], r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, at, wrap(ctx, tx, op, err)
+	}
+	return out, at, wrap(ctx, tx, op, rows.Close())
 }

@@ -6,9 +6,9 @@
 //	db, err := sql.Open("mysql", "app:secret@tcp(db:3306)/app?parseTime=true&interpolateParams=true")
 //	…
 //	if err := migrations.Up(ctx, db, migrations.MySQL); err != nil { … }
-//	store := mysqlstore.New(db)
-//	if err := store.Ping(ctx); err != nil { … } // names any DSN setting to fix
-//	limiter, err := txlimit.New(store, limits, nil)
+//	limiter, err := txlimit.New(mysqlstore.New(db), limits, nil)
+//	…
+//	if err := limiter.Ping(ctx); err != nil { … } // names any DSN setting to fix
 //
 // The limiter's TTx is then *sql.Tx, and LimitTx takes the transaction the
 // application already has open. The package imports no driver: the
@@ -16,8 +16,8 @@
 //
 // # The DSN
 //
-// Ping checks each of these by what the driver does, and its error names
-// the parameter to set:
+// Limiter.Ping checks each of these by what the driver does, and its error
+// names the parameter to set:
 //
 //   - parseTime=true (required): the store reads DATETIME(6) columns as
 //     time.Time; without it the driver returns bytes.
@@ -27,11 +27,10 @@
 //   - interpolateParams=true (required by Ping): without it the driver
 //     prepares each statement that has arguments on the server and runs it
 //     in a second round trip, which doubles the round trips of every call.
-//     The store's statements bind no float64 as a literal the server would
-//     read as DECIMAL (every argument is CAST, or, in the one-statement
-//     take, written as a DOUBLE literal such as 5e-01), so interpolation
-//     changes no result: the stored values are bit for bit the same either
-//     way.
+//     The store's statements read every float64 argument through CAST(…
+//     AS DOUBLE), never as the DECIMAL literal the driver writes, so
+//     interpolation changes no result: the stored values are bit for bit
+//     the same either way.
 //   - clientFoundRows unset or false (required by Ping): on MySQL the store
 //     reads the affected-rows count of its one-statement take to tell a
 //     grant from a denial; with clientFoundRows a row left as it was counts
@@ -77,31 +76,34 @@
 // Reset (a range DELETE) is the exception: it also locks the gap after the
 // key's rows until the transaction ends.
 //
-// An admitted call on an unsharded limit is one INSERT … ON DUPLICATE KEY
-// UPDATE that creates or locks the row, refills it, decides and writes; on
-// MariaDB its RETURNING gives the result in the same round trip, on MySQL a
-// second statement reads it. A denial costs the locked path after it: every
-// row of the key locked and decided in Go. Row 0 of a sharded limit carries
-// its number of shards in the prev column, so that the one statement leaves
-// a key that a sharded config wrote to the locked path, which pools its
-// shards (a redeployed Shards). A sharded limit is read first, locking nothing; a denial that state
-// decides is answered at once; otherwise one shard that holds twice the
-// count and no other transaction holds is locked with FOR UPDATE SKIP LOCKED
-// and taken from (three statements). InnoDB keeps a row lock until the
-// transaction ends, even one taken after a savepoint that was rolled back,
-// so unlike on PostgreSQL a shard that turns out to lack the tokens stays
-// locked while the call locks every shard. LimitAll creates and locks every
-// row of every limit in one statement, in the canonical order (name, then
-// key, compared as bytes: the columns are VARBINARY), so that two callers
-// never deadlock on them. Prune locks with SKIP LOCKED by primary key and
-// never waits for a row live traffic holds.
+// The take flow is package engine's, on the statements here. An admitted
+// call on an unsharded limit is one INSERT … ON DUPLICATE KEY UPDATE that
+// creates or locks the row, refills it, decides and writes; on MariaDB its
+// RETURNING gives the result in the same round trip, on MySQL a second
+// statement reads it. A denial costs the locked path after it: every row of
+// the key locked and decided in Go. Row 0 of a sharded limit carries its
+// number of shards in the prev column, so that the one statement leaves a
+// key that a sharded config wrote to the locked path, which pools its
+// shards (a redeployed Shards). A sharded limit is read first, locking
+// nothing; a denial that state decides is answered at once; otherwise one
+// shard that holds twice the count and no other transaction holds is locked
+// with FOR UPDATE SKIP LOCKED and taken from (three statements). InnoDB
+// keeps a row lock until the transaction ends, even one taken after a
+// savepoint that was rolled back, so a shard that turns out to lack the
+// tokens stays locked, and the call is decided on the shards no other
+// transaction holds, never waiting for another. LimitAll creates the
+// missing rows of every limit and then locks them all, a statement each, in
+// the canonical order (name, then key, compared as bytes: the columns are
+// VARBINARY), so that two callers never deadlock on them. Prune locks with
+// SKIP LOCKED by primary key and never waits for a row live traffic holds.
 //
 // # Errors
 //
 // Database errors keep the driver's error (*mysql.MySQLError), so
 // errors.As reaches it and its number. A missing or outdated txlimit table
 // matches txlimit.ErrNotMigrated; a DSN setting the store needs, ErrDSN; a
-// database that is not MySQL, ErrWrongDatabase. A deadlock (1213) makes the
+// database that is not MySQL, ErrWrongDatabase (txlimit.Options.FailOpen
+// grants on neither: no retry cures them). A deadlock (1213) makes the
 // server roll the whole transaction back; a lock wait timeout (1205) undoes
 // the statement only, and the transaction must still be rolled back.
 // Retryable classifies those and the other errors after which running the
@@ -123,7 +125,9 @@ import (
 	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 	"github.com/txlimit/txlimit/internal/sqltx"
+	gen "github.com/txlimit/txlimit/mysqlstore/internal/db"
 )
 
 // Store is txlimit's store for MySQL and MariaDB on database/sql: give it to txlimit.New, which
@@ -134,8 +138,11 @@ type Store struct{ handle }
 // that no other package implements one.
 type handle = driver.Handle[*sql.Tx]
 
-// backend is the store's operations.
+// backend is the store's operations, and the engine's dialect for InnoDB:
+// row locks and SKIP LOCKED (engine.SkipLocker), but a row lock held until
+// the transaction ends, savepoint or not (engine.FreeLocker).
 type backend struct {
+	sqltx.Store
 	db *sql.DB
 	// flavor is what the server is, learnt from the first call's
 	// transaction: unknown, MySQL or MariaDB.
@@ -152,58 +159,38 @@ const (
 // time: MariaDB's INSERT … RETURNING saves the one-statement take its
 // second round trip.
 func (s *backend) mariaDB(ctx context.Context, tx *sql.Tx) (bool, error) {
-	switch s.flavor.Load() {
-	case flavorMySQL:
-		return false, nil
-	case flavorMariaDB:
-		return true, nil
+	if f := s.flavor.Load(); f != flavorUnknown {
+		return f == flavorMariaDB, nil
 	}
-	var version string
-	if err := tx.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+	version, err := queries.Version(ctx, tx)
+	if err != nil {
 		return false, wrap(ctx, tx, "ask the server's version", err)
 	}
+	flavor := flavorMySQL
 	if strings.Contains(strings.ToLower(version), "mariadb") {
-		s.flavor.Store(flavorMariaDB)
-		return true, nil
+		flavor = flavorMariaDB
 	}
-	s.flavor.Store(flavorMySQL)
-	return false, nil
+	s.flavor.Store(flavor)
+	return flavor == flavorMariaDB, nil
 }
 
 var (
-	_ driver.Ops[*sql.Tx] = (*backend)(nil)
-	_ driver.ClockRanger  = (*backend)(nil)
+	_ driver.Ops[*sql.Tx]        = (*backend)(nil)
+	_ driver.ClockRanger         = (*backend)(nil)
+	_ engine.FreeLocker[*sql.Tx] = (*backend)(nil)
+	_ engine.Dialect[*sql.Tx]    = (*backend)(nil)
 )
 
 // New returns a store on db, a MySQL or MariaDB database opened with
 // go-sql-driver/mysql (or any driver that behaves as the package
 // documentation describes). db may be nil when only the …Tx forms of the
-// limiter are used; the other forms then return txlimit.ErrNoPool.
-func New(db *sql.DB) *Store { return &Store{driver.NewHandle[*sql.Tx](&backend{db: db})} }
-
-// InTx implements driver.Store. A transaction that only reads (Check,
-// Value) is begun read-only. It is rolled back when fn returns an error or
-// panics (the panic then continues) and committed otherwise.
-func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
-	return sqltx.InTx(ctx, s.db, readOnly, fn, beginErr, s.commitErr(ctx))
-}
-
-// Commit implements driver.Store: TakeAll in tx, then COMMIT when it
-// granted and ROLLBACK otherwise, a round trip each (database/sql sends one
-// statement at a time).
-func (s *backend) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return sqltx.Commit(ctx, tx, p, s.TakeAll, s.commitErr(ctx), committedNot)
-}
-
-// InTxCommit implements driver.Store.
-func (s *backend) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return sqltx.InTxCommit(ctx, s.db, fn, p, s.TakeAll, beginErr, s.commitErr(ctx), committedNot)
-}
-
-func beginErr(err error) error { return &beginError{err} } // Retryable: nothing ran
-
-func (s *backend) commitErr(ctx context.Context) func(error) error {
-	return func(err error) error { return wrap(ctx, nil, "commit", err) }
+// limiter are used; the other forms then return an *txlimit.InvalidError.
+func New(db *sql.DB) *Store {
+	s := &backend{db: db}
+	s.Store = sqltx.Store{DB: db, TakeAllFn: s.TakeAll, Refused: committedNot,
+		BeginErr:  func(_ context.Context, err error) error { return &beginError{err} }, // Retryable: nothing ran
+		CommitErr: func(ctx context.Context, err error) error { return wrap(ctx, nil, "commit", err) }}
+	return &Store{driver.NewHandle[*sql.Tx](s)}
 }
 
 // committedNot reports whether a COMMIT that failed with err surely did not
@@ -216,56 +203,37 @@ func committedNot(err error) bool {
 	return answered || errors.Is(err, sqldriver.ErrBadConn) || errors.Is(err, sql.ErrTxDone)
 }
 
-// Ping implements driver.Store: it checks that db answers, is MySQL 8.0.19+
-// or MariaDB 10.6+, was opened with the DSN settings the package
-// documentation lists (ErrDSN otherwise, naming the parameter), and has the
-// txlimit table with every column the library uses (txlimit.ErrNotMigrated
-// otherwise).
-// The store has no escrow mode (txlimit.New refuses Config.Escrow on it), so
-// p.Escrow asks for nothing more.
 func (s *backend) Ping(ctx context.Context) error { return ping(ctx, s.db) }
 
-// ClockRange implements driver.ClockRanger: the instants a DATETIME(6)
-// column holds, the years 1000 to 9999 (MySQL stores earlier ones, or a
-// zero date under a lax sql_mode, without saying so). txlimit refuses a
-// reading of txlimit.Options.Clock outside them before any statement.
+// ClockRange is the years 1000 to 9999 that DATETIME(6) holds (MySQL stores
+// others, or a zero date under a lax sql_mode, without saying so).
 func (s *backend) ClockRange() (first, last time.Time) { return minTime, maxTime }
 
-// Take implements driver.Store.
+// Take is engine.Take (see Locking in the package documentation).
 func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
-	returning, err := s.mariaDB(ctx, tx)
-	if err != nil {
-		return driver.TakeResult{}, err
-	}
-	return take(ctx, tx, p, returning)
+	return engine.Take(ctx, s, tx, p)
 }
 
-// TakeAll implements driver.Store.
+// TakeAll implements driver.Ops (engine.TakeAll, on LockKeys).
 func (s *backend) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return takeAll(ctx, tx, p)
+	return engine.TakeAll(ctx, s, tx, p)
 }
 
-// Read implements driver.Store with plain reads, which lock nothing: the
-// transaction's snapshot, and its own writes.
-func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
-	return readShards(ctx, tx, p.Name, p.Key, p.Now)
-}
-
-// Credit implements driver.Store.
+// Credit implements driver.Ops.
 func (s *backend) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
-	return credit(ctx, tx, p)
+	return engine.Credit(ctx, s, tx, p)
 }
 
-// Reset implements driver.Store. The store has no escrow calls to detach.
+// Reset implements driver.Ops.
 func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
-	return reset(ctx, tx, k)
+	return wrap(ctx, tx, "delete the limit's rows", queries.DeleteKey(ctx, tx, gen.DeleteKeyParams{Name: []byte(k.Name), Key: []byte(k.Key)}))
 }
 
-// Prune implements driver.Store: one batch in a short transaction of its
-// own.
+// Prune implements driver.Ops: one batch in a short transaction of its
+// own (ScanKeys, LockIdle).
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
-		res, err = prune(ctx, tx, p)
+		res, err = engine.Prune(ctx, s, tx, p)
 		return err
 	})
 	return res, err

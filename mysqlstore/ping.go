@@ -7,15 +7,18 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/sqltx"
+	"github.com/txlimit/txlimit/mysqlstore/internal/rawsql"
 )
 
-// ping is driver.Store.Ping: the server is MySQL 8.0.19+ or MariaDB
-// 10.6+, the DSN has the settings the store needs (each told apart by what
-// the driver does, since the store imports no driver), and the txlimit
-// table is there with every column the library uses.
+// ping is driver.Ops.Ping: the server is MySQL 8.0.19+ or MariaDB 10.6+,
+// the DSN has the settings the store needs (ErrDSN naming the parameter;
+// each told apart by what the driver does, since the store imports no
+// driver), and the txlimit table has every column the library uses
+// (txlimit.ErrNotMigrated). Without a db it is driver.ErrNoPool, which the
+// Limiter reports as an *txlimit.InvalidError.
 func ping(ctx context.Context, db *sql.DB) error {
 	if db == nil {
 		return driver.ErrNoPool
@@ -38,6 +41,8 @@ func ping(ctx context.Context, db *sql.DB) error {
 	return checkInterpolation(ctx, db)
 }
 
+var preparedCount = rawsql.Get("PreparedCount").SQL
+
 var versionNumbers = regexp.MustCompile(`^(\d+)\.(\d+)\.(\d+)`)
 
 // checkVersion asks for the server's version: a database that is not MySQL
@@ -45,12 +50,12 @@ var versionNumbers = regexp.MustCompile(`^(\d+)\.(\d+)\.(\d+)`)
 // uses (SKIP LOCKED, JSON_TABLE, CAST AS DOUBLE, ON DUPLICATE KEY UPDATE that
 // refers to the SELECT's columns).
 func checkVersion(ctx context.Context, db *sql.DB) error {
-	var version string
-	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
-		if wrong := wrongDatabase(ctx, db, err); wrong != nil {
+	version, err := queries.Version(ctx, db)
+	if err != nil {
+		if wrong := sqltx.WrongDatabase(ctx, db, err, ErrWrongDatabase, sqltx.MySQL); wrong != nil {
 			return wrong
 		}
-		return fmt.Errorf("txlimit/mysqlstore: ping: %w: %w", ErrWrongDatabase, err)
+		return driver.Setup(fmt.Errorf("txlimit/mysqlstore: ping: %w: %w", ErrWrongDatabase, err))
 	}
 	m := versionNumbers.FindStringSubmatch(version)
 	if m == nil {
@@ -62,60 +67,46 @@ func checkVersion(ctx context.Context, db *sql.DB) error {
 	v := major*1_000_000 + minor*1_000 + patch
 	if strings.Contains(strings.ToLower(version), "mariadb") {
 		if v < 10_006_000 {
-			return fmt.Errorf("%w: it is MariaDB %s; mysqlstore needs MariaDB 10.6 or later (SKIP LOCKED, JSON_TABLE)", ErrWrongDatabase, version)
+			return driver.Setup(fmt.Errorf("%w: it is MariaDB %s; mysqlstore needs MariaDB 10.6 or later (SKIP LOCKED, JSON_TABLE)", ErrWrongDatabase, version))
 		}
 		return nil
 	}
 	if v < 8_000_019 {
-		return fmt.Errorf("%w: it is MySQL %s; mysqlstore needs MySQL 8.0.19 or later", ErrWrongDatabase, version)
+		return driver.Setup(fmt.Errorf("%w: it is MySQL %s; mysqlstore needs MySQL 8.0.19 or later", ErrWrongDatabase, version))
 	}
 	return nil
 }
 
 // checkTimes reads the clock as the store reads every time: without
-// parseTime=true the driver gives a DATETIME as bytes, and with loc set to
-// another zone it reads the server's UTC times in that zone.
+// parseTime=true the driver gives a DATETIME as bytes, which wrap names, and
+// with loc set to another zone it reads the server's UTC times in that zone.
 func checkTimes(ctx context.Context, db *sql.DB) error {
-	var clock any
-	if err := db.QueryRowContext(ctx, "SELECT UTC_TIMESTAMP(6)").Scan(&clock); err != nil {
+	t, err := queries.Clock(ctx, db)
+	if err != nil {
 		return wrap(ctx, db, "ping", err)
-	}
-	t, ok := clock.(time.Time)
-	if !ok {
-		return fmt.Errorf("%w: add parseTime=true to the DSN: the store reads DATETIME columns as time.Time, and the driver "+
-			"returned %T", ErrDSN, clock)
 	}
 	return checkUTC(t)
 }
 
-// checkFoundRows tells clientFoundRows=true by what it does: an INSERT …
-// ON DUPLICATE KEY UPDATE that changes nothing counts 0 affected rows by
-// default and 1 with it. The store reads that count to tell a grant from a
-// denial in one statement (takeRow), so with clientFoundRows=true a denial
-// costs a round trip more. The probe writes a row that no limit can have
-// (its name is empty) in a transaction that it rolls back; it also shows
-// that the user may write the table.
+// checkFoundRows tells clientFoundRows=true by what it does (ProbeFoundRows).
+// The store reads that count to tell a grant from a denial in one statement
+// (TakeRow), so with clientFoundRows=true a denial costs a round trip more.
+// The probe also shows that the user may write the table.
 func checkFoundRows(ctx context.Context, db *sql.DB) (err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	const probe = "INSERT INTO txlimit (name, `key`, shard, value, ts) VALUES ('', 'txlimit ping', 0, 0, '1970-01-01') " +
-		"ON DUPLICATE KEY UPDATE value = value"
 	var n int64
 	for range 2 {
-		r, err := tx.ExecContext(ctx, probe)
-		if err != nil {
+		if n, err = queries.ProbeFoundRows(ctx, tx); err != nil {
 			return wrap(ctx, tx, "ping: write a row in a transaction it rolls back", err)
-		}
-		if n, err = r.RowsAffected(); err != nil {
-			return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
 		}
 	}
 	if n != 0 {
-		return fmt.Errorf("%w: remove clientFoundRows from the DSN (or set clientFoundRows=false): the store counts the rows a "+
-			"statement changed, and with it the driver counts the rows it found", ErrDSN)
+		return dsnError("remove clientFoundRows from the DSN (or set clientFoundRows=false): the store counts the rows a " +
+			"statement changed, and with it the driver counts the rows it found")
 	}
 	return nil
 }
@@ -132,15 +123,14 @@ func checkInterpolation(ctx context.Context, db *sql.DB) error {
 	prepared := func() (int64, error) {
 		var name string
 		var n int64
-		err := conn.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_stmt_prepare'").Scan(&name, &n)
+		err := conn.QueryRowContext(ctx, preparedCount).Scan(&name, &n)
 		return n, err
 	}
 	before, err := prepared()
 	if err != nil {
 		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
 	}
-	var one int64
-	if err := conn.QueryRowContext(ctx, "SELECT ?", 1).Scan(&one); err != nil {
+	if _, err := queries.Echo(ctx, conn, 1); err != nil {
 		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
 	}
 	after, err := prepared()
@@ -148,8 +138,8 @@ func checkInterpolation(ctx context.Context, db *sql.DB) error {
 		return fmt.Errorf("txlimit/mysqlstore: ping: %w", err)
 	}
 	if after > before {
-		return fmt.Errorf("%w: add interpolateParams=true to the DSN: without it the driver prepares every statement that "+
-			"has arguments on the server and runs it in a second round trip, which doubles what a limited call costs", ErrDSN)
+		return dsnError("add interpolateParams=true to the DSN: without it the driver prepares every statement that " +
+			"has arguments on the server and runs it in a second round trip, which doubles what a limited call costs")
 	}
 	return nil
 }

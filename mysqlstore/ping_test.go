@@ -164,3 +164,63 @@ func TestNoDatabase(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.OK)
 }
+
+// A DSN the store cannot work with is the deployment's mistake, not an
+// outage: under FailOpen the calls still fail, naming the parameter, and
+// Ping's DSN errors are setup errors too. The control: a failure of the
+// database itself (a closed pool) is granted under the same options.
+func TestFailOpenRefusesDSN(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := mysqltest.EmptyDatabase(t)
+	require.NoError(t, migrations.Up(ctx, mysqltest.Open(t, cfg, 2), migrations.MySQL))
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	require.NoError(t, err)
+	limiter := func(db *sql.DB, shards int) *txlimit.Limiter[*sql.Tx] {
+		l, err := txlimit.New(mysqlstore.New(db), map[string]txlimit.Config{
+			"n": {Kind: txlimit.TokenBucket, Rate: 5, Period: time.Hour, Shards: shards},
+		}, &txlimit.Options{FailOpen: true})
+		require.NoError(t, err)
+		return l
+	}
+	for _, tc := range []struct {
+		desc, param string
+		change      func(c *mysql.Config)
+		calls       bool // the calls fail too, not only Ping
+	}{
+		{"without parseTime", "parseTime=true", func(c *mysql.Config) { c.ParseTime = false }, true},
+		{"with loc in another zone", "loc", func(c *mysql.Config) { c.Loc = berlin }, true},
+		{"with clientFoundRows", "clientFoundRows", func(c *mysql.Config) { c.ClientFoundRows = true }, false},
+		{"without interpolateParams", "interpolateParams=true", func(c *mysql.Config) { c.InterpolateParams = false }, false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			c := cfg.Clone()
+			tc.change(c)
+			db := mysqltest.Open(t, c, 2)
+			err := limiter(db, 1).Ping(ctx)
+			require.ErrorIs(t, err, mysqlstore.ErrDSN)
+			require.ErrorIs(t, err, driver.ErrSetup)
+			if !tc.calls {
+				return
+			}
+			for _, shards := range []int{1, 3} {
+				l := limiter(db, shards)
+				res, err := l.Limit(ctx, "n", tc.desc)
+				require.ErrorIs(t, err, mysqlstore.ErrDSN)
+				require.ErrorIs(t, err, driver.ErrSetup)
+				require.ErrorContains(t, err, tc.param)
+				require.False(t, res.OK || res.FailedOpen, "FailOpen granted a call on a DSN the store cannot use: %+v", res)
+				multi, err := l.LimitAll(ctx, req("n", tc.desc))
+				require.ErrorIs(t, err, mysqlstore.ErrDSN)
+				require.False(t, multi.OK, "FailOpen granted a LimitAll on a DSN the store cannot use")
+			}
+		})
+	}
+	t.Run("control: a closed pool fails open", func(t *testing.T) {
+		db := mysqltest.Open(t, cfg, 2)
+		require.NoError(t, db.Close())
+		res, err := limiter(db, 1).Limit(ctx, "n", "closed")
+		require.NoError(t, err)
+		require.True(t, res.OK && res.FailedOpen, "%+v", res)
+	})
+}

@@ -3,113 +3,45 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 	gen "github.com/txlimit/txlimit/mysqlstore/internal/db"
 )
 
-// lockIdleSQL locks the listed rows that no other transaction holds, by
-// their primary keys, without waiting (SKIP LOCKED), and reads them with
-// the clock: a batch of Prune never waits for a row live traffic holds, and
-// locks no gap that live traffic's inserts would wait for. The rows come as
-// in lockRowsSQL. Bound by hand: JSON_TABLE.
-const lockIdleSQL = `-- name: LockIdle :many
-SELECT j.i, t.shard, t.value, t.prev, t.ts, UTC_TIMESTAMP(6) AS clock
-FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]')) AS j
-STRAIGHT_JOIN txlimit AS t FORCE INDEX (PRIMARY)
-    ON t.name = UNHEX(j.n) AND t.` + "`key`" + ` = UNHEX(j.k) AND t.shard = j.s
-ORDER BY j.i
-FOR UPDATE SKIP LOCKED`
-
-// prune is driver.Store.Prune. It reads the next keys after the cursor
-// with their rows' count and highest shard, locking nothing, then locks
-// the rows of the known ones that no other transaction holds, and deletes
-// the rows of every key it holds whole (every row the scan counted) and
-// that p.Full says is full.
-func prune(ctx context.Context, tx *sql.Tx, p driver.PruneParams) (driver.PruneResult, error) {
-	keys, err := queries.ScanKeys(ctx, tx, gen.ScanKeysParams{AfterName: []byte(p.After.Name), AfterKey: []byte(p.After.Key), Limit: int32(p.Max)})
-	if err != nil || len(keys) == 0 {
-		return driver.PruneResult{}, wrap(ctx, tx, "scan keys", err)
-	}
-	last := keys[len(keys)-1]
-	out := driver.PruneResult{Keys: len(keys), Last: driver.KeyRef{Name: string(last.Name), Key: string(last.Key)}}
-	var list []rowRef
-	total := map[keyRef]int64{}
-	for _, k := range keys {
-		if !p.Known(string(k.Name)) {
-			out.Unknown++
-			continue
-		}
-		ref := keyRef{string(k.Name), string(k.Key)}
-		total[ref] = k.Total
-		for sh := range k.Top + 1 {
-			list = append(list, rowRef{name: ref.name, key: ref.key, shard: int32(sh)})
-		}
-	}
-	if len(list) == 0 {
-		return out, nil
-	}
-	arg, err := json.Marshal(list)
+// ScanKeys implements engine.Dialect: the next keys after the cursor, in
+// primary-key order (bytes), with their rows' count and highest shard,
+// locking nothing.
+func (s *backend) ScanKeys(ctx context.Context, tx *sql.Tx, after driver.KeyRef, max int) ([]engine.Key, error) {
+	keys, err := queries.ScanKeys(ctx, tx, gen.ScanKeysParams{AfterName: []byte(after.Name), AfterKey: []byte(after.Key), Limit: int32(max)})
 	if err != nil {
-		return driver.PruneResult{}, err
+		return nil, wrap(ctx, tx, "scan keys", err)
 	}
-	rows, err := tx.QueryContext(ctx, lockIdleSQL, arg)
-	if err != nil {
-		return driver.PruneResult{}, wrap(ctx, tx, "lock idle rows", err)
-	}
-	defer rows.Close()
-	held := map[keyRef][]driver.Row{}
-	var order []keyRef
-	var at time.Time
-	for rows.Next() {
-		var i int
-		var r driver.Row
-		var clock time.Time
-		if err := rows.Scan(&i, &r.Shard, &r.Value, &r.Prev, &r.TS, &clock); err != nil {
-			return driver.PruneResult{}, wrap(ctx, tx, "lock idle rows", err)
-		}
-		if err := checkUTC(r.TS, clock); err != nil {
-			return driver.PruneResult{}, err
-		}
-		at = clock
-		ref := keyRef{list[i-1].name, list[i-1].key}
-		if _, ok := held[ref]; !ok {
-			order = append(order, ref)
-		}
-		held[ref] = append(held[ref], r)
-	}
-	if err := rows.Err(); err != nil {
-		return driver.PruneResult{}, wrap(ctx, tx, "lock idle rows", err)
-	}
-	if err := rows.Close(); err != nil {
-		return driver.PruneResult{}, wrap(ctx, tx, "lock idle rows", err)
-	}
-	if p.Now != nil {
-		if err := checkTime("the clock", *p.Now); err != nil {
-			return driver.PruneResult{}, err
-		}
-		at = time.UnixMicro(p.Now.UnixMicro()).UTC()
-	}
-	var doomed []rowRef
-	for _, ref := range order {
-		rs := held[ref]
-		// Only a key this transaction holds whole: a key with a row held
-		// elsewhere is in use, and is left for a later run.
-		if int64(len(rs)) != total[ref] || !p.Full(ref.name, ref.key, rs, at) {
-			continue
-		}
-		for _, r := range rs {
-			doomed = append(doomed, rowRef{name: ref.name, key: ref.key, shard: r.Shard})
-		}
-	}
-	if len(doomed) > 0 {
-		n, err := deleteRows(ctx, tx, doomed)
-		if err != nil {
-			return driver.PruneResult{}, err
-		}
-		out.Deleted = int(n)
+	out := make([]engine.Key, len(keys))
+	for i, k := range keys {
+		out[i] = engine.Key{KeyRef: driver.KeyRef{Name: string(k.Name), Key: string(k.Key)}, Rows: k.Total, Top: int32(k.Top)}
 	}
 	return out, nil
+}
+
+// LockIdle implements engine.Dialect: the rows the scan counted, locked by
+// primary key with SKIP LOCKED (LockIdle), so that a batch never waits for
+// a row live traffic holds nor locks a gap its inserts would wait for. A
+// key is Whole when the transaction holds every row the scan counted.
+func (s *backend) LockIdle(ctx context.Context, tx *sql.Tx, keys []engine.Key, now *time.Time) ([]engine.Held, time.Time, error) {
+	refs := make([]driver.KeyRef, len(keys))
+	tops := make([]int, len(keys))
+	for i, k := range keys {
+		refs[i], tops[i] = k.KeyRef, int(k.Top)
+	}
+	rows, at, err := lockRows(ctx, tx, lockIdleSQL, "lock idle rows", refs, tops)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	out := make([]engine.Held, len(keys))
+	for i, k := range keys {
+		out[i] = engine.Held{KeyRef: k.KeyRef, Rows: rows[i], Whole: int64(len(rows[i])) == k.Rows}
+	}
+	return out, clockOr(now, at), nil
 }

@@ -6,14 +6,19 @@ import (
 
 	"github.com/txlimit/txlimit/algo"
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/engine"
 	"github.com/txlimit/txlimit/mysqlstore/internal/takerow"
 )
 
-// takeRow takes from an unsharded limit in one statement and reads what it
-// did: in the same round trip on MariaDB (returning), in a second statement
-// on MySQL (package takerow). done is false when it granted nothing: the
-// caller then takes the locked path.
-func takeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams, returning bool) (res driver.TakeResult, done bool, err error) {
+// TakeRow implements engine.Dialect: it takes from an unsharded limit in
+// one statement and reads what it did, in the same round trip on MariaDB
+// (RETURNING), in a second statement on MySQL (package takerow). ok is
+// false when it granted nothing: the engine then takes the locked path.
+func (s *backend) TakeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (res driver.TakeResult, ok bool, err error) {
+	returning, err := s.mariaDB(ctx, tx)
+	if err != nil {
+		return driver.TakeResult{}, false, err
+	}
 	if p.Now != nil {
 		if err := checkTime("the clock", *p.Now); err != nil {
 			return driver.TakeResult{}, false, err
@@ -37,7 +42,5 @@ func takeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams, returning boo
 	if !r.Granted {
 		return driver.TakeResult{}, false, nil
 	}
-	next := algo.State{Value: r.Value, TS: r.TS.UnixMicro()}
-	return driver.TakeResult{Decision: driver.Granted(p.Config, next, r.Clock.UnixMicro()), At: r.Clock, States: []algo.State{next},
-		Taken: p.Count}, true, nil
+	return engine.Granted(p, algo.State{Value: r.Value, TS: r.TS.UnixMicro()}, r.Clock), true, nil
 }

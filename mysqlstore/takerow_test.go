@@ -30,10 +30,12 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 	store := driver.OpsOf[*sql.Tx](mysqlstore.New(db))
 	cases := algocase.Generate(27, 1000)
 	algocase.RequireCoverage(t, cases)
-	run := func(fn func(tx *sql.Tx)) {
+	// run runs fn in a transaction that it rolls back, on c's prior row.
+	run := func(c algocase.Case, fn func(tx *sql.Tx)) {
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, tx.Rollback()) }()
+		seed(ctx, t, tx, c)
 		fn(tx)
 	}
 	for i, c := range cases {
@@ -48,9 +50,8 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 			if f.serverClock && c.Now < 1e6 {
 				continue // the server's clock starts after the epoch
 			}
-			run(func(tx *sql.Tx) {
+			run(c, func(tx *sql.Tx) {
 				name := fmt.Sprintf("%s (RETURNING %v, server clock %v)", name, returning, f.serverClock)
-				seed(ctx, t, tx, c)
 				clock := &now
 				if f.serverClock {
 					// The server's clock, set to the case's: UTC_TIMESTAMP(6)
@@ -91,8 +92,7 @@ func TestTakeRowMatchesAlgo(t *testing.T) {
 				algocase.RequireBits(t, want, rows[0], name+": stored")
 			})
 		}
-		run(func(tx *sql.Tx) {
-			seed(ctx, t, tx, c)
+		run(c, func(tx *sql.Tx) {
 			res, err := store.Take(ctx, tx, p)
 			require.NoError(t, err, name)
 			algocase.RequireTake(t, c, res.Decision, stored(ctx, t, tx, c), name)

@@ -10,14 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The PostgreSQL protocol (internal/pgproto) and the code sqlc generates for
-// it speak pgx: Exec, Query and QueryRow. sqlTx runs them on database/sql,
-// one statement per round trip, which is all database/sql can do (pgproto.Send
-// runs a batch one statement after another on it); this file is the whole
-// difference between pgsqlstore and pgstore. The arguments are
-// those of sqlc's pgx code (strings, numbers, time.Time and pointers to
-// them; arrays travel as text literals), which database/sql passes to any
-// driver, and the rows scan into the same types.
+// pgproto and the code sqlc generates for it speak pgx (Exec, Query,
+// QueryRow); sqlTx runs them on database/sql, one statement per round trip.
+// This file is the whole difference between pgsqlstore and pgstore. sqlc's
+// arguments (strings, numbers, time.Time, pointers to them, arrays as text
+// literals) pass to any database/sql driver, and the rows scan alike.
 
 // querier is a *sql.Tx, or the *sql.DB for Ping.
 type querier interface {
@@ -34,8 +31,8 @@ func (t sqlTx) Exec(ctx context.Context, query string, args ...any) (pgconn.Comm
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	// The generated code reads only the number of rows, which a command
-	// tag ends with; a driver that cannot tell says 0.
+	// The generated code reads only the number of rows (0 when the driver
+	// cannot tell).
 	n, err := res.RowsAffected()
 	if err != nil {
 		n = 0
@@ -67,9 +64,8 @@ func (r sqlRow) Scan(dest ...any) error {
 }
 
 // sqlRows is *sql.Rows as pgx.Rows, for the methods the generated code
-// calls (Next, Scan, Err, Close). The embedded pgx.Rows is nil: it stands in
-// for the methods nothing here calls, so that a pgx that adds one to the
-// interface still compiles (calling one would panic).
+// calls. The embedded pgx.Rows is nil: it stands in for the others, which
+// would panic.
 type sqlRows struct {
 	pgx.Rows
 	rows *sql.Rows

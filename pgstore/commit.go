@@ -12,14 +12,10 @@ import (
 	"github.com/txlimit/txlimit/internal/pgproto"
 )
 
-// Commit implements driver.Ops. When every take is one statement (an
-// unsharded token bucket or fixed window) they are sent with
-// the COMMIT in one pipeline (pgproto.TakeCommit), so that the rows are
-// locked only while the commit runs; the others are taken as TakeAll takes
-// them, and the transaction is then committed. pgx still counts tx open
-// after a COMMIT it did not send itself: tx is rolled back at the end, which
-// the server answers with a warning, to end pgx's bookkeeping and give a
-// pool's connection back. That costs the round trip InTxCommit saves.
+// Commit implements driver.Ops. pgx still counts tx open after a COMMIT it
+// did not send itself: tx is rolled back at the end (the server answers with
+// a warning) to end pgx's bookkeeping and give a pool's connection back, the
+// round trip InTxCommit saves.
 func (s *backend) Commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	if nested(tx) {
 		return driver.TakeAllResult{}, errors.New("txlimit/pgstore: CommitTx needs the transaction itself, not one begun " +
@@ -32,9 +28,8 @@ func (s *backend) Commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams)
 }
 
 // InTxCommit implements driver.Ops. The transaction is begun on a
-// connection the store acquires for it, so that a COMMIT sent with the takes
-// ends it for good: the connection goes back to the pool as it is, with no
-// round trip of pgx's own.
+// connection the store acquires for it, which goes back to the pool after
+// the COMMIT with no round trip of pgx's own.
 func (s *backend) InTxCommit(ctx context.Context, fn func(tx pgx.Tx) error, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	if s.pool == nil {
 		return driver.TakeAllResult{}, driver.ErrNoPool
@@ -62,7 +57,8 @@ func (s *backend) InTxCommit(ctx context.Context, fn func(tx pgx.Tx) error, p dr
 	return s.commit(ctx, tx, p)
 }
 
-// commit takes p in tx and ends tx's transaction on the server.
+// commit takes p in tx and ends tx's transaction on the server, sending
+// one-statement takes with the COMMIT (pgproto.TakeCommit).
 func (s *backend) commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	if pgproto.Lean(p) {
 		res, err := s.Proto.TakeCommit(ctx, tx, p)
@@ -79,9 +75,8 @@ func (s *backend) commit(ctx context.Context, tx pgx.Tx, p driver.TakeAllParams)
 	return res, nil
 }
 
-// commitErr is the error of a COMMIT that failed: the store's when the
-// transaction surely did not commit (the server rolled it back, or never
-// got the COMMIT), and otherwise one that matches driver.ErrCommitUnknown.
+// commitErr is the error of a failed COMMIT, matching
+// driver.ErrCommitUnknown unless the server rolled it back or never got it.
 func commitErr(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) || pgconn.SafeToRetry(err) {

@@ -3,26 +3,20 @@
 //	pool, _ := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 //	limiter, err := txlimit.New(pgstore.New(pool), limits, nil)
 //
-// The limiter's TTx is then pgx.Tx, and LimitTx takes the transaction the
-// application already has open. Rows are locked and written in that
-// transaction, so they stay locked until it ends. An admitted call on an
-// unsharded token bucket or fixed window is one statement, INSERT … ON
-// CONFLICT DO UPDATE … WHERE <fits> RETURNING, that creates or locks the row,
-// refills it to the server's clock, decides and writes with the SQL functions
-// of the migrations (algo's arithmetic; a differential test holds them to
-// it); other calls lock the rows with SELECT … FOR UPDATE and decide in Go. A
-// sharded limit takes the first shard no other transaction holds (FOR UPDATE
-// SKIP LOCKED, inside a savepoint the same call ends). PostgreSQL 14 or
-// later. The code is shared with pgsqlstore (internal/pgproto), and the
-// store keeps no session state.
+// An admitted call on an unsharded token bucket or fixed window is one
+// statement (INSERT … ON CONFLICT DO UPDATE … WHERE <fits> RETURNING) that
+// refills the row to the server's clock, decides and writes with the
+// migrations' SQL functions (algo's arithmetic); other calls lock the rows
+// with SELECT … FOR UPDATE and decide in Go. A sharded limit takes the
+// first shard no other transaction holds (FOR UPDATE SKIP LOCKED, in a
+// savepoint the call ends). PostgreSQL 14 or later; no session state.
 //
 // Behind PgBouncer in transaction mode, pgx's default exec mode fails on a
 // share of the calls with SQLSTATE 42P05 or 26000 (the store's error says
 // so): set pgx.ConnConfig.DefaultQueryExecMode to QueryExecModeExec or
 // QueryExecModeSimpleProtocol for such pools (docs/scale-out.md). Database
-// errors keep the *pgconn.PgError (errors.As reaches it); a missing or
-// outdated table matches txlimit.ErrNotMigrated; Retryable classifies what
-// may be run again.
+// errors keep the *pgconn.PgError for errors.As; a missing or outdated
+// table matches txlimit.ErrNotMigrated.
 package pgstore
 
 import (
@@ -35,12 +29,10 @@ import (
 	"github.com/txlimit/txlimit/internal/pgproto"
 )
 
-// Store is txlimit's store for pgx: give it to txlimit.New, which
-// reaches it through the Limiter only.
+// Store is txlimit's store for pgx: give it to txlimit.New.
 type Store struct{ handle }
 
-// handle makes Store the driver.Store that txlimit.New takes: sealed, so
-// that no other package implements one.
+// handle makes Store a driver.Store.
 type handle = driver.Handle[pgx.Tx]
 
 // backend is the store's operations.
@@ -68,20 +60,16 @@ type Option func(*backend)
 
 // SingleKeyStatements makes every statement that locks or writes rows touch
 // the rows of one (name, key), for a txlimit table distributed by key (Citus:
-// create_distributed_table('txlimit', 'key'); docs/scale-out.md), where a
-// statement over the rows of several keys spans several shards. LimitAll
-// and Prune then send one statement per key, in the order they lock rows in
-// anyway, where by default they send one statement over arrays of keys; the
-// other operations are single-key statements either way. pgx batches the
-// statements, so LimitAll still costs two round trips, but the server runs
-// more statements: leave the option off on a table that is not distributed
-// by key. Prune's scan for the next keys reads across keys without locking
-// anything, in either mode.
+// create_distributed_table('txlimit', 'key'); docs/scale-out.md). LimitAll
+// and Prune then send one statement per key, in their locking order, rather
+// than one over arrays of keys; pgx batches them, so LimitAll still costs
+// two round trips, but the server runs more statements: leave the option
+// off on a table not distributed by key. Prune's scan for the next keys
+// reads across keys, locking nothing, in either mode.
 func SingleKeyStatements() Option {
 	return func(s *backend) { s.Proto.SingleKey = true }
 }
 
-// InTx implements driver.Ops.
 func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) error) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
@@ -93,7 +81,6 @@ func (s *backend) InTx(ctx context.Context, readOnly bool, fn func(tx pgx.Tx) er
 	return mapErr(pgx.BeginTxFunc(ctx, s.pool, opts, fn))
 }
 
-// Ping implements driver.Ops.
 func (s *backend) Ping(ctx context.Context) error {
 	if s.pool == nil {
 		return driver.ErrNoPool
@@ -107,9 +94,6 @@ func mapErr(err error) error {
 		"; set DefaultQueryExecMode to pgx.QueryExecModeExec or QueryExecModeSimpleProtocol on the pool's config")
 }
 
-// Prune implements driver.Ops. The rows are locked with FOR UPDATE SKIP
-// LOCKED, so a batch never waits for a row that live traffic holds: a key
-// with a row held elsewhere is left for a later run.
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx pgx.Tx) (err error) {
 		res, err = s.Proto.Prune(ctx, tx, p)

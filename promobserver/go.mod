@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/prometheus/client_model v0.6.3
 	github.com/stretchr/testify v1.12.1
-	github.com/txlimit/txlimit v0.0.0
+	github.com/txlimit/txlimit v0.1.0
 )
 
 require (
@@ -42,5 +42,3 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
-
-replace github.com/txlimit/txlimit => ../

@@ -1,8 +1,6 @@
-// Package sqlitestore is the SQLite store of txlimit, on database/sql.
-//
-// It imports no SQLite driver: the application opens its *sql.DB with the
-// driver it already uses and passes it to New. With the pure-Go
-// modernc.org/sqlite driver (driver name "sqlite"):
+// Package sqlitestore is the SQLite store of txlimit, on database/sql. It
+// imports no SQLite driver: the application opens its *sql.DB with the one
+// it uses. With the pure-Go modernc.org/sqlite (driver name "sqlite"):
 //
 //	db, err := sql.Open("sqlite",
 //		"file:app.db?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
@@ -10,27 +8,24 @@
 //	if err := migrations.Up(ctx, db, migrations.SQLite); err != nil { … }
 //	limiter, err := txlimit.New(sqlitestore.New(db), limits, nil)
 //
-// The limiter's TTx is then *sql.Tx, and LimitTx takes the transaction the
-// application already has open. With github.com/mattn/go-sqlite3 the same
-// settings are "file:app.db?_busy_timeout=5000&_journal_mode=WAL&_txlock=immediate".
+// With github.com/mattn/go-sqlite3 the same settings are
+// "file:app.db?_busy_timeout=5000&_journal_mode=WAL&_txlock=immediate".
 //
 // SQLite has one writer at a time and no row locks: a transaction that
 // consumes a limit takes the database's write lock before it reads the
-// limit's rows, and keeps it until it ends. The DSN's three settings make
-// that work under concurrency: busy_timeout, so that a writer waits for the
-// lock instead of failing with SQLITE_BUSY; WAL, so that readers and the
-// writer do not block each other; and _txlock=immediate, so that a
-// transaction that reads before it writes takes the write lock at BEGIN
-// (SQLite cannot let a deferred one wait for it). Every connection of the
-// pool needs them, so they belong in the DSN; use a file, not ":memory:".
-// docs/sqlite.md says why for each.
+// limit's rows, and keeps it until it ends. The DSN's settings make that
+// work under concurrency: busy_timeout (a writer waits for the lock rather
+// than fail with SQLITE_BUSY), WAL (readers and the writer do not block
+// each other) and _txlock=immediate (a transaction that reads before it
+// writes takes the write lock at BEGIN: SQLite cannot let a deferred one
+// wait for it). Every connection of the pool needs them, so they belong in
+// the DSN; use a file, not ":memory:" (docs/sqlite.md).
 //
-// SQLITE_BUSY and every other database error is returned as an error, whose
-// driver error errors.As reaches, never a denial or a grant; roll back and,
-// for SQLITE_BUSY, run the transaction again. SQLite has no server clock: the
-// store reads the process's, and txlimit.Options.Clock replaces it. Shards
-// add no concurrency here (the write lock covers every row), but a sharded
-// limit admits exactly what the same unsharded limit would.
+// Every database error, SQLITE_BUSY included, is returned as an error
+// (errors.As reaches the driver's), never as a denial or a grant; roll back
+// and, for SQLITE_BUSY, run the transaction again. The store reads the
+// process's clock. Shards add no concurrency here, but a sharded limit
+// admits exactly what the same unsharded limit would.
 package sqlitestore
 
 import (
@@ -47,17 +42,15 @@ import (
 	gen "github.com/txlimit/txlimit/sqlitestore/internal/db"
 )
 
-// Store is txlimit's store for database/sql on SQLite: give it to txlimit.New, which
-// reaches it through the Limiter only.
+// Store is txlimit's store for database/sql on SQLite: give it to
+// txlimit.New.
 type Store struct{ handle }
 
-// handle makes Store the driver.Store that txlimit.New takes: sealed, so
-// that no other package implements one.
+// handle makes Store a driver.Store.
 type handle = driver.Handle[*sql.Tx]
 
 // backend is the store's operations, and the engine's dialect: the write
-// lock covers every row, so it locks no row of its own and has no shard to
-// skip (no engine.SkipLocker).
+// lock covers every row, so it has no shard to skip (no engine.SkipLocker).
 type backend struct {
 	sqltx.Store
 	db      *sql.DB
@@ -74,22 +67,18 @@ var (
 // the package documentation says. db may be nil when only the …Tx forms of
 // the limiter are used; the other forms then return an *txlimit.InvalidError.
 //
-// In WAL mode the store prepares its statements on db the first time it
-// runs them (in the background, on a connection of the pool, once per
-// Store: make one Store per *sql.DB and share it) and from then on runs them
-// prepared in the caller's transaction, so that SQLite does not compile the
-// same SQL again, under the write lock, on every call. Preparing takes a
-// connection of the pool that no transaction holds: while every connection
-// is held (SetMaxOpenConns(1) and a transaction open, say), the calls run the
-// text until one is free. The statements are closed with db. A transaction
-// of another *sql.DB, one that comes before a statement is ready, and every
-// transaction on a database in another journal mode run the SQL text as it
-// is.
+// In WAL mode the store prepares each statement on db, in the background,
+// the first time it runs it, and from then on runs it prepared in the
+// caller's transaction, so that SQLite does not compile it again under the
+// write lock on every call: make one Store per *sql.DB and share it. Until
+// a statement is ready (preparing waits for a connection no transaction
+// holds), in a transaction of another *sql.DB and in other journal modes,
+// the store runs the SQL text. The statements are closed with db.
 func New(db *sql.DB) *Store {
 	s := &backend{db: db, queries: gen.New()}
 	s.Store = sqltx.Store{DB: db, TakeAllFn: s.TakeAll, BeginErr: opErr("begin"), CommitErr: opErr("commit"),
-		// SQLite runs in the process, with no connection to lose: a
-		// COMMIT that failed did not commit.
+		// In the process, with no connection to lose: a failed COMMIT did
+		// not commit.
 		Refused: func(error) bool { return true }}
 	if db != nil {
 		s.stmts = &stmtCache{db: db}
@@ -103,9 +92,8 @@ func New(db *sql.DB) *Store {
 var ErrWrongDatabase = errors.New("txlimit/sqlitestore: the database is not SQLite")
 
 // wrap names the operation that failed and, for the errors a setup mistake
-// causes, what to do about it; errors.As still reaches the driver's error.
-// q, when not nil, is where the statement ran, to be asked which database it
-// is (sqltx.WrongDatabase).
+// causes, what to do about it. q, when not nil, is where the statement ran,
+// to be asked which database it is (sqltx.WrongDatabase).
 func wrap(ctx context.Context, q sqltx.Querier, op string, err error) error {
 	if err == nil {
 		return nil
@@ -125,8 +113,7 @@ func wrap(ctx context.Context, q sqltx.Querier, op string, err error) error {
 	return fmt.Errorf("txlimit/sqlitestore: %s: %w", op, err)
 }
 
-// clock returns now, or the process clock when now is nil, at microsecond
-// precision (the precision of the stored ts).
+// clock returns now, or the process clock when now is nil, in microseconds.
 func clock(now *time.Time) time.Time {
 	if now != nil {
 		return time.UnixMicro(now.UnixMicro())
@@ -134,14 +121,12 @@ func clock(now *time.Time) time.Time {
 	return time.UnixMicro(time.Now().UnixMicro())
 }
 
-// opErr is the store's error of op, run on no statement it could ask
-// which database it is.
+// opErr is wrap for an op that ran no statement.
 func opErr(op string) func(context.Context, error) error {
 	return func(ctx context.Context, err error) error { return wrap(ctx, nil, op, err) }
 }
 
-// Ping implements driver.Ops: it checks that db is SQLite and that the
-// txlimit table is there with every column the library uses.
+// Ping implements driver.Ops; it checks that db is SQLite too.
 func (s *backend) Ping(ctx context.Context) error {
 	if s.db == nil {
 		return driver.ErrNoPool
@@ -153,35 +138,24 @@ func (s *backend) Ping(ctx context.Context) error {
 	return wrap(ctx, s.db, "ping", s.queries.ProbeTable(ctx, s.db))
 }
 
-// Take implements driver.Ops (engine.Take). An unsharded limit is taken in
-// one statement (takeRowSQL); when that grants nothing, and on a sharded
-// limit, every shard is read under the write lock, decided on in Go and
-// written. Shards add no concurrency here, but a sharded limit admits
-// exactly what the same unsharded limit would.
 func (s *backend) Take(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, error) {
 	return engine.Take(ctx, s, tx, p)
 }
 
-// TakeAll implements driver.Ops. The write lock locks every row at once,
-// so the order does not matter here; the keys are still read in the
-// canonical order.
 func (s *backend) TakeAll(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	return engine.TakeAll(ctx, s, tx, p)
 }
 
-// Credit implements driver.Ops.
 func (s *backend) Credit(ctx context.Context, tx *sql.Tx, p driver.CreditParams) error {
 	return engine.Credit(ctx, s, tx, p)
 }
 
-// Reset implements driver.Ops.
 func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error {
 	return wrap(ctx, tx, "delete key", s.queries.DeleteKey(ctx, s.on(tx), gen.DeleteKeyParams{Name: k.Name, Key: k.Key}))
 }
 
-// Prune implements driver.Ops. SQLite cannot pass over rows that another
-// transaction holds: the batch takes the write lock, waiting up to
-// busy_timeout like every writer, and then holds every row.
+// Prune implements driver.Ops. The batch takes the write lock, waiting up
+// to busy_timeout like every writer, and then holds every row.
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
 		res, err = engine.Prune(ctx, s, tx, p)
@@ -195,8 +169,8 @@ func (s *backend) ClockRange() (first, last time.Time) {
 	return driver.Microseconds[0], driver.Microseconds[1]
 }
 
-// Read implements driver.Ops and engine.Dialect with a plain SELECT, which
-// takes no write lock: it sees tx's snapshot (and tx's own writes).
+// Read implements driver.Ops and engine.Dialect: a SELECT of tx's snapshot,
+// without the write lock.
 func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (driver.ReadResult, error) {
 	rows, err := s.queries.ReadShards(ctx, s.on(tx), gen.ReadShardsParams{Name: p.Name, Key: p.Key})
 	if err != nil {
@@ -209,17 +183,15 @@ func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (dr
 	return out, nil
 }
 
-// TakeRow implements engine.Dialect (takeRow at the clock).
 func (s *backend) TakeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams) (driver.TakeResult, bool, error) {
 	res, ok, err := s.takeRow(ctx, tx, p, clock(p.Now))
 	s.stmts.learnMode(ctx, tx)
 	return res, ok, err
 }
 
-// LockKey implements engine.Dialect: TouchKey takes SQLite's write lock,
-// waiting up to busy_timeout (a no-op when tx holds it already), which
-// locks every row of the database, missing ones too; LockShards then reads
-// the key's rows, which cannot change before tx ends.
+// LockKey implements engine.Dialect: TouchKey takes the write lock (on
+// every row, missing ones too), waiting up to busy_timeout, and LockShards
+// reads the key's rows.
 func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *time.Time, _ bool) (engine.Locked, error) {
 	if err := s.queries.TouchKey(ctx, s.on(tx), gen.TouchKeyParams{Name: l.Name, Key: l.Key}); err != nil {
 		return engine.Locked{}, wrap(ctx, tx, "take the write lock", err)
@@ -236,7 +208,6 @@ func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *
 	return out, nil
 }
 
-// LockKeys implements engine.Dialect: LockKey for each limit.
 func (s *backend) LockKeys(ctx context.Context, tx *sql.Tx, ls []driver.Limit, now *time.Time) ([]engine.Locked, time.Time, error) {
 	out := make([]engine.Locked, len(ls))
 	var at time.Time
@@ -250,8 +221,6 @@ func (s *backend) LockKeys(ctx context.Context, tx *sql.Tx, ls []driver.Limit, n
 	return out, at, nil
 }
 
-// Write implements engine.Dialect: WriteShard for each row tx has and
-// InsertShard for each it lacks, then DeleteShard for each row to delete.
 func (s *backend) Write(ctx context.Context, tx *sql.Tx, writes []engine.KeyWrite, deletes []engine.RowRef) (int64, error) {
 	for _, w := range writes {
 		for i, st := range w.States {
@@ -281,7 +250,6 @@ func (s *backend) Write(ctx context.Context, tx *sql.Tx, writes []engine.KeyWrit
 	return deleted, nil
 }
 
-// ScanKeys implements engine.Dialect.
 func (s *backend) ScanKeys(ctx context.Context, tx *sql.Tx, after driver.KeyRef, max int) ([]engine.Key, error) {
 	scanned, err := s.queries.ScanKeys(ctx, s.on(tx), gen.ScanKeysParams{AfterName: after.Name, AfterKey: after.Key, MaxKeys: int64(max)})
 	keys := make([]engine.Key, len(scanned))
@@ -291,10 +259,9 @@ func (s *backend) ScanKeys(ctx context.Context, tx *sql.Tx, after driver.KeyRef,
 	return keys, wrap(ctx, tx, "scan keys", err)
 }
 
-// LockIdle implements engine.Dialect: it takes the write lock, waiting up to
-// busy_timeout like every writer, and reads the rows of keys in one range
-// scan of the primary key (SQLite's BINARY collation: byte by byte), from
-// the first key to the last. Every key is Whole.
+// LockIdle implements engine.Dialect: it takes the write lock and reads the
+// rows of keys in one range scan of the primary key (BINARY collation: byte
+// by byte). Every key is Whole.
 func (s *backend) LockIdle(ctx context.Context, tx *sql.Tx, keys []engine.Key, now *time.Time) ([]engine.Held, time.Time, error) {
 	first, last := keys[0], keys[len(keys)-1]
 	if err := s.queries.TouchKey(ctx, s.on(tx), gen.TouchKeyParams(first.KeyRef)); err != nil {

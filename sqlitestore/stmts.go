@@ -9,13 +9,10 @@ import (
 )
 
 // stmtCache holds the store's statements prepared once on the store's
-// *sql.DB. Without it every call hands database/sql the SQL text, and
-// modernc.org/sqlite compiles it again (sqlite3_prepare_v2) for each
-// statement of each LimitTx, inside the write lock, where it delays every
-// other writer: that compilation was a quarter of LimitTx's CPU time. A
-// *sql.Stmt used through tx.StmtContext is compiled once per connection
-// and then reused, and the driver keeps the compiled statement between
-// executions.
+// *sql.DB. Without it modernc.org/sqlite compiles each statement of each
+// LimitTx again, inside the write lock, where it delays every other writer:
+// a quarter of LimitTx's CPU time. A *sql.Stmt used through tx.StmtContext
+// is compiled once per connection.
 type stmtCache struct {
 	db *sql.DB
 	// ready maps SQL text to its *sql.Stmt; pending holds the texts being
@@ -26,20 +23,11 @@ type stmtCache struct {
 }
 
 // get returns the prepared statement for query, or nil when it is not
-// prepared yet; it may then start preparing it in the background, and until
-// it is ready the caller sends the text as before.
-//
-// Preparing on the DB takes a connection from the pool, and the caller holds
-// one in its transaction: with SetMaxOpenConns(1) a synchronous prepare
-// would wait for the caller's own transaction to end, hence the background.
-// The pool may open a new connection for it, which reads the schema: in WAL
-// mode a reader never blocks a writer, but in rollback-journal mode its read
-// lock can make another connection's COMMIT fail with SQLITE_BUSY when
-// busy_timeout is not set. So nothing is prepared until the database is
-// known to be in WAL mode, as the package documentation asks; in the other
-// modes the store runs the text, as it always did. Once prepared on the DB,
-// tx.StmtContext prepares a statement once per connection, on the
-// transaction's own connection.
+// prepared yet, and then may start preparing it in the background: on the
+// caller's goroutine it would wait for a connection the caller may hold
+// (SetMaxOpenConns(1)). Nothing is prepared until the database is known to
+// be in WAL mode: in rollback-journal mode the read lock of a new
+// connection can make another's COMMIT fail with SQLITE_BUSY.
 func (c *stmtCache) get(query string) *sql.Stmt {
 	if c == nil {
 		return nil
@@ -65,9 +53,8 @@ const (
 
 // learnMode reads the journal mode once, in tx, which must hold the write
 // lock already: in a deferred transaction, a read before the write lock
-// would start a snapshot and make the lock fail with SQLITE_BUSY_SNAPSHOT.
-// An error leaves the mode unknown, to be read on a later call; the
-// statement after it reports the error, if it persists.
+// would make the lock fail with SQLITE_BUSY_SNAPSHOT. An error leaves the
+// mode unknown, to be read on a later call.
 func (c *stmtCache) learnMode(ctx context.Context, tx *sql.Tx) {
 	if c == nil || c.mode.Load() != modeUnknown {
 		return
@@ -84,22 +71,19 @@ func (c *stmtCache) learnMode(ctx context.Context, tx *sql.Tx) {
 }
 
 func (c *stmtCache) prepare(query string) {
-	// The context is not the caller's: the statement outlives the call. The
-	// wait for a connection ends when one is free or when the DB is closed.
+	// The statement outlives the call: not the caller's context.
 	st, err := c.db.PrepareContext(context.Background(), query)
 	if err != nil {
-		// Left to the next call to try again (the table may not exist yet,
-		// or the DB is closed); the call itself runs the text as before.
+		// The next call tries again (the table may not exist yet).
 		c.pending.Delete(query)
 		return
 	}
 	c.ready.Store(query, st)
 }
 
-// differentDB is the text of the error database/sql returns from a
-// statement of tx.StmtContext when tx belongs to another *sql.DB than the
-// statement; database/sql has no exported error for it. Such a statement
-// runs nothing, so the text can be run directly instead.
+// differentDB is the text of database/sql's unexported error for a
+// statement of tx.StmtContext when tx belongs to another *sql.DB. Such a
+// statement runs nothing, so the text can be run instead.
 const differentDB = "statement from different database used"
 
 func isDifferentDB(err error) bool {

@@ -11,29 +11,21 @@ import (
 	"github.com/txlimit/txlimit/internal/engine"
 )
 
-// takeRowSQL is one admitted call on one row in one statement: it refills the
-// row (or, when there is none, the full state full_value at full_ts,
-// algo.Full) to the clock at, decides and writes, as algo.Take does, and
-// returns the new state. It returns no row when the call is not granted, when
-// the stored value is not finite, or when the key has rows beyond shard 0
-// (written under a sharded config, to be pooled), all left to the Go path,
-// and then writes nothing. The statement is a write, so SQLite takes its
-// write lock before the SELECT inside reads the row: no other connection can
-// change it in between.
+// takeRowSQL takes one admitted call from one row in one statement: it
+// refills the row (or the full state full_value at full_ts) to the clock
+// at, decides and writes as algo.Take does, and returns the new state. It
+// returns no row, writing nothing, when the call is not granted, the stored
+// value is not finite or the key has rows beyond shard 0: the Go path then
+// decides. Being a write, it takes the write lock before it reads the row.
 //
-// The arithmetic is algo's, operation for operation, on REAL (IEEE doubles)
-// and INTEGER microseconds, so that the state written is bit for bit the one
-// algo computes; TestTakeRowMatchesAlgo holds it to algo. kind is algo.Kind
-// (1 token bucket, 2 fixed window); eps is algo's relative tolerance, 1e-9,
-// bound as a double rather than parsed from SQL text. A reservation is
-// granted here only when its wait is surely below 2e15 µs (63 years, a bound
-// from above); a longer one is left to the Go path.
+// The arithmetic is algo's, operation for operation, on REAL and INTEGER
+// microseconds, so that the state written is algo's bit for bit
+// (TestTakeRowMatchesAlgo). kind is algo.Kind; eps is algo's relative
+// tolerance, bound as a double. A reservation is granted here only when its
+// wait is surely below 2e15 µs (63 years); a longer one is left to Go.
 //
-// It lives here rather than in queries/sqlite because sqlc's SQLite grammar
-// rejects it (a CTE before INSERT … SELECT, nested derived tables); the
-// PostgreSQL statements (TakeBucket, TakeWindow, TakeBucketReserve in
-// queries/postgres) are sqlc's. Its first
-// line names it as sqlc names the others.
+// sqlc's SQLite grammar rejects it (a CTE before INSERT … SELECT, nested
+// derived tables), so it lives here; its first line names it as sqlc does.
 const takeRowSQL = `-- name: TakeRow :one
 WITH c AS (
     SELECT CAST(:at AS INTEGER) AS at, CAST(:kind AS INTEGER) AS kind, CAST(:rate AS REAL) AS rate,
@@ -78,9 +70,7 @@ ON CONFLICT (name, key, shard) DO UPDATE SET value = excluded.value, ts = exclud
 RETURNING value, ts`
 
 // takeRow takes from an unsharded limit in one statement (takeRowSQL) at
-// the clock at. done is false when the statement granted nothing: the
-// caller then takes the Go path, which decides with algo (a denial costs
-// that one more read; the write lock is held already).
+// the clock at. done is false when the statement granted nothing.
 func (s *backend) takeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams, at time.Time) (res driver.TakeResult, done bool, err error) {
 	c := p.Config
 	full := p.Full()
@@ -101,6 +91,5 @@ func (s *backend) takeRow(ctx context.Context, tx *sql.Tx, p driver.TakeParams, 
 	return engine.Granted(p, next, at), true, nil
 }
 
-// tolerance is algo's relative tolerance (algo.tolerance is 1e-9 times
-// max(1, Capacity)).
+// tolerance is algo's relative tolerance (algo.tolerance).
 const tolerance = 1e-9

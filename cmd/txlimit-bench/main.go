@@ -122,6 +122,15 @@
 // of txlimit's queries by its sqlc name, each batch by its statements, the
 // EVALSHA, COMMIT. The timing costs a little, so the
 // ops/s of a profiled run are not the ones to quote.
+//
+// # The figures the docs quote
+//
+// README.md and docs/*.md quote a run only through blocks this command
+// writes from docs/bench/results.json (docs.go, docs_layouts.go): -docs
+// rewrites them after a run, -docs-check (CI) fails when one differs. Both
+// take the repository's root and need no database:
+//
+//	cd cmd/txlimit-bench && go run . -docs ../..
 package main
 
 import (
@@ -149,7 +158,11 @@ func main() {
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	_, err = run(ctx, cfg, os.Stdout)
+	if cfg.Docs != "" || cfg.DocsCheck != "" {
+		err = docsMode(cfg, os.Stdout)
+	} else {
+		_, err = run(ctx, cfg, os.Stdout)
+	}
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "txlimit-bench:", err)
@@ -181,6 +194,9 @@ type config struct {
 	CheckDuration time.Duration
 	// Command is the command line, recorded in the results.
 	Command string
+	// Docs and DocsCheck are the repository root whose docs -docs
+	// rewrites, or -docs-check checks, from docs/bench/results.json.
+	Docs, DocsCheck string
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -206,6 +222,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&cfg.Quick, "quick", false, "smoke run: 250ms cells, one repeat (well under 30s in all)")
 	fs.StringVar(&subjects, "subjects", "", "implementations to measure, comma-separated (default: all): "+strings.Join(subjectNames, ", "))
 	fs.BoolVar(&cfg.Profile, "profile", false, "time every PostgreSQL statement and print where each cell's calls spend their time")
+	fs.StringVar(&cfg.Docs, "docs", "", "measure nothing: rewrite the bench blocks of README.md and docs/*.md under this repository root from its docs/bench/results.json")
+	fs.StringVar(&cfg.DocsCheck, "docs-check", "", "measure nothing: fail when a bench block of README.md or docs/*.md under this repository root differs from its docs/bench/results.json")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: txlimit-bench -dsn postgres://... [-redis 127.0.0.1:6379] [-sqlite] [-mysql root:@tcp(127.0.0.1:3306)/] [-duration 2s] [-repeat 3] [-subjects floor,txlimit/commit,redis] [-out docs/bench] [-quick]")
 		fs.PrintDefaults()
@@ -244,6 +262,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 
 func (c config) validate() error {
 	switch {
+	case c.Docs != "" || c.DocsCheck != "":
+		return nil
 	case c.DSN == "":
 		return errors.New("-dsn is required, e.g. -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'")
 	case c.Duration <= 0:

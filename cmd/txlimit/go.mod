@@ -7,7 +7,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/pressly/goose/v3 v3.29.0
 	github.com/stretchr/testify v1.12.1
-	github.com/txlimit/txlimit v0.0.0
+	github.com/txlimit/txlimit v0.1.0
 	modernc.org/sqlite v1.61.1
 )
 
@@ -32,5 +32,3 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
-
-replace github.com/txlimit/txlimit => ../..

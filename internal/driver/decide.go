@@ -10,16 +10,11 @@ import (
 	"github.com/txlimit/txlimit/algo"
 )
 
-// States returns the state of each of l's Shards shards at now from the rows
-// the store found for l's key (every row it has, in any order), and whether
-// they had to be resharded.
-//
-// A missing row is full. Rows are created as the complete set 0..m-1 and
-// deleted a whole key at a time, so rows up to shard m-1 mean that they were
-// written under a config with m shards. When m differs from l.Shards (the
-// limit was redeployed with another Shards), the m rows are pooled under the
-// m-shard config and spread over the new shards (algo.Reshard): the limit
-// holds the same tokens, and the same debt, as before.
+// States returns the state of each of l's shards at now from every row of
+// l's key, and whether they had to be resharded. A missing row is full.
+// Rows are created and deleted a whole key at a time, so rows up to shard
+// m-1 were written under m shards; when m is not l.Shards, they are
+// resharded (algo.Reshard).
 func (l Limit) States(rows []Row, now int64) (states []algo.State, resharded bool) {
 	m := 0
 	for _, r := range rows {
@@ -57,9 +52,8 @@ func (l Limit) Rows(states []algo.State) []Row {
 	return rows
 }
 
-// take is algo's decision for p on the states of its shards at now:
-// TakeUpTo with UpTo (taken is what it took), TakeShards otherwise (taken
-// is the count, or 0 for a denial).
+// take is algo's decision for p on the states of its shards at now, and
+// what it took.
 func (p TakeParams) take(states []algo.State, now int64) (next []algo.State, d algo.Decision, taken float64) {
 	c := p.Shard(p.Shards)
 	if p.UpTo {
@@ -73,10 +67,8 @@ func (p TakeParams) take(states []algo.State, now int64) (next []algo.State, d a
 }
 
 // Decide is the decision of Take on every row of the limit, which the store
-// holds: the states after the call, the decision, and whether the store must
-// write the states (a grant, or rows that were resharded: a reshard keeps the
-// total, so writing it on a denial changes no decision). Rows of shards at
-// or beyond p.Shards that the store holds must then be deleted.
+// holds, and whether the store must write the states (and delete the Extra
+// rows): on a grant, or when the rows were resharded.
 func Decide(p TakeParams, rows []Row, now time.Time) (TakeResult, bool) {
 	at := now.UnixMicro()
 	states, resharded := p.States(rows, at)
@@ -87,9 +79,8 @@ func Decide(p TakeParams, rows []Row, now time.Time) (TakeResult, bool) {
 	return TakeResult{Decision: d, At: now, States: next, Taken: taken}, d.OK || resharded
 }
 
-// Check is the decision of Take on the rows a store read without locking
-// them, which takes nothing: what Check reports, and what TakeAll reports
-// for a limit it did not take once another denied.
+// Check is the decision of Take on rows read without locking them, taking
+// nothing.
 func Check(p TakeParams, read ReadResult) TakeResult {
 	at := read.At.UnixMicro()
 	states, _ := p.States(read.Rows, at)
@@ -97,28 +88,23 @@ func Check(p TakeParams, read ReadResult) TakeResult {
 	return TakeResult{Decision: d, At: read.At, States: states, Taken: taken}
 }
 
-// DecideOne is the decision of Take on one shard of a sharded limit, the
-// only row the store holds: it grants only when that shard alone has the
-// tokens, never as a reservation (a store falls back to Decide on every row
-// when it denies).
+// DecideOne is the decision of Take on the one shard of a sharded limit the
+// store holds: a grant when that shard alone has the tokens, never a
+// reservation; on a denial the store goes on to lock every row.
 func DecideOne(p TakeParams, row Row, now time.Time) (algo.State, algo.Decision) {
 	return algo.Take(p.Shard(p.Shards), row.State(), now.UnixMicro(), p.Count, false)
 }
 
 // FitsOneShard reports whether a call may be served from one shard: a
-// sharded limit, a count within one shard's capacity, not up to a count
-// (which takes what every shard pools).
+// sharded limit, a count within one shard's capacity, no UpTo.
 func FitsOneShard(p TakeParams) bool {
 	return p.Shards > 1 && !p.UpTo && p.Count <= p.Shard(p.Shards).Capacity
 }
 
-// DecideAll is the decision of TakeAll: rows[i] are every row of
-// p.Takes[i]'s key, all held by the store. It returns each limit's result
-// (with the states to store when the call is OK), whether the call is OK, and
-// the rows to write per limit (nil for a limit that keeps its rows). The
-// takes up to a count (UpTo) all take the same amount, the least any of them
-// could take alone: every unit of the caller's work needs a token of each
-// limit, so taking more of one would only waste it.
+// DecideAll is the decision of TakeAll on rows[i], every row of
+// p.Takes[i]'s key, all held by the store, and the rows to write per limit
+// (nil for one that keeps its rows). The UpTo takes all take the least any
+// of them could take alone: each unit of the work needs a token of each.
 func DecideAll(p TakeAllParams, rows [][]Row, now time.Time) (TakeAllResult, [][]Row) {
 	out := TakeAllResult{OK: true, Results: make([]TakeResult, len(p.Takes)), At: now}
 	nexts := make([][]algo.State, len(p.Takes))
@@ -137,27 +123,23 @@ func DecideAll(p TakeAllParams, rows [][]Row, now time.Time) (TakeAllResult, [][
 			least = min(least, taken)
 		}
 	}
-	for i, t := range p.Takes {
-		if out.OK && t.UpTo && out.Results[i].Taken > least {
-			// least fits: it is no more than this limit took alone.
-			var d algo.Decision
-			nexts[i], d = algo.TakeShards(t.Shard(t.Shards), current[i], at, least, false)
-			out.Results[i].Decision, out.Results[i].Taken = d, least
-		}
-	}
 	writes := make([][]Row, len(p.Takes))
 	for i, t := range p.Takes {
-		switch {
-		case out.OK:
-			out.Results[i].States = nexts[i]
-			writes[i] = t.Rows(nexts[i])
-		default:
-			out.Results[i].States = current[i]
-			out.Results[i].Taken = 0
+		r := &out.Results[i]
+		if !out.OK {
+			r.States, r.Taken = current[i], 0
 			if resharded[i] {
 				writes[i] = t.Rows(current[i])
 			}
+			continue
 		}
+		if t.UpTo && r.Taken > least {
+			// least fits: it is no more than this limit took alone.
+			nexts[i], r.Decision = algo.TakeShards(t.Shard(t.Shards), current[i], at, least, false)
+			r.Taken = least
+		}
+		r.States = nexts[i]
+		writes[i] = t.Rows(nexts[i])
 	}
 	return out, writes
 }
@@ -175,15 +157,15 @@ func CanonicalOrder(takes []TakeParams) []int {
 	return order
 }
 
-// CreditStates is the state of a limit after Credit, from every row of it.
+// CreditStates is the state of a limit after Credit on every row of it.
 func CreditStates(p CreditParams, rows []Row, now time.Time) []algo.State {
 	at := now.UnixMicro()
 	states, _ := p.States(rows, at)
 	return algo.CreditShards(p.Shard(p.Shards), states, at, p.Count)
 }
 
-// Extra returns the shards of rows at or beyond n: rows a reshard to fewer
-// shards leaves over, which the store deletes when it writes.
+// Extra returns the shards of rows at or beyond n, which a reshard to fewer
+// shards leaves over.
 func Extra(rows []Row, n int) []int32 {
 	var out []int32
 	for _, r := range rows {
@@ -195,12 +177,10 @@ func Extra(rows []Row, n int) []int32 {
 }
 
 // InSQL reports whether a store may take p from one row in one statement
-// that refills, decides and writes in SQL (see "One statement" in the
-// stores), that is whether the statement's arithmetic is exactly algo's for
-// p. A period above 2^53 µs (285 years) does not survive PostgreSQL's
-// interval arithmetic exactly, and magnitudes near float64's range overflow
-// there into an error where algo rounds to ±Inf: such limits take the
-// store's Go path.
+// that refills, decides and writes in SQL, whose arithmetic is then exactly
+// algo's. A period above 2^53 µs does not survive PostgreSQL's interval
+// arithmetic exactly, and magnitudes near float64's range overflow there
+// into an error where algo rounds to ±Inf.
 func InSQL(p TakeParams) bool {
 	const maxPeriod, maxMagnitude = 1 << 53, 1e200
 	c := p.Config
@@ -209,9 +189,8 @@ func InSQL(p TakeParams) bool {
 		c.MaxReserved <= maxMagnitude && p.Count <= maxMagnitude
 }
 
-// Granted is the decision of a grant that left next, the new state of the
-// row a store took from in SQL (InSQL), at now: algo.Take's when it grants,
-// which reports the wait of a reservation (a value below zero) only.
+// Granted is algo.Take's decision for a grant in SQL (InSQL) that left
+// next at now: the wait of a reservation, if it is one.
 func Granted(c algo.Config, next algo.State, now int64) algo.Decision {
 	if algo.Pooled(c, []algo.State{next}, now) < 0 {
 		return algo.Decision{OK: true, RetryAfter: algo.RetryAfter(c, next, now)}
@@ -219,42 +198,21 @@ func Granted(c algo.Config, next algo.State, now int64) algo.Decision {
 	return algo.Decision{OK: true}
 }
 
-// GrantsWhenFull reports whether p grants on a key with no row, whose every
-// shard is full: the most a key can hold, so a p that does not grant then
-// grants on no state of the key.
+// GrantsWhenFull reports whether p grants on a key with no row (every shard
+// full): if not, it grants on no state of the key.
 func GrantsWhenFull(p TakeParams) bool {
 	states, _ := p.States(nil, 0)
 	_, d, _ := p.take(states, p.Full().TS)
 	return d.OK
 }
 
-// Fresh is what p leaves of a missing row, which is full (Limit.Full), and
-// whether it grants: a one-statement take (InSQL) writes it when the key has
-// no row. Neither depends on the clock (a full row refills to nothing more),
-// only the row's time does, which the statement sets from the clock.
+// Fresh is what p leaves of a missing row (Limit.Full), and whether it
+// grants, for a one-statement take (InSQL) to write. Neither depends on the
+// clock; the statement sets the row's time.
 func Fresh(p TakeParams) (algo.State, bool) {
 	full := p.Full()
 	next, d, _ := p.take([]algo.State{full}, full.TS)
 	return next[0], d.OK
-}
-
-// IsFull reports whether rows, every row l's key has, are at now the same as
-// no row: every shard the config has (rows of another Shards resharded, as
-// every call reads them) projects to exactly what a missing shard projects
-// to (Full, which States puts in its place). Once equal, the two stay equal
-// at every later instant, since Project of a full state depends only on
-// the window origin; a row whose time lies after now (a clock that stepped
-// back) is not equal, and is kept. Prune deletes the rows of such a key.
-func (l Limit) IsFull(rows []Row, now int64) bool {
-	shard := l.Shard(l.Shards)
-	empty := algo.Project(shard, l.Full(), now)
-	states, _ := l.States(rows, now)
-	for _, s := range states {
-		if algo.Project(shard, s, now) != empty {
-			return false
-		}
-	}
-	return true
 }
 
 // Known reports whether p judges the keys of the limit name.
@@ -263,9 +221,24 @@ func (p PruneParams) Known(name string) bool {
 	return ok
 }
 
-// Full reports whether rows, every row (name, key) has, are full at now
-// (Limit.IsFull) under name's config; false for a name p does not know.
+// Full reports whether rows, every row (name, key) has, are at now the same
+// as no row under name's config (false for a name p does not know): every
+// shard, resharded, projects to what a missing one does, and will at every
+// later instant. A row whose time lies after now is kept.
 func (p PruneParams) Full(name, key string, rows []Row, now time.Time) bool {
 	c, ok := p.Limits[name]
-	return ok && c.Limit(name, key).IsFull(rows, now.UnixMicro())
+	if !ok {
+		return false
+	}
+	l := c.Limit(name, key)
+	at := now.UnixMicro()
+	shard := l.Shard(l.Shards)
+	empty := algo.Project(shard, l.Full(), at)
+	states, _ := l.States(rows, at)
+	for _, s := range states {
+		if algo.Project(shard, s, at) != empty {
+			return false
+		}
+	}
+	return true
 }

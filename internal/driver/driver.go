@@ -1,19 +1,9 @@
 // Package driver is the seam between txlimit's Limiter and a database: the
-// Ops interface that pgstore, pgsqlstore, sqlitestore and mysqlstore
-// implement, the parameters of its operations, and the pure decisions on
-// the rows a store holds (algo, applied to rows), which package engine
-// makes in the one take flow every store runs.
-//
-// The seam is sealed. The package is internal, and the Store that
-// txlimit.New takes has one unexported method, which a type gets only by
-// embedding a Handle: no other module can implement a store, and a store
-// package exports no method of Ops.
-//
-// Each method of Ops is one complete operation in the caller's transaction,
-// which leaves no lock or savepoint of its own behind but the row locks the
-// transaction keeps until it ends. The Limiter validates the input, builds
-// the parameters and shapes the results; it makes no choice that depends on
-// the database.
+// Ops interface every store implements, the parameters of its operations,
+// and the pure decisions on a store's rows that package engine makes. The
+// Limiter makes no choice that depends on the database. The seam is
+// sealed: the package is internal, and the Store that txlimit.New takes
+// has an unexported method, which a type gets only by embedding a Handle.
 package driver
 
 import (
@@ -27,20 +17,17 @@ import (
 )
 
 // ErrNoPool is returned by Ops.InTx when the store was built without a
-// pool or database. txlimit re-exports it as txlimit.ErrNoPool.
+// pool or database; txlimit turns it into an *InvalidError.
 var ErrNoPool = errors.New("txlimit: the store has no pool or database; use the ...Tx forms or pass one to the store's New")
 
 // ErrNotMigrated matches (errors.Is) the error a store returns when the
-// txlimit table is missing or lacks a column: the migrations were not run on
-// this database (or schema). txlimit re-exports it as
-// txlimit.ErrNotMigrated.
+// txlimit table is missing or lacks a column (txlimit.ErrNotMigrated).
 var ErrNotMigrated = errors.New("txlimit: the txlimit table is missing or out of date; run migrations.Up on this database (and schema) before using the limiter")
 
 // ErrSetup matches (errors.Is) the errors of a deployment the store cannot
-// work in: a database of another kind than the store's, a DSN without a
-// setting the store needs, a pooler mode the driver's statements do not
-// survive. txlimit.Options.FailOpen never grants on them: no retry cures
-// them, and granting would hide them.
+// work in: another kind of database, a DSN without a setting the store
+// needs, a pooler mode the driver's statements do not survive.
+// txlimit.Options.FailOpen never grants on them.
 var ErrSetup = errors.New("txlimit: the store cannot work in this setup")
 
 // Setup marks err as a mistake of the setup (ErrSetup) without changing its
@@ -58,13 +45,11 @@ func (e setupError) Unwrap() error        { return e.error }
 func (e setupError) Is(target error) bool { return target == ErrSetup }
 
 // ErrCommitUnknown matches (errors.Is) the error of Ops.Commit and
-// InTxCommit when the connection failed after the COMMIT was sent and
-// before its answer came: the transaction may or may not have committed.
-// txlimit re-exports it as txlimit.ErrCommitUnknown.
+// InTxCommit when the connection failed during the COMMIT
+// (txlimit.ErrCommitUnknown).
 var ErrCommitUnknown = errors.New("txlimit: the connection failed while COMMIT was under way; the transaction may or may not have committed")
 
-// Store is a store as txlimit.New takes it: the exported type of a store
-// package (pgstore.Store, ...), which embeds a Handle on its Ops. Its method
+// Store is a store as txlimit.New takes it (pgstore.Store, ...): its method
 // is unexported, so that only this module's stores implement it, while
 // txlimit.New still infers TTx from it.
 type Store[TTx any] interface {
@@ -85,39 +70,34 @@ func OpsOf[TTx any](s Store[TTx]) Ops[TTx] { return s.ops() }
 // Ops moves the rows of txlimit's table for one database. TTx is the
 // transaction type of its driver (pgx.Tx, *sql.Tx).
 type Ops[TTx any] interface {
-	// InTx runs fn in a new short transaction on the store's pool or
-	// database and commits it when fn returns nil, rolling back otherwise.
-	// readOnly is set for operations that only read (Check). It
-	// returns ErrNoPool when the store was built without a pool.
+	// InTx runs fn in a new short transaction on the store's pool, read-only
+	// when readOnly, and commits it when fn returns nil, rolling back
+	// otherwise. Without a pool it returns ErrNoPool, as do InTxCommit,
+	// Prune and Ping.
 	InTx(ctx context.Context, readOnly bool, fn func(tx TTx) error) error
 
-	// Take takes p.Count tokens from one limit under the decision of
-	// algo.TakeShards (through Decide or DecideOne), writing the new state
-	// when it grants. A denial writes nothing a later call could tell from
-	// the state before it.
+	// Take takes p.Count tokens from one limit (Decide or DecideOne),
+	// writing the new state when it grants. A denial writes nothing a later
+	// call could tell from the state before it.
 	Take(ctx context.Context, tx TTx, p TakeParams) (TakeResult, error)
 
 	// TakeAll takes from several limits, all or none (DecideAll), locking
 	// every row of every limit in the canonical order (name, then key,
-	// byte by byte, then shard), whatever the order of p.Takes, so that two
-	// callers can never deadlock on them. A limit not taken once one denied gets the
-	// decision Read and algo would give it, taking nothing.
+	// byte by byte, then shard), so that two callers never deadlock on
+	// them. Once one denied, each limit gets the decision Check gives it.
 	TakeAll(ctx context.Context, tx TTx, p TakeAllParams) (TakeAllResult, error)
 
-	// Commit takes p's tokens in tx, all or none as TakeAll does, and ends
-	// tx: it commits when every limit granted and rolls back otherwise, so
-	// that the tokens are spent if and only if tx's own work commits. A
-	// store whose driver pipelines sends the takes and the COMMIT in one
-	// round trip where every take is one statement. When it returns nil
-	// and an OK result, tx committed; any other error than one matching
-	// ErrCommitUnknown means it did not.
+	// Commit takes p's tokens in tx as TakeAll does and ends tx: it commits
+	// when every limit granted and rolls back otherwise. A store whose
+	// driver pipelines sends one-statement takes with the COMMIT. tx
+	// committed if it returns nil and an OK result, may have committed if
+	// the error matches ErrCommitUnknown, and did not otherwise.
 	Commit(ctx context.Context, tx TTx, p TakeAllParams) (TakeAllResult, error)
 
 	// InTxCommit begins a transaction on the store's pool, runs fn in it
-	// and, when fn returns nil, ends it as Commit does; an error of fn
-	// rolls it back and is returned as it is. Owning the transaction from
-	// BEGIN, the store can end it without a round trip of the driver's
-	// own. Without a pool it returns ErrNoPool.
+	// and ends it as Commit does; an error of fn rolls it back and is
+	// returned as it is. Owning the transaction from BEGIN, the store can
+	// end it without a round trip of the driver's own.
 	InTxCommit(ctx context.Context, fn func(tx TTx) error, p TakeAllParams) (TakeAllResult, error)
 
 	// Read returns the rows of (Name, Key) as the transaction sees them,
@@ -131,18 +111,14 @@ type Ops[TTx any] interface {
 	// Reset deletes every row of k.
 	Reset(ctx context.Context, tx TTx, k KeyRef) error
 
-	// Prune runs one batch of Prune in a short transaction of its own on
-	// the store's pool: it examines up to p.Max keys after p.After, in the
-	// store's own key order, and deletes the rows of those that are full
-	// (Limit.IsFull) under their name's config in p.Limits, leaving the
-	// names p.Limits lacks alone, without waiting for rows that other
-	// transactions hold where the database allows it.
+	// Prune runs one batch of Prune in a short transaction of its own: it
+	// examines up to p.Max keys after p.After, in the store's key order,
+	// and deletes the rows of those that are full (PruneParams.Full),
+	// passing over rows other transactions hold where the database can.
 	Prune(ctx context.Context, p PruneParams) (PruneResult, error)
 
-	// Ping checks, on the store's pool, that the database answers and that
-	// the txlimit table is there with every column the library uses. It
-	// returns an error matching ErrNotMigrated when one is not, and
-	// ErrNoPool without a pool.
+	// Ping checks that the database answers and has the txlimit table with
+	// every column the library uses (else ErrNotMigrated).
 	Ping(ctx context.Context) error
 
 	// The operations of concurrency limits, on the txlimit_holder table
@@ -187,52 +163,43 @@ type Ops[TTx any] interface {
 	PingHolders(ctx context.Context) error
 }
 
-// TakeInBatch is the Limiter's take in the caller's batch, which
-// pgstore.SendBatch serves: package txlimit sets it, since pgstore cannot
-// call the Limiter's unexported methods. limiter is a *txlimit.Limiter,
-// reqs a []txlimit.Request, and the result a txlimit.MultiResult. The
-// Limiter validates reqs (refusing what a batch cannot honour) and calls
-// send with its store's Ops and the takes, which send takes, all or none as
-// TakeAll does, ahead of the batch's statements, and then runs them.
+// TakeInBatch is the Limiter's side of pgstore.SendBatch, set by package
+// txlimit (limiter is a *txlimit.Limiter, reqs a []txlimit.Request, the
+// result a txlimit.MultiResult): it calls send with its store's Ops and
+// the takes, which send takes as TakeAll does, ahead of the batch.
 var TakeInBatch func(ctx context.Context, limiter any, reqs any, send func(ops any, p TakeAllParams) (TakeAllResult, error)) (any, error)
 
 // ClockRanger is what a store whose database cannot hold every instant adds
-// to Ops: the first and the last instant it holds. txlimit refuses a
-// reading of txlimit.Options.Clock outside them before any statement.
+// to Ops: the first and the last instant it holds, outside which txlimit
+// refuses a reading of Options.Clock.
 type ClockRanger interface {
 	ClockRange() (first, last time.Time)
 }
 
 // Microseconds are the instants an int64 of microseconds since the Unix
-// epoch holds (about 290,000 years either side of 1970): algo's instants,
-// and SQLite's stored ts.
+// epoch holds: algo's instants, and SQLite's stored ts.
 var Microseconds = [2]time.Time{time.UnixMicro(math.MinInt64), time.UnixMicro(math.MaxInt64)}
 
 // Limit is one limit of one key, as a store sees it.
 type Limit struct {
 	Name string
 	Key  string
-	// Config is the configuration of the whole limit: Rate, Capacity and
-	// MaxReserved in total, not per shard.
+	// Config is the whole limit's: Rate, Capacity and MaxReserved in
+	// total, not per shard.
 	Config algo.Config
-	// Shards is the number of rows the limit is spread over.
 	Shards int
-	// Origin is the instant (µs) the windows of Period of a fixed or
-	// sliding window are aligned to; unused for a token bucket and a
-	// calendar window.
+	// Origin is the instant (µs) windows of Period are aligned to; unused
+	// for a token bucket and a calendar window.
 	Origin int64
 }
 
 // LimitConfig is the configuration of a named limit, whatever the key.
 type LimitConfig struct {
-	// Config is the whole limit's: Rate, Capacity and MaxReserved in
-	// total, not per shard.
-	Config algo.Config
+	Config algo.Config // as Limit's
 	Shards int
-	// Start, when Aligned, is the instant (µs) the windows of a fixed or
-	// sliding window are aligned to. Otherwise each (name, key) gets a stable phase
-	// in [0, Period) from a hash of the two, which spreads the resets of
-	// many keys over the period (txlimit.Config.Start).
+	// Start, when Aligned, is the Origin of every key. Otherwise each
+	// (name, key) gets a stable Origin in [0, Period) from a hash of the
+	// two (txlimit.Config.Start).
 	Start   int64
 	Aligned bool
 }
@@ -240,8 +207,6 @@ type LimitConfig struct {
 // Limit is c's limit for (name, key).
 func (c LimitConfig) Limit(name, key string) Limit {
 	l := Limit{Name: name, Key: key, Config: c.Config, Shards: c.Shards}
-	// Windows of Period are aligned to an origin; a calendar window's to the
-	// calendar.
 	if (c.Config.Kind == algo.FixedWindow || c.Config.Kind == algo.SlidingWindow) && c.Config.Calendar.Unit == 0 {
 		l.Origin = c.Start
 		if !c.Aligned {
@@ -272,10 +237,8 @@ func (l Limit) Full() algo.State { return algo.Full(l.Shard(l.Shards), l.Origin)
 type Row struct {
 	Shard int32
 	Value float64
-	// Prev is the previous window's count of a sliding window
-	// (algo.State.Prev); 0 for the other kinds.
-	Prev float64
-	TS   time.Time
+	Prev  float64 // algo.State.Prev
+	TS    time.Time
 }
 
 // State is the row's state.
@@ -288,34 +251,28 @@ type TakeParams struct {
 	Limit
 	Count   float64
 	Reserve bool
-	// ReadAll asks for the state of every shard in TakeResult.States even
-	// when the store serves the call from one shard of a sharded limit
-	// (which otherwise leaves TakeResult.Partial set).
+	// ReadAll asks for every shard's state in TakeResult.States even when
+	// the store serves the call from one shard (txlimit's ReportRemaining).
 	ReadAll bool
 	// Now, when not nil, replaces the store's clock.
 	Now *time.Time
 	// TimeLocks asks the store to measure TakeResult.LockWait.
 	TimeLocks bool
-	// UpTo takes as many tokens as there are, up to Count (algo.TakeUpTo);
-	// never with Reserve.
+	// UpTo takes as many tokens as there are, up to Count (algo.TakeUpTo).
 	UpTo bool
 }
 
 // TakeResult is what Take decided.
 type TakeResult struct {
 	Decision algo.Decision
-	// At is the clock reading the decision was made at.
-	At time.Time
+	At       time.Time
 	// States are the Limit.Shards states after the call (as they were,
-	// for a denial), or nil when Partial.
-	States []algo.State
-	// Partial reports that the store read only the shard it took from.
-	Partial bool
-	// LockWait is the time spent in the statements that lock the limit's
-	// rows, when TakeParams.TimeLocks was set.
-	LockWait time.Duration
-	// Taken is how many tokens the call took (for Check, would take): the
-	// count of a grant, what UpTo could take, 0 for a denial.
+	// for a denial), or nil when Partial: the store read only the shard
+	// it took from.
+	States   []algo.State
+	Partial  bool
+	LockWait time.Duration // in the statements that lock rows, with TimeLocks
+	// Taken is how many tokens the call took (for Check, would take).
 	Taken float64
 }
 
@@ -331,8 +288,8 @@ type TakeAllParams struct {
 // everything was taken, otherwise nothing was taken.
 type TakeAllResult struct {
 	OK bool
-	// Results are in the order of TakeAllParams.Takes; each Decision is
-	// that limit's own (it may be OK in a denied call).
+	// Results are in the order of Takes; each Decision is that limit's own
+	// (OK, perhaps, in a denied call).
 	Results  []TakeResult
 	At       time.Time
 	LockWait time.Duration

@@ -5,28 +5,10 @@
 // by package driver, written), TakeAll in the canonical order, Credit, and
 // a batch of Prune.
 //
-// A Dialect says where its database differs by the interfaces it adds:
-//
-//   - SkipLocker: row locks, and SKIP LOCKED (PostgreSQL, InnoDB). A
-//     sharded limit is then served from one free shard that has the tokens,
-//     and a denial the committed rows decide is answered before any wait.
-//     Without it (SQLite, whose writer holds the whole database) every call
-//     takes the locked path.
-//   - Releaser: a SkipLocker that can let go of a shard that falls short
-//     (PostgreSQL locks it in a savepoint, whose rollback releases it); the
-//     call then locks every shard.
-//   - FreeLocker: a SkipLocker that cannot (InnoDB keeps a row lock until
-//     the transaction ends, savepoint or not). Holding a shard, the call must
-//     not wait for another, since a call locking every shard in order may
-//     hold that one and wait for this. So the committed rows are read first,
-//     only a shard they give twice the count is tried, and one that still
-//     falls short is decided with the other free shards (takeFromFree).
-//
-// An operation is one round trip where the driver pipelines (pgx batches its
-// statements), and the engine sends nothing between them. The SQL is the
-// dialect's, with RETURNING or a read after the write, the rows its database
-// must create before locking them (InnoDB's gap locks: Locked.Created), and
-// its errors.
+// A Dialect says where its database differs by the interfaces it adds
+// (SkipLocker, Releaser, FreeLocker); its SQL and errors are its own. The
+// engine sends nothing between a dialect's operations, so that each is one
+// round trip where the driver pipelines.
 package engine
 
 import (
@@ -45,8 +27,7 @@ import (
 type Dialect[TTx any] interface {
 	// TakeRow takes p from the one row of an unsharded limit in one
 	// statement that refills, decides and writes (driver.InSQL(p) holds).
-	// ok is false when it granted nothing: the row may then be locked, and
-	// the locked path decides. A grant is Granted(p, ...).
+	// ok is false when it granted nothing: the locked path then decides.
 	TakeRow(ctx context.Context, tx TTx, p driver.TakeParams) (res driver.TakeResult, ok bool, err error)
 
 	// Read is driver.Ops.Read: the rows of (Name, Key) as tx sees them,
@@ -55,18 +36,13 @@ type Dialect[TTx any] interface {
 
 	// LockKey locks every row of l's key in shard order, waiting for other
 	// transactions, and reads them with the clock (or *now). A key with no
-	// row gets rows 0..Shards-1, created full, when create is set, and
-	// otherwise Locked.None, where the database locks only rows that exist.
-	// A database that must create rows to lock them without locking a gap
-	// creates them whatever create says and reports them in Created; one
-	// whose lock covers every row (SQLite) creates none.
+	// row gets rows 0..Shards-1, created full, when create is set (always,
+	// where locking a missing row would take a gap lock), and otherwise
+	// Locked.None; where the lock covers every row (SQLite), none.
 	LockKey(ctx context.Context, tx TTx, l driver.Limit, now *time.Time, create bool) (Locked, error)
 
-	// LockKeys locks every row of each limit of ls, which are in the
-	// canonical order (driver.CanonicalOrder), in that order and then in
-	// shard order, creating the missing rows 0..Shards-1 of each first
-	// (reported in Created) where the database locks only rows that exist.
-	// The Locked are in the order of ls; at is the clock.
+	// LockKeys is LockKey with create for each limit of ls, in their
+	// order (the canonical one) and then in shard order, with one clock.
 	LockKeys(ctx context.Context, tx TTx, ls []driver.Limit, now *time.Time) (keys []Locked, at time.Time, err error)
 
 	// Write stores each KeyWrite's states in rows 0..len(States)-1 of its
@@ -78,36 +54,42 @@ type Dialect[TTx any] interface {
 	// order, locking nothing.
 	ScanKeys(ctx context.Context, tx TTx, after driver.KeyRef, max int) ([]Key, error)
 
-	// LockIdle locks the rows of keys, without waiting for rows other
-	// transactions hold where the database can pass over them, and returns
-	// the rows it holds per key, in the order of keys, with the clock.
+	// LockIdle locks the rows of keys, passing over rows other transactions
+	// hold where the database can, and returns what it holds per key, in
+	// the order of keys, with the clock.
 	LockIdle(ctx context.Context, tx TTx, keys []Key, now *time.Time) (held []Held, at time.Time, err error)
 }
 
-// SkipLocker is a Dialect whose database locks rows and can lock one
-// without waiting for those other transactions hold.
+// SkipLocker is a Dialect whose database locks rows and can pass over those
+// other transactions hold (SKIP LOCKED: PostgreSQL, InnoDB). A sharded limit
+// is then served from one free shard that has the tokens, and a denial the
+// committed rows decide is answered before any wait. Without it (SQLite,
+// whose writer holds the whole database) every call takes the locked path.
 type SkipLocker[TTx any] interface {
 	// TryShard locks the first shard of order, of p's key, that no other
 	// transaction holds, without waiting. order is every shard from a random
-	// one round, or, without a Releaser, those of them the committed rows
-	// give twice the count. A Releaser may wait for order[0] when the key's
-	// every row is held, since it holds nothing of the key while it waits.
+	// one round, or, without a Releaser, those the committed rows give twice
+	// the count. A Releaser may wait for order[0] when every row of the key
+	// is held, since it holds nothing of the key while it waits.
 	TryShard(ctx context.Context, tx TTx, p driver.TakeParams, order []int32) (Tried, error)
 
-	// KeepShards writes the states of rows, shards that TryShard or
-	// TryShards locked, and keeps their locks (a Releaser ends the
-	// savepoint TryShard opened).
+	// KeepShards writes rows, shards that TryShard or TryShards locked, and
+	// keeps their locks (a Releaser ends TryShard's savepoint).
 	KeepShards(ctx context.Context, tx TTx, l driver.Limit, rows []driver.Row) error
 }
 
-// Releaser is a SkipLocker that can let go of the shard TryShard locked.
+// Releaser is a SkipLocker that can let go of a shard that falls short
+// (PostgreSQL locks it in a savepoint); the call then locks every shard.
 type Releaser[TTx any] interface {
 	// LetGo releases what TryShard locked (or tried to), taking nothing.
 	LetGo(ctx context.Context, tx TTx) error
 }
 
-// FreeLocker is a SkipLocker that holds the shard TryShard locked until the
-// transaction ends.
+// FreeLocker is a SkipLocker that holds what TryShard locked until the
+// transaction ends (InnoDB). Holding a shard, a call must not wait for
+// another, which a call locking every shard in order may hold while it
+// waits for this one: the committed rows choose the shard, and one that
+// falls short is decided with the other free shards (takeFromFree).
 type FreeLocker[TTx any] interface {
 	// TryShards locks the rows of shards of p's key that no other
 	// transaction holds, without waiting, and reads them.
@@ -119,8 +101,7 @@ type Locked struct {
 	// Had are the key's rows as they were before the call.
 	Had []driver.Row
 	// Created are the shards of the full rows the call created to lock
-	// them: deleted again when it writes none (forget), so that a call that
-	// writes nothing leaves no row behind.
+	// them, deleted again when it writes none (forget).
 	Created []int32
 	At      time.Time
 	// None reports a key without rows where none was created: nothing is
@@ -150,17 +131,16 @@ type RowRef struct {
 type Tried struct {
 	Row    driver.Row
 	Locked bool
-	// Top is the highest shard the key has: a key whose rows another Shards
-	// wrote is resharded on the locked path. All are every row of the key,
-	// as the statement read them, where the dialect reads them with
-	// p.ReadAll.
+	// Top is the highest shard the key has (the locked path reshards rows
+	// another Shards wrote). All is every row of the key, where the dialect
+	// reads them with p.ReadAll.
 	Top int32
 	All []driver.Row
 	Now time.Time
 }
 
-// Key is a key ScanKeys found, with its number of rows and highest shard
-// where the scan reads them (for a LockIdle that locks rows by primary key).
+// Key is a key ScanKeys found, with its rows and highest shard where the
+// scan reads them.
 type Key struct {
 	driver.KeyRef
 	Rows int64
@@ -174,22 +154,16 @@ type Held struct {
 	Whole bool
 }
 
-// Granted is the result of TakeRow's grant, next being the row's new state
-// at at.
+// Granted is the result of TakeRow's grant, next being the new state.
 func Granted(p driver.TakeParams, next algo.State, at time.Time) driver.TakeResult {
 	return driver.TakeResult{Decision: driver.Granted(p.Config, next, at.UnixMicro()), At: at,
 		States: []algo.State{next}, Taken: p.Count}
 }
 
 // Take is driver.Ops.Take on d.
-func Take[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakeParams) (driver.TakeResult, error) {
-	lt := LockTimer{On: p.TimeLocks}
-	res, err := take(ctx, d, tx, p, &lt)
-	res.LockWait = lt.Total
-	return res, err
-}
-
-func take[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakeParams, lt *LockTimer) (driver.TakeResult, error) {
+func Take[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakeParams) (res driver.TakeResult, err error) {
+	lt := &LockTimer{On: p.TimeLocks}
+	defer func() { res.LockWait = lt.Total }()
 	if p.Shards == 1 && driver.InSQL(p) {
 		start := lt.Start()
 		res, ok, err := d.TakeRow(ctx, tx, p)
@@ -211,9 +185,8 @@ func take[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakePar
 	case err != nil:
 		return driver.TakeResult{}, err
 	case k.None:
-		// A missing key is full, the most a key can hold: when even that
-		// does not grant (a reservation beyond its cap, or one no wait could
-		// repay), nothing is created, and the committed state decides.
+		// A missing key is full: when even that does not grant (a
+		// reservation beyond its cap), the committed state decides.
 		read, err := d.Read(ctx, tx, driver.ReadParams{Name: p.Name, Key: p.Key, Now: p.Now})
 		if err != nil {
 			return driver.TakeResult{}, err
@@ -234,9 +207,9 @@ func take[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakePar
 
 // takeSharded is what a sharded limit tries before it locks every shard:
 // one shard no other transaction holds, and a denial on the committed rows,
-// which concurrent transactions can only lower further (a concurrent Credit
-// or Reset is ordered after this call), so that such a denial is right
-// without a lock. done is false when the locked path decides.
+// right without a lock since concurrent transactions can only lower them
+// (a concurrent Credit or Reset is ordered after this call). done is false
+// when the locked path decides.
 func takeSharded[TTx any](ctx context.Context, d Dialect[TTx], sl SkipLocker[TTx], tx TTx, p driver.TakeParams, lt *LockTimer) (driver.TakeResult, bool, error) {
 	rel, releases := d.(Releaser[TTx])
 	fl, _ := d.(FreeLocker[TTx])
@@ -286,8 +259,8 @@ func takeSharded[TTx any](ctx context.Context, d Dialect[TTx], sl SkipLocker[TTx
 }
 
 // takeOneShard locks the first free shard of order and takes from it alone
-// when it has the tokens (driver.DecideOne). Otherwise a Releaser lets it go
-// and the caller goes on, and a FreeLocker decides on the free shards.
+// when it has the tokens; otherwise a Releaser lets it go, and a FreeLocker
+// decides on the free shards.
 func takeOneShard[TTx any](ctx context.Context, sl SkipLocker[TTx], rel Releaser[TTx], fl FreeLocker[TTx], tx TTx,
 	p driver.TakeParams, order []int32, snapshot []algo.State, lt *LockTimer,
 ) (driver.TakeResult, bool, error) {
@@ -330,14 +303,11 @@ func takeOneShard[TTx any](ctx context.Context, sl SkipLocker[TTx], rel Releaser
 	return driver.TakeResult{}, false, rel.LetGo(ctx, tx)
 }
 
-// takeFromFree decides a call whose one shard, held, falls short, without
-// waiting for another (FreeLocker): it locks every other shard no
-// transaction holds and decides on all it holds as on one limit of that
-// many shards (algo.TakeShards), which never admits more than the whole
-// limit could. When it holds every shard that is the locked path's
-// decision; when those it holds fall short, the call is denied with the
-// wait until they would have the tokens: more than the whole limit's, never
-// less. snapshot is every shard as committed.
+// takeFromFree decides a call whose held shard falls short, without waiting
+// for another (FreeLocker): it locks the other free shards and decides on
+// all it holds as on one limit of that many shards (algo.TakeShards), which
+// never admits more than the whole limit could, and denies with a wait no
+// shorter than the whole limit's. snapshot is every shard as committed.
 func takeFromFree[TTx any](ctx context.Context, sl SkipLocker[TTx], fl FreeLocker[TTx], tx TTx, p driver.TakeParams,
 	held driver.Row, snapshot []algo.State, now time.Time,
 ) (driver.TakeResult, bool, error) {
@@ -385,10 +355,9 @@ func takeFromFree[TTx any](ctx context.Context, sl SkipLocker[TTx], fl FreeLocke
 	return res, true, nil
 }
 
-// TakeAll is driver.Ops.TakeAll on d: every row of every limit locked in
-// the canonical order, whatever the order of p.Takes, so that two callers
-// never deadlock on them; decided (driver.DecideAll) and written, or, for a
-// limit that keeps its rows, the rows the call created deleted again.
+// TakeAll is driver.Ops.TakeAll on d: it locks in the canonical order,
+// decides (driver.DecideAll) and writes, or deletes the rows it created for
+// a limit that keeps its rows.
 func TakeAll[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	order := driver.CanonicalOrder(p.Takes)
 	limits := make([]driver.Limit, len(order))
@@ -427,8 +396,7 @@ func TakeAll[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.Take
 	return out, nil
 }
 
-// Credit is driver.Ops.Credit on d. A key with no row is full: there is
-// nothing to give back to it.
+// Credit is driver.Ops.Credit on d. A key with no row is full already.
 func Credit[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.CreditParams) error {
 	k, err := d.LockKey(ctx, tx, p.Limit, p.Now, false)
 	switch {
@@ -440,9 +408,8 @@ func Credit[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.Credi
 	return store(ctx, d, tx, p.Limit, k, driver.CreditStates(p, k.Had, k.At))
 }
 
-// Prune is one batch of driver.Ops.Prune on d, in tx: the rows of every
-// key it holds whole and finds full are deleted. A key with a row held
-// elsewhere is in use, and is left for a later run.
+// Prune is one batch of driver.Ops.Prune on d, in tx: it deletes the rows
+// of every key it holds whole and finds full.
 func Prune[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.PruneParams) (driver.PruneResult, error) {
 	keys, err := d.ScanKeys(ctx, tx, p.After, p.Max)
 	if err != nil || len(keys) == 0 {
@@ -483,8 +450,7 @@ func Prune[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.PruneP
 }
 
 // store writes states to rows 0..Shards-1 of l's key, of which the
-// transaction holds k, and deletes the rows beyond them (a limit redeployed
-// with fewer shards).
+// transaction holds k, and deletes the rows beyond them.
 func store[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, l driver.Limit, k Locked, states []algo.State) error {
 	_, err := d.Write(ctx, tx, []KeyWrite{{Limit: l, States: states, Locked: k}}, refs(l, driver.Extra(k.Had, l.Shards)))
 	return err

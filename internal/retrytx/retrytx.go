@@ -1,6 +1,5 @@
-// Package retrytx is the retry loop that pgstore.RunTx and pgsqlstore.RunTx
-// share: the same attempts, backoff and handling of a COMMIT whose outcome is
-// unknown, around each store's own BEGIN, COMMIT and Retryable.
+// Package retrytx is the retry loop the stores' RunTx share, around each
+// store's own BEGIN, COMMIT and Retryable.
 package retrytx
 
 import (
@@ -13,8 +12,7 @@ import (
 )
 
 // Ambiguous marks an error from COMMIT after which the transaction's fate is
-// unknown: Run returns it at once, unwrapped, and never runs the
-// transaction again.
+// unknown: Run returns it at once, unwrapped.
 type Ambiguous struct{ Err error }
 
 func (e *Ambiguous) Error() string { return e.Err.Error() }

@@ -1,7 +1,6 @@
-// Package sqltx is what the stores on database/sql (pgsqlstore,
-// sqlitestore, mysqlstore) share: their driver.Ops.InTx, Commit and
-// InTxCommit, the RunTx of pgsqlstore and mysqlstore, and the error that
-// names the database a store was given when it is another.
+// Package sqltx is what the stores on database/sql share: their InTx,
+// Commit and InTxCommit, their RunTx, and the error that names the database
+// a store was given when it is another.
 package sqltx
 
 import (
@@ -18,12 +17,9 @@ import (
 	"github.com/txlimit/txlimit/internal/retrytx"
 )
 
-// Store is the InTx, Commit and InTxCommit of driver.Ops for a store on
-// database/sql, which its operations embed. TakeAllFn is the store's
-// TakeAll. BeginErr and CommitErr turn the
-// errors of BeginTx and COMMIT into the store's; Refused reports whether a
-// COMMIT that failed with err surely did not commit (the database answered,
-// or nothing was sent): otherwise the error matches driver.ErrCommitUnknown.
+// Store is the InTx, Commit and InTxCommit of a store on database/sql.
+// BeginErr and CommitErr turn the errors of BeginTx and COMMIT into the
+// store's; Refused reports whether a failed COMMIT surely did not commit.
 type Store struct {
 	DB                  *sql.DB
 	TakeAllFn           TakeAll
@@ -31,16 +27,13 @@ type Store struct {
 	Refused             func(err error) bool
 }
 
-// InTx runs fn in a new transaction on the DB and commits it when fn returns
-// nil; it rolls back when fn returns an error or panics (the panic then
-// continues). A transaction that only reads is begun read-only; one that
-// writes with no options, so that the DSN's settings decide the rest
-// (SQLite's _txlock, say). Without a DB it returns driver.ErrNoPool.
+// InTx is driver.Ops.InTx. A transaction that writes is begun with no
+// options, so that the DSN's settings decide (SQLite's _txlock, say).
 func (s Store) InTx(ctx context.Context, readOnly bool, fn func(tx *sql.Tx) error) error {
 	return s.run(ctx, readOnly, fn, func(tx *sql.Tx) error { return s.CommitErr(ctx, tx.Commit()) })
 }
 
-// run begins a transaction, runs fn in it and then end, rolling back when
+// run begins a transaction, runs fn and then end in it, rolling back when
 // fn fails or panics.
 func (s Store) run(ctx context.Context, readOnly bool, fn, end func(tx *sql.Tx) error) error {
 	if s.DB == nil {
@@ -67,9 +60,8 @@ func (s Store) run(ctx context.Context, readOnly bool, fn, end func(tx *sql.Tx) 
 	return end(tx)
 }
 
-// Commit takes p in tx (TakeAllFn), then sends COMMIT when it granted and
-// ROLLBACK otherwise, each a round trip of its own: database/sql's drivers
-// send one statement at a time (and SQLite has no server).
+// Commit takes p in tx, then sends COMMIT when it granted and ROLLBACK
+// otherwise: database/sql sends one statement at a time.
 func (s Store) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error) {
 	res := driver.TakeAllResult{OK: true}
 	var err error
@@ -89,8 +81,7 @@ func (s Store) Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (
 	return res, nil
 }
 
-// InTxCommit runs fn in a transaction begun as InTx begins one that writes,
-// ended by Commit.
+// InTxCommit runs fn in a transaction InTx would begin, ended by Commit.
 func (s Store) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driver.TakeAllParams) (res driver.TakeAllResult, err error) {
 	err = s.run(ctx, false, fn, func(tx *sql.Tx) (err error) {
 		res, err = s.Commit(ctx, tx, p)
@@ -102,35 +93,9 @@ func (s Store) InTxCommit(ctx context.Context, fn func(tx *sql.Tx) error, p driv
 // TakeAll is a store's driver.Ops.TakeAll.
 type TakeAll func(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams) (driver.TakeAllResult, error)
 
-// InTx, Commit and InTxCommit are Store's for mysqlstore, until it embeds a
-// Store.
-func InTx(ctx context.Context, db *sql.DB, readOnly bool, fn func(tx *sql.Tx) error, begin, commit func(error) error) error {
-	return legacy(db, nil, begin, commit, nil).InTx(ctx, readOnly, fn)
-}
-
-func Commit(ctx context.Context, tx *sql.Tx, p driver.TakeAllParams, takeAll TakeAll, commit func(error) error, known func(error) bool) (driver.TakeAllResult, error) {
-	return legacy(nil, takeAll, nil, commit, known).Commit(ctx, tx, p)
-}
-
-func InTxCommit(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error, p driver.TakeAllParams, takeAll TakeAll,
-	begin, commit func(error) error, known func(error) bool,
-) (driver.TakeAllResult, error) {
-	return legacy(db, takeAll, begin, commit, known).InTxCommit(ctx, fn, p)
-}
-
-func legacy(db *sql.DB, takeAll TakeAll, begin, commit func(error) error, known func(error) bool) Store {
-	return Store{DB: db, TakeAllFn: takeAll, Refused: known,
-		BeginErr:  func(_ context.Context, err error) error { return begin(err) },
-		CommitErr: func(_ context.Context, err error) error { return commit(err) }}
-}
-
-// RunTx is the RunTx of a database/sql store (name says which, in errors):
-// fn in a transaction begun on db with opts, committed, the whole of it run
-// again from BEGIN, up to attempts runs, when it fails with an error
-// retryable accepts (retrytx.Run). begin turns the error of BeginTx into
-// the store's; answered reports whether a COMMIT that failed with err was
-// refused by the database, so that nothing committed: otherwise the outcome
-// is unknown, and the error is a *retrytx.Ambiguous, never run again.
+// RunTx is the RunTx of the database/sql store name (retrytx.Run). begin
+// turns the error of BeginTx into the store's; answered reports whether the
+// database refused a COMMIT that failed with err: else it is not run again.
 func RunTx(ctx context.Context, name string, attempts int, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error,
 	retryable func(error) bool, begin func(error) error, answered func(error) bool,
 ) error {
@@ -176,12 +141,10 @@ var databases = [...]struct{ name, probe, use string }{
 }
 
 // WrongDatabase is the error of a store for want whose statement failed with
-// cause on q, when q is another database: wrong, the store's
-// ErrWrongDatabase, naming the database and the store to use. It asks q
-// which database it is, want's question first, unless cause says it already
-// (PostgreSQL's errors carry a SQLSTATE, and its transaction is then
-// aborted). It returns nil when q is want or cannot tell: q nil, a lost
-// connection, a cancelled context.
+// cause on q, when q is another database: wrong (the store's
+// ErrWrongDatabase), naming the database and the store to use. It asks q
+// unless cause tells (a SQLSTATE is PostgreSQL's, whose transaction is then
+// aborted), and returns nil when q is want or cannot tell.
 func WrongDatabase(ctx context.Context, q Querier, cause, wrong error, want Database) error {
 	found, version := Database(-1), ""
 	var pgErr interface{ SQLState() string }

@@ -1,6 +1,6 @@
 -- The statements of mysqlstore that sqlc's MySQL engine compiles. The
--- statements it cannot (JSON_TABLE, user variables, UTC_TIMESTAMP(6)) are in
--- mysqlstore itself, each with the reason.
+-- statements it cannot (JSON_TABLE, user variables, UTC_TIMESTAMP(6), SHOW)
+-- are in mysqlstore/internal/rawsql/*.sql, read by name the same way.
 --
 -- InnoDB under REPEATABLE READ (MySQL's default) locks the gap before a row
 -- that a locking read or an UPDATE looks for and does not find, and the gap
@@ -101,3 +101,22 @@ LIMIT ?;
 -- Reads no row, but fails when the table or one of its columns is missing:
 -- the check behind Limiter.Ping.
 SELECT name, `key`, shard, value, prev, ts FROM txlimit LIMIT 0;
+
+-- name: Version :one
+-- The server's version: Ping's check of what it is, and the store's of
+-- whether it is MariaDB, whose INSERT … RETURNING saves the one-statement
+-- take its second round trip.
+SELECT VERSION();
+
+-- name: ProbeFoundRows :execrows
+-- Ping's probe of clientFoundRows=true, run twice in a transaction it rolls
+-- back: the second run changes nothing, which counts 0 affected rows by
+-- default and 1 with it. No limit can have its row (the name is empty).
+INSERT INTO txlimit (name, `key`, shard, value, ts) VALUES ('', 'txlimit ping', 0, 0, '1970-01-01')
+ON DUPLICATE KEY UPDATE value = value;
+
+-- name: Echo :one
+-- A query with an argument, which the driver prepares on the server unless
+-- it interpolates: Ping's probe of interpolateParams.
+SELECT CAST(sqlc.arg(one) AS SIGNED) AS one;
+

@@ -5,15 +5,25 @@
 // the CHECK, shorter columns, one VARBINARY key), a minimal one-statement
 // take (take_min: INSERT … ON DUPLICATE KEY UPDATE … RETURNING with no
 // arithmetic, the bound of any one-statement take) and mysqlstore itself
-// (txlimit), on the table its migrations create. It runs every variant for
+// (txlimit), on the table its migrations create; and the business
+// transaction as cmd/txlimit-bench runs it (BEGIN; INSERT an order;
+// LimitTx; COMMIT), each client on its own key (biz) or every client on one
+// (bizhot). It runs every variant for
 // -d with -clients connections, one key each, round after round
 // (interleaved), and prints calls/s, the server's CPU per call (utime+stime
 // of -pid, the mysqld process, from /proc), its own CPU per call, and the
 // CPU the rest of the machine used meanwhile ("other"); the medians skip
-// rounds whose "other" exceeds -maxother. It works in the database
+// rounds whose "other" exceeds -maxother. With -callgrind, -dsn is a server
+// running under valgrind's callgrind with --dump-before='refresh_status*'
+// and its out-file in that directory: each run is bracketed by FLUSH STATUS,
+// which makes callgrind dump its counts, and the server's instructions per
+// call, which do not move with the machine's load, are printed too
+// (callgrind_control needs ptrace, which a container may not allow). It
+// works in the database
 // exp_mysqlperf, which it drops and creates.
 //
 //	go run . -pid $(pgrep -x mariadbd) -clients 8 -rounds 8 -only floor,cur,one,txlimit
+//	go run . -pid $(pgrep -x mariadbd) -clients 32 -rounds 1 -d 3s -only biz,bizhot
 package main
 
 import (
@@ -22,6 +32,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,6 +83,8 @@ var variants = []variant{
 	{"one600", "CREATE TABLE v_one600 (id VARBINARY(600) NOT NULL PRIMARY KEY, value DOUBLE NOT NULL, prev DOUBLE NOT NULL DEFAULT 0, ts DATETIME(6) NOT NULL) ENGINE=InnoDB ROW_FORMAT=DYNAMIC",
 		"INSERT INTO v_one600 (id, value, ts) VALUES (?, 1e9, UTC_TIMESTAMP(6))", "SELECT value, ts FROM v_one600 WHERE id = ? FOR UPDATE", "UPDATE v_one600 SET value = ?, ts = ? WHERE id = ?"},
 	{"txlimit", "", "", "", ""},
+	{"biz", "", "", "", ""},
+	{"bizhot", "", "", "", ""},
 	{"take_min", "", "", "INSERT INTO v_cur (name, `key`, shard, value, ts) VALUES (?, ?, 0, 1e9, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE value = value - 1, ts = UTC_TIMESTAMP(6) RETURNING value, ts, 1, UTC_TIMESTAMP(6)", ""},
 	{"onecols", "CREATE TABLE v_onecols (id VARBINARY(2310) NOT NULL PRIMARY KEY, name VARBINARY(256) NOT NULL, `key` VARBINARY(2048) NOT NULL, shard INT NOT NULL, value DOUBLE NOT NULL, prev DOUBLE NOT NULL DEFAULT 0, ts DATETIME(6) NOT NULL) ENGINE=InnoDB ROW_FORMAT=DYNAMIC",
 		"INSERT INTO v_onecols (id, name, `key`, shard, value, ts) VALUES (?, ?, ?, ?, 1e9, UTC_TIMESTAMP(6))", "SELECT value, ts FROM v_onecols WHERE id = ? FOR UPDATE", "UPDATE v_onecols SET value = ?, ts = ? WHERE id = ?"},
@@ -109,6 +123,7 @@ func main() {
 	rounds := flag.Int("rounds", 3, "")
 	maxOther := flag.Float64("maxother", 0.15, "drop samples where other processes used more CPUs")
 	only := flag.String("only", "", "comma list")
+	flag.StringVar(&cgDir, "callgrind", "", "callgrind's output directory, when -pid runs under valgrind --tool=callgrind")
 	flag.Parse()
 	if *pid == "" {
 		fmt.Fprintln(os.Stderr, "mysqlexp: -pid is required (the server process: pgrep -x mariadbd)")
@@ -134,6 +149,9 @@ func main() {
 	const name = "mysql-distinct"
 	limiter, err = txlimit.New(mysqlstore.New(db), map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Hour, Capacity: 1e9}}, nil)
 	must(err)
+	_, err = db.Exec("CREATE TABLE bench_orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(600) NOT NULL, " +
+		"amount INT NOT NULL, created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))")
+	must(err)
 	for _, v := range variants {
 		if v.ddl == "" {
 			continue
@@ -154,7 +172,8 @@ func main() {
 			if lastOther < *maxOther {
 				res[v.name] = append(res[v.name], [3]float64{calls, us, lastSelf})
 			}
-			fmt.Printf("round %d %-12s %8.0f calls/s %6.1f µs/call  client %5.1f µs/call  other %.2f cpus\n", r, v.name, calls, us, lastSelf, lastOther)
+			fmt.Printf("round %d %-12s %8.0f calls/s %6.1f µs/call  client %5.1f µs/call  other %.2f cpus  server %.0f instructions/call\n",
+				r, v.name, calls, us, lastSelf, lastOther, lastInstr)
 		}
 	}
 	fmt.Println("medians:")
@@ -212,6 +231,13 @@ func run(ctx context.Context, db *sql.DB, v variant, name string, clients int, d
 		must(err)
 		conns[i] = c
 	}
+	var before []string
+	if cgDir != "" {
+		_, err := db.ExecContext(ctx, "FLUSH STATUS")
+		must(err)
+		before, err = filepath.Glob(filepath.Join(cgDir, "cg.*"))
+		must(err)
+	}
 	c0 := cpu(pid)
 	s0, b0 := cpu("self"), busy()
 	start := time.Now()
@@ -227,7 +253,15 @@ func run(ctx context.Context, db *sql.DB, v variant, name string, clients int, d
 				must(err)
 				var value float64
 				var ts time.Time
-				if v.name == "txlimit" {
+				if v.name == "txlimit" || v.name == "biz" || v.name == "bizhot" {
+					key := key
+					if v.name == "bizhot" {
+						key = "hot"
+					}
+					if v.name != "txlimit" {
+						_, err := tx.ExecContext(ctx, "INSERT INTO bench_orders (k, amount) VALUES (?, ?)", key, 1)
+						must(err)
+					}
 					res, err := limiter.LimitTx(ctx, tx, name, key)
 					must(err)
 					if !res.OK {
@@ -263,11 +297,28 @@ func run(ctx context.Context, db *sql.DB, v variant, name string, clients int, d
 		c.Close()
 	}
 	calls := float64(n.Load())
+	if cgDir != "" {
+		_, err := db.ExecContext(ctx, "FLUSH STATUS")
+		must(err)
+		dumps, err := filepath.Glob(filepath.Join(cgDir, "cg.*"))
+		must(err)
+		var total int64
+		for _, d := range dumps {
+			if !slices.Contains(before, d) {
+				n, err := measure.CallgrindTotal(d)
+				must(err)
+				total += n
+			}
+		}
+		lastInstr = float64(total) / calls
+	}
 	return calls / el.Seconds(), float64(c1-c0) * 1e4 / calls
 }
 
 var (
 	lastOther, lastSelf float64
+	lastInstr           float64
+	cgDir               string
 	limiter             *txlimit.Limiter[*sql.Tx]
 )
 

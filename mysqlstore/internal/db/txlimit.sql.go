@@ -73,6 +73,19 @@ func (q *Queries) DeleteShards(ctx context.Context, db DBTX, arg DeleteShardsPar
 	return result.RowsAffected()
 }
 
+const Echo = `-- name: Echo :one
+SELECT CAST(? AS SIGNED) AS one
+`
+
+// A query with an argument, which the driver prepares on the server unless
+// it interpolates: Ping's probe of interpolateParams.
+func (q *Queries) Echo(ctx context.Context, db DBTX, one int64) (int64, error) {
+	row := db.QueryRowContext(ctx, Echo, one)
+	var one_2 int64
+	err := row.Scan(&one_2)
+	return one_2, err
+}
+
 const LockShards = `-- name: LockShards :many
 SELECT t.shard, t.value, t.prev, t.ts,
        TIMESTAMPADD(MICROSECOND, MICROSECOND(NOW(6)), UTC_TIMESTAMP()) AS clock,
@@ -152,6 +165,22 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 	return items, nil
 }
 
+const ProbeFoundRows = `-- name: ProbeFoundRows :execrows
+INSERT INTO txlimit (name, ` + "`" + `key` + "`" + `, shard, value, ts) VALUES ('', 'txlimit ping', 0, 0, '1970-01-01')
+ON DUPLICATE KEY UPDATE value = value
+`
+
+// Ping's probe of clientFoundRows=true, run twice in a transaction it rolls
+// back: the second run changes nothing, which counts 0 affected rows by
+// default and 1 with it. No limit can have its row (the name is empty).
+func (q *Queries) ProbeFoundRows(ctx context.Context, db DBTX) (int64, error) {
+	result, err := db.ExecContext(ctx, ProbeFoundRows)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected()
+}
+
 const ProbeTable = `-- name: ProbeTable :exec
 SELECT name, ` + "`" + `key` + "`" + `, shard, value, prev, ts FROM txlimit LIMIT 0
 `
@@ -183,8 +212,8 @@ type ReadShardsRow struct {
 }
 
 // The statements of mysqlstore that sqlc's MySQL engine compiles. The
-// statements it cannot (JSON_TABLE, user variables, UTC_TIMESTAMP(6)) are in
-// mysqlstore itself, each with the reason.
+// statements it cannot (JSON_TABLE, user variables, UTC_TIMESTAMP(6), SHOW)
+// are in mysqlstore/internal/rawsql/*.sql, read by name the same way.
 //
 // InnoDB under REPEATABLE READ (MySQL's default) locks the gap before a row
 // that a locking read or an UPDATE looks for and does not find, and the gap
@@ -390,6 +419,20 @@ func (q *Queries) TryLockShards(ctx context.Context, db DBTX, arg TryLockShardsP
 		return nil, err
 	}
 	return items, nil
+}
+
+const Version = `-- name: Version :one
+SELECT VERSION()
+`
+
+// The server's version: Ping's check of what it is, and the store's of
+// whether it is MariaDB, whose INSERT … RETURNING saves the one-statement
+// take its second round trip.
+func (q *Queries) Version(ctx context.Context, db DBTX) (string, error) {
+	row := db.QueryRowContext(ctx, Version)
+	var version string
+	err := row.Scan(&version)
+	return version, err
 }
 
 const WriteShard = `-- name: WriteShard :exec
