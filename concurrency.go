@@ -251,9 +251,9 @@ func (l *Limiter[TTx]) acquireAll(ctx context.Context, tx TTx, rs []request, obs
 	return out, nil
 }
 
-// checkSlot is CheckTx on a Concurrency limit: the key's holders as tx
+// checkHolders is CheckTx on a Concurrency limit: the key's holders as tx
 // sees them, locking nothing.
-func (l *Limiter[TTx]) checkSlot(ctx context.Context, tx TTx, r request) (Result, error) {
+func (l *Limiter[TTx]) checkHolders(ctx context.Context, tx TTx, r request) (Result, error) {
 	read, err := l.store.Holders(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: r.now})
 	if err != nil {
 		return Result{}, err

@@ -198,7 +198,7 @@ func (l *Limiter[TTx]) checkIn(ctx context.Context, tx *TTx, name, key string, o
 
 func (l *Limiter[TTx]) check(ctx context.Context, tx TTx, r request) (Result, error) {
 	if r.slot() {
-		return l.checkSlot(ctx, tx, r)
+		return l.checkHolders(ctx, tx, r)
 	}
 	read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: r.now})
 	if err != nil {
