@@ -186,6 +186,9 @@ const (
 // in a call whose work is fixed already.
 func (r request) checkFixedWork(when string) error {
 	switch {
+	case r.slot():
+		return &InvalidError{Limit: r.name, Field: "Kind", Problem: "Concurrency does not apply " + when + ": " +
+			"a slot guards the work that runs after it is acquired; acquire it with LimitTx (or LimitAllTx) before the work"}
 	case r.reserve:
 		return &InvalidError{Limit: r.name, Field: "Reserve", Problem: "does not apply " + when + ": " +
 			"a reservation tells when to run the work; take it with LimitTx before the work"}

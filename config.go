@@ -74,10 +74,11 @@ var kindNames = [...]string{
 	Weekly:        "Weekly",
 	Monthly:       "Monthly",
 	Yearly:        "Yearly",
+	Concurrency:   "Concurrency",
 }
 
 func (k Kind) name() string {
-	if k >= TokenBucket && k <= Yearly {
+	if k >= TokenBucket && k <= Yearly || k == Concurrency {
 		return kindNames[k]
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
@@ -93,7 +94,9 @@ const maxShards = 1024
 // does not apply is an *InvalidError that says which field goes with it.
 type Config struct {
 	// Kind is the refill rule: TokenBucket, FixedWindow, SlidingWindow,
-	// or a calendar window (Daily, Weekly, Monthly, Yearly). Required.
+	// or a calendar window (Daily, Weekly, Monthly, Yearly); or
+	// Concurrency, at most Capacity holders at once (with HoldFor).
+	// Required.
 	Kind Kind
 	// Rate is the number of tokens added per Period (per window for a
 	// calendar Kind). Required, > 0.
@@ -102,7 +105,8 @@ type Config struct {
 	// microsecond, the precision of the state, or 0 for a calendar Kind.
 	Period time.Duration
 	// Capacity is the most tokens the limit holds: the largest burst.
-	// Defaults to Rate.
+	// Defaults to Rate. For a Concurrency limit, the most holders at once:
+	// required, a whole number >= 1.
 	Capacity float64
 	// MaxReserved caps how deep a reservation (the Reserve option) may put
 	// the limit into debt. Defaults to 0, which means no cap.
@@ -169,6 +173,17 @@ type Config struct {
 	// others wait.
 	LeaseAhead float64
 
+	// HoldFor is how long a holder of a Concurrency limit keeps its slot
+	// without Extend: the slot of a holder whose process died comes back
+	// HoldFor after it was acquired or last extended. At no instant do
+	// more than Capacity unexpired holders exist; a holder still working
+	// past its expiry can see a second holder admitted beside it, so
+	// choose HoldFor well above the work's usual duration, or Extend every
+	// HoldFor/3 while the work runs and stop the work when Extend returns
+	// false. Required for Concurrency, at least 1ms; refused for the other
+	// kinds.
+	HoldFor time.Duration
+
 	// loc is Zone, loaded by normalized.
 	loc *time.Location
 }
@@ -179,8 +194,14 @@ func (c Config) normalized(name string) (Config, error) {
 	bad := func(field, problem string, args ...any) (Config, error) {
 		return Config{}, invalid(name, field, problem, args...)
 	}
+	if c.Kind == Concurrency {
+		return c.concurrency(name)
+	}
 	if c.Kind < TokenBucket || c.Kind > Yearly {
-		return bad("Kind", "must be txlimit.TokenBucket, FixedWindow, SlidingWindow, Daily, Weekly, Monthly or Yearly, got %d", uint8(c.Kind))
+		return bad("Kind", "must be txlimit.TokenBucket, FixedWindow, SlidingWindow, Daily, Weekly, Monthly, Yearly or Concurrency, got %d", uint8(c.Kind))
+	}
+	if c.HoldFor != 0 {
+		return bad("HoldFor", "applies to Concurrency limits only (how long a holder keeps its slot); leave it 0 for a %v", c.Kind.name())
 	}
 	if !finite(c.Rate) || c.Rate <= 0 {
 		return bad("Rate", "must be a finite number > 0, got %v", c.Rate)

@@ -40,6 +40,14 @@
 // years (2^62 ns). Check answers what LimitTx would, taking and locking
 // nothing, with the state of the limit (Result.Remaining, NextToken, At).
 //
+// A Concurrency limit admits at most Capacity holders of a key at once (three
+// exports running per tenant): LimitTx acquires a slot for a holder id
+// (Holder) in the caller's transaction, ReleaseTx gives it back, and a
+// holder that neither releases nor extends (Extend) within Config.HoldFor
+// loses it, reclaimed by the next acquire. At no instant do more than
+// Capacity unexpired holders exist; see Concurrency and
+// docs/concurrency.md.
+//
 // # Taking tokens: before the work, at commit, in a batch
 //
 // Every operation X on a limit has a form XTx that runs in a transaction the

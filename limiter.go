@@ -128,9 +128,15 @@ func (l *Limiter[TTx]) LimitTx(ctx context.Context, tx TTx, name, key string, op
 
 func (l *Limiter[TTx]) limitIn(ctx context.Context, tx *TTx, name, key string, opts []Option) (Result, error) {
 	r, err := l.limitRequest(name, key, opts)
+	if err == nil && r.slot() {
+		err = r.acquiring()
+	}
 	var res Result
 	if err == nil {
 		res, err = in(ctx, l, tx, false, func(tx TTx) (Result, error) {
+			if r.slot() {
+				return l.acquire(ctx, tx, r)
+			}
 			t, err := l.store.Take(ctx, tx, r.take())
 			if err != nil {
 				return Result{}, err
@@ -191,6 +197,9 @@ func (l *Limiter[TTx]) checkIn(ctx context.Context, tx *TTx, name, key string, o
 }
 
 func (l *Limiter[TTx]) check(ctx context.Context, tx TTx, r request) (Result, error) {
+	if r.slot() {
+		return l.checkHolders(ctx, tx, r)
+	}
 	read, err := l.store.Read(ctx, tx, driver.ReadParams{Name: r.name, Key: r.key, Now: r.now})
 	if err != nil {
 		return Result{}, err
@@ -205,7 +214,8 @@ func (l *Limiter[TTx]) Reset(ctx context.Context, name, key string) error {
 }
 
 // ResetTx deletes the state of (name, key), all shards, so that the limit is
-// full again. It needs no config, so it also clears limits no longer defined.
+// full again; for a Concurrency limit, every holder, so that every slot is
+// free. It needs no config, so it also clears limits no longer defined.
 func (l *Limiter[TTx]) ResetTx(ctx context.Context, tx TTx, name, key string) error {
 	return l.resetIn(ctx, &tx, name, key)
 }
@@ -217,8 +227,15 @@ func (l *Limiter[TTx]) resetIn(ctx context.Context, tx *TTx, name, key string) e
 		err = validText("key", name, key)
 	}
 	if err == nil {
+		k := driver.KeyRef{Name: r.name, Key: r.key}
 		_, err = in(ctx, l, tx, false, func(tx TTx) (struct{}, error) {
-			return struct{}{}, l.store.Reset(ctx, tx, driver.KeyRef{Name: r.name, Key: r.key})
+			// Holders first: acquires lock a key's holders before its rows.
+			if c, known := l.limits[name]; !known || c.Kind == Concurrency {
+				if err := l.store.ResetHolders(ctx, tx, k); err != nil {
+					return struct{}{}, err
+				}
+			}
+			return struct{}{}, l.store.Reset(ctx, tx, k)
 		})
 	}
 	l.report(ctx, r.obs, opReset, r, Result{}, err, false)
@@ -243,6 +260,9 @@ func (l *Limiter[TTx]) CreditTx(ctx context.Context, tx TTx, name, key string, c
 
 func (l *Limiter[TTx]) creditIn(ctx context.Context, tx *TTx, name, key string, count float64, opts []Option) error {
 	r, err := l.newRequest(name, key, append(opts[:len(opts):len(opts)], Count(count)), l.observe())
+	if err == nil && r.slot() {
+		err = &InvalidError{Limit: name, Field: "name", Problem: "is a Concurrency limit, which has no tokens to give back: Release the holder"}
+	}
 	if err == nil {
 		_, err = in(ctx, l, tx, false, func(tx TTx) (struct{}, error) {
 			return struct{}{}, l.store.Credit(ctx, tx, driver.CreditParams{Limit: r.limit, Count: r.count, Now: r.now})
@@ -253,12 +273,15 @@ func (l *Limiter[TTx]) creditIn(ctx context.Context, tx *TTx, name, key string, 
 }
 
 // Ping checks, on the store's pool, that the database answers and holds the
-// txlimit table with every column this version uses: call it at startup to
-// fail fast. A missing or outdated table is an error matching
-// ErrNotMigrated; another kind of database, an error naming the store to
-// use; a store without a pool, an *InvalidError.
+// txlimit tables (txlimit_holder too) with every column this version uses:
+// call it at startup to fail fast. A missing or outdated table is an error
+// matching ErrNotMigrated; another kind of database, an error naming the
+// store to use; a store without a pool, an *InvalidError.
 func (l *Limiter[TTx]) Ping(ctx context.Context) error {
-	return storeErr(l.store.Ping(ctx))
+	if err := l.store.Ping(ctx); err != nil {
+		return storeErr(err)
+	}
+	return storeErr(l.store.PingHolders(ctx))
 }
 
 // isNil reports whether v is nil, or a nil pointer, map, slice, channel,

@@ -3,6 +3,7 @@ package txlimit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -109,6 +110,10 @@ func (l *Limiter[TTx]) finishAll(ctx context.Context, op string, obs *observatio
 // another order in the same transaction. Each (name, key) may appear once:
 // give one request the sum of the counts. Bad input in any request is an
 // *InvalidError before anything is read or written.
+//
+// A Concurrency limit's slot is acquired with the others, all or none: its
+// key's lock row is locked before any row of a rate limit, a denied rate
+// limit leaves no holder, and a full Concurrency limit takes no token.
 func (l *Limiter[TTx]) LimitAllTx(ctx context.Context, tx TTx, reqs ...Request) (MultiResult, error) {
 	return l.limitAllIn(ctx, &tx, reqs)
 }
@@ -119,6 +124,9 @@ func (l *Limiter[TTx]) limitAllIn(ctx context.Context, tx *TTx, reqs []Request) 
 	var res MultiResult
 	if err == nil {
 		res, err = in(ctx, l, tx, false, func(tx TTx) (MultiResult, error) {
+			if slices.ContainsFunc(rs, request.slot) {
+				return l.acquireAll(ctx, tx, rs, obs)
+			}
 			all, err := l.store.TakeAll(ctx, tx, takeAllParams(rs, obs))
 			if err != nil {
 				return MultiResult{}, err
@@ -140,6 +148,9 @@ func (l *Limiter[TTx]) newRequests(reqs []Request) ([]request, error) {
 		r, err := l.newRequest(q.Name, q.Key, q.Options, nil)
 		if err == nil {
 			err = r.checkCount()
+		}
+		if err == nil && r.slot() {
+			err = r.acquiring()
 		}
 		if err != nil {
 			return nil, err

@@ -18,6 +18,9 @@ const (
 	opCredit   = "credit"
 	opReset    = "reset"
 	opPrune    = "prune"
+	opRelease  = "release"
+	opExtend   = "extend"
+	opReclaim  = "reclaim"
 	// opLeaseAhead is a lease taken ahead in the background that failed.
 	opLeaseAhead = "lease_ahead"
 )
@@ -35,11 +38,19 @@ type Event struct {
 	// another reason (fn's error, the batch's statements' included);
 	// "prune", one batch (Count is the rows it deleted; Name and Key are
 	// empty); "lease_ahead", a lease taken ahead that failed (Err is its
-	// error, Count the tokens it asked for; no caller saw the error).
+	// error, Count the tokens it asked for; no caller saw the error). A
+	// Concurrency limit's acquire is a "limit" or "limit_all" Event with
+	// Holder set; "release" and "extend" (Release, Extend: Result.OK is
+	// what they returned); "reclaim", one Event per expired holder an
+	// acquire deleted (Holder is its id, Count 1), told after the
+	// acquire's own (for the …Tx forms, undone if the caller's transaction
+	// rolls back).
 	Op    string
 	Name  string
 	Key   string
 	Count float64
+	// Holder is the holder's id in the Events of a Concurrency limit.
+	Holder string
 	// Result is the decision: the zero Result when Err is set, unless
 	// FailedOpen.
 	Result Result
@@ -98,6 +109,9 @@ func (e Event) errorKind() string {
 type observation struct {
 	start    time.Time
 	lockWait time.Duration
+	// reclaims are the Events of the expired holders the call reclaimed,
+	// told after the call's own.
+	reclaims []Event
 }
 
 func (l *Limiter[TTx]) observe() *observation {
@@ -119,11 +133,30 @@ func (l *Limiter[TTx]) report(ctx context.Context, o *observation, op string, r 
 		return
 	}
 	e := Event{
-		Op: op, Name: r.name, Key: r.key, Count: r.count, Result: res, Err: err, FailedOpen: failedOpen,
+		Op: op, Name: r.name, Key: r.key, Count: r.count, Holder: r.holder, Result: res, Err: err, FailedOpen: failedOpen,
 		Duration: time.Since(o.start), LockWait: o.lockWait,
 	}
 	e.Outcome, e.ErrorKind = e.outcome(), e.errorKind()
 	l.observer(ctx, e)
+	if err == nil {
+		for _, rec := range o.reclaims {
+			l.observer(ctx, rec)
+		}
+	}
+	o.reclaims = nil
+}
+
+// reclaimed records the reclaim of holders, expired holders of r's key that
+// r's acquire deleted, for the Observer.
+func (o *observation) reclaimed(r request, holders []string) {
+	if o == nil {
+		return
+	}
+	for _, h := range holders {
+		res := Result{Name: r.name, Key: r.key, Count: 1, Taken: 1, Holder: h, OK: true}
+		o.reclaims = append(o.reclaims, Event{Op: opReclaim, Name: r.name, Key: r.key, Count: 1, Holder: h,
+			Result: res, Outcome: "allowed"})
+	}
 }
 
 // failOpen decides whether an error of a form without Tx is turned into a

@@ -54,6 +54,13 @@ type PruneResult struct {
 // takes the write lock, like any writer. Rows whose name has no
 // configuration are left alone. Prune stops at the first error (a cancelled
 // ctx included) and returns it with what it had done.
+//
+// When the Limiter (or PruneOptions.Limits) has a Concurrency limit, Prune
+// first deletes, in batches of its own, every expired holder of every
+// Concurrency limit and the lock rows of keys whose every holder has
+// expired (an acquire reclaims its own key's; this is for keys not
+// acquired again), passing over rows live traffic holds where the database
+// can. Those batches count in Batches, Deleted and MaxBatches.
 func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResult, error) {
 	var o PruneOptions
 	if opts != nil {
@@ -70,7 +77,9 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 	}
 	limits := make(map[string]driver.LimitConfig, len(l.limits)+len(o.Limits))
 	for name, c := range l.limits {
-		limits[name] = c.stored()
+		if c.Kind != Concurrency { // its holders are not rows of the txlimit table
+			limits[name] = c.stored()
+		}
 	}
 	for name, c := range o.Limits {
 		if err := validName(name); err != nil {
@@ -80,14 +89,23 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 		if err != nil {
 			return PruneResult{}, err
 		}
-		limits[name] = nc.stored()
+		if nc.Kind == Concurrency {
+			delete(limits, name)
+		} else {
+			limits[name] = nc.stored()
+		}
+	}
+	var res PruneResult
+	if l.hasSlots(o.Limits) {
+		if done, err := l.pruneHolders(ctx, o, &res); err != nil || !done {
+			return res, err
+		}
 	}
 
 	var after driver.KeyRef
 	if p := l.pruneAfter.Load(); p != nil {
 		after = *p
 	}
-	var res PruneResult
 	defer func() { l.pruneAfter.Store(&after) }()
 	for o.MaxBatches == 0 || res.Batches < o.MaxBatches {
 		if err := ctx.Err(); err != nil {

@@ -16,6 +16,7 @@ type callOptions struct {
 	upTo    bool
 	reserve bool
 	config  *Config
+	holder  *string // Holder's
 }
 
 // Count sets the number of tokens a call consumes, checks or credits.
@@ -51,6 +52,7 @@ type request struct {
 	upTo    bool
 	reserve bool
 	config  Config
+	holder  string // a Concurrency limit's holder (Holder, or random)
 	limit   driver.Limit
 	now     *time.Time   // Options.Clock's reading, nil for the store's clock
 	obs     *observation // nil unless the Limiter has an Observer
@@ -84,6 +86,9 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observat
 		}
 		r.config = c
 	}
+	if err := r.checkHolder(o.holder); err != nil {
+		return r, err
+	}
 	if !finite(o.count) || o.count < 0 {
 		field := "Count"
 		if o.upTo {
@@ -103,6 +108,9 @@ func (r request) shard() algo.Config { return r.limit.Shard(r.limit.Shards) }
 // checkCount rejects a count that no wait would grant.
 func (r request) checkCount() error {
 	c := r.config
+	if r.slot() {
+		return r.checkSlot()
+	}
 	switch {
 	case r.upTo && r.reserve:
 		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: "cannot be combined with Reserve: a reservation takes its whole count"}
@@ -155,5 +163,5 @@ func (l *Limiter[TTx]) limitRequest(name, key string, opts []Option) (request, e
 
 // failedOpen is the Result of r granted by Options.FailOpen.
 func (r request) failedOpen(at time.Time) Result {
-	return Result{Name: r.name, Key: r.key, Count: r.count, OK: true, FailedOpen: true, At: at}
+	return Result{Name: r.name, Key: r.key, Count: r.count, Holder: r.holder, OK: true, FailedOpen: true, At: at}
 }

@@ -28,7 +28,9 @@ type Result struct {
 	// would be granted. When OK is true and RetryAfter > 0, the tokens were
 	// reserved: run the work after RetryAfter, without checking again.
 	// It is never negative and never more than about 146 years (2^62 ns):
-	// a denial whose wait is longer says that.
+	// a denial whose wait is longer says that. For a Concurrency limit,
+	// the time until a slot is expected back (the earliest expiry of a live
+	// holder); a Release frees one sooner.
 	RetryAfter time.Duration
 	At         time.Time // the clock reading the decision was made at
 	// Remaining is the number of tokens the limit holds after the call,
@@ -37,7 +39,8 @@ type Result struct {
 	// except where the call locked nothing or not every shard (a denial
 	// decided on committed state, one free shard read with
 	// Config.ReportRemaining): there the other shards count as last
-	// committed. It is 0 when Partial is set.
+	// committed. It is 0 when Partial is set. For a Concurrency limit, the
+	// free slots after the call: Capacity less the live holders.
 	Remaining float64
 	// NextToken is the time from At until the limit holds one whole token
 	// more than floor(Remaining) (at least one), if no call takes or gives
@@ -53,6 +56,10 @@ type Result struct {
 	// leases (Config.Lease) and has not handed out: taken from Remaining
 	// already, not yet spent. 0 for the other calls.
 	Leased float64
+	// Holder is, for a Concurrency limit, the holder's id: the Holder
+	// option's, or the random one an acquire made without it (also on a
+	// denial). Release and Extend take it.
+	Holder string
 }
 
 // Err returns nil when the result is OK (a reservation included) and a

@@ -50,6 +50,11 @@ func (l *Limiter[TTx]) Wait(ctx context.Context, name, key string, opts ...Optio
 		return Result{}, &InvalidError{Limit: name, Field: "Reserve", Problem: "does not go with Wait: a reservation is granted at once; " +
 			"call Limit with Reserve and run the work after the Result's RetryAfter"}
 	}
+	if c, ok := l.limits[name]; (o.config == nil && ok && c.Kind == Concurrency) || (o.config != nil && o.config.Kind == Concurrency) {
+		return Result{}, &InvalidError{Limit: name, Field: "name", Problem: "is a Concurrency limit, which Wait does not take: " +
+			"a slot comes back when its holder releases it, which no clock predicts (RetryAfter is only the latest it " +
+			"comes back); call Limit again at a pace of your own"}
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return Result{}, err

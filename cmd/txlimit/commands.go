@@ -77,6 +77,10 @@ func dispatch[TTx any](ctx context.Context, inv *invocation, db *database[TTx], 
 		return keys(ctx, inv, db, w)
 	case "prune":
 		return prune(ctx, inv, db, w)
+	case "holders":
+		return holders(ctx, inv, db, w)
+	case "release":
+		return release(ctx, inv, db, w)
 	}
 	return usageError{fmt.Errorf("unknown command %q", inv.command)}
 }

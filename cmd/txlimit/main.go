@@ -1,7 +1,8 @@
 // Command txlimit operates the rate limits that txlimit keeps in a
 // PostgreSQL, MySQL, MariaDB or SQLite database: it runs the migrations,
 // shows the tokens a limit holds, per shard and in total, lists the keys
-// that have state, emptiest first, resets a key and prunes full limits.
+// that have state, emptiest first, resets a key and prunes full limits;
+// and it lists the holders of a concurrency limit's key and releases one.
 // The form of the DSN selects the store (pgstore, mysqlstore, sqlitestore),
 // which the command names on stderr.
 //
@@ -12,6 +13,8 @@
 //	txlimit value sendMessage alice -kind token_bucket -rate 10 -period 1m -capacity 20
 //	txlimit value api acme -kind monthly -rate 10000 -zone Europe/Berlin
 //	txlimit keys -config limits.json
+//	txlimit holders exports acme
+//	txlimit release exports acme job-42
 //
 // Run txlimit -help for every command and flag. It is a module of its own, so
 // that its dependencies stay out of the library's.
@@ -62,6 +65,13 @@ Commands:
   prune              Delete the state of every limit that has refilled to capacity; it
                      changes no decision (a missing row is a full limit). Needs the
                      configs of every limit (-config); rows of other limits are kept.
+  holders NAME KEY   The holders of concurrency limit NAME for KEY (the table
+                     txlimit_holder): each one's id and expiry, live or expired (an
+                     expired holder holds no slot). Needs no config.
+  release NAME KEY HOLDER
+                     Give back the slot HOLDER holds of NAME for KEY, as the
+                     application's Release does: for a holder whose work is known to
+                     be gone before its expiry. Needs no config.
 
 The database keeps no copy of the limits' configs (they live in your code), so the
 commands that compute tokens take them from a JSON file (-config) or, for one limit,
@@ -111,7 +121,7 @@ Flags (before or after the arguments):
   -week-start DAY  the first day of a weekly window: sunday … saturday (default sunday)
   -n N             keys: show at most N keys (default 20; 0 for all)
   -batch N         prune: keys per transaction (default 1000)
-  -json            value and keys: print JSON instead of a table
+  -json            value, keys and holders: print JSON instead of a table
   -yes             migrate down: confirm
   -timeout D       give up after D (default 1m)
 
@@ -131,6 +141,8 @@ Examples:
   txlimit keys sendMessage -dsn app.db -config limits.json -n 50
   txlimit reset sendMessage alice -dsn app.db
   txlimit prune -dsn app.db -config limits.json
+  txlimit holders exports acme -dsn app.db
+  txlimit release exports acme job-42 -dsn app.db
 `
 
 func main() {

@@ -327,13 +327,14 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	// escrow mode's tables (since dropped) and the arithmetic's functions
 	// before it, the function a take at commit raises with, the table's
 	// fillfactor, the shard checks' removal, the escrow tables' drop and
-	// the shards column after it.
-	last := 2
+	// the shards column after it. The last creates txlimit_holder, the
+	// holders of concurrency limits, everywhere.
+	last := 3
 	switch storeOf(dsn) {
 	case mysqlStore:
-		last = 1
+		last = 2
 	case postgresStore:
-		last = 9
+		last = 10
 		require.Contains(t, out, "applied 00002_create_txlimit_escrow.sql")
 		require.Contains(t, out, "applied 00003_create_txlimit_functions.sql")
 		require.Contains(t, out, "applied 00004_add_txlimit_prev.sql")
@@ -343,6 +344,7 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 		require.Contains(t, out, "applied 00008_drop_txlimit_escrow.sql")
 		require.Contains(t, out, "applied 00009_lean_takes.sql")
 	}
+	require.Contains(t, out, fmt.Sprintf("applied %05d_create_txlimit_holder.sql", last))
 	require.Contains(t, out, fmt.Sprintf("version %d (recorded in txlimit_goose_version)", last))
 	require.Contains(t, ok(t, "migrate", "up", "-dsn", dsn), "up to date: nothing to apply")
 	require.Regexp(t, `1\s+applied\s+\d{4}-\d\d-\d\dT.*00001_create_txlimit.sql`, ok(t, "migrate", "status", "-dsn", dsn))
@@ -434,11 +436,13 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	require.Regexp(t, `deleted \d row\(s\); examined 4 key\(s\) in \d transaction\(s\); kept 1 key\(s\) of limits not in the config`, out)
 	require.Equal(t, []string{"tb/dave", "send/alice", "gone/y"}, names(keysJSON(t, "-dsn", dsn, "-config", config)))
 
+	exerciseHolders(t, dsn, l)
+
 	// migrate down drops the table; the commands that read it then fail.
 	for range last - 1 {
 		ok(t, "migrate", "down", "-yes", "-dsn", dsn)
 	}
-	if last > 1 {
+	if storeOf(dsn) != mysqlStore { // MySQL's first migration has prev
 		// The table is there without prev: the commands say how to fix it.
 		require.Contains(t, fails(t, exitError, "keys", "-dsn", dsn, "-config", config), "txlimit migrate up applies the missing migrations")
 		require.Contains(t, fails(t, exitError, "value", "send", "alice", "-dsn", dsn, "-config", config), "txlimit migrate up applies the missing migrations")

@@ -20,7 +20,7 @@ var errHelp = errors.New("help")
 
 // invocation is a parsed command line.
 type invocation struct {
-	command string   // migrate, value, reset, keys, prune
+	command string   // migrate, value, reset, keys, prune, holders, release
 	args    []string // the command's positional arguments
 	dsn     string
 	config  string // -config file
@@ -97,11 +97,12 @@ func parse(args []string) (*invocation, error) {
 	inv.command, inv.args = positional[0], positional[1:]
 	want := map[string][2]int{ // the command's fewest and most arguments
 		"help": {0, 0}, "migrate": {1, 1}, "value": {2, 2}, "reset": {2, 2}, "keys": {0, 1}, "prune": {0, 0},
+		"holders": {2, 2}, "release": {3, 3},
 	}
 	n, ok := want[inv.command]
 	switch {
 	case !ok:
-		return nil, fmt.Errorf("unknown command %q; the commands are migrate, value, reset, keys and prune", inv.command)
+		return nil, fmt.Errorf("unknown command %q; the commands are migrate, value, reset, keys, prune, holders and release", inv.command)
 	case inv.command == "help":
 		return nil, errHelp
 	case len(inv.args) < n[0] || len(inv.args) > n[1]:
@@ -141,6 +142,8 @@ var argsWanted = map[string]string{
 	"reset":   "two arguments, NAME KEY",
 	"keys":    "at most one argument, NAME",
 	"prune":   "no arguments",
+	"holders": "two arguments, NAME KEY",
+	"release": "three arguments, NAME KEY HOLDER",
 }
 
 var configFlags = []string{"kind", "rate", "period", "capacity", "max-reserved", "shards", "start", "calendar", "zone", "week-start"}

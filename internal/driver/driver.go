@@ -120,6 +120,47 @@ type Ops[TTx any] interface {
 	// Ping checks that the database answers and has the txlimit table with
 	// every column the library uses (else ErrNotMigrated).
 	Ping(ctx context.Context) error
+
+	// The operations of concurrency limits, on the txlimit_holder table
+	// (holders.go).
+
+	// Acquire grants every slot of p.Slots and takes every limit of
+	// p.Takes, or does neither. It creates (when missing) and locks the lock
+	// row of each slot's key, in the canonical order (SlotOrder), before
+	// any row of the takes; counts the key's live holders with a read that
+	// sees every committed holder (or fails, under REPEATABLE READ and
+	// SERIALIZABLE, with a serialization error rather than count a stale
+	// snapshot); decides (DecideSlot); takes p.Takes as TakeAll does when
+	// every slot grants; and writes the grants when everything did. A call
+	// that grants nothing leaves no row behind.
+	Acquire(ctx context.Context, tx TTx, p AcquireParams) (AcquireResult, error)
+
+	// Release deletes the holder p.Holder of p's key, live or expired;
+	// OK when it was live. It locks nothing but that row.
+	Release(ctx context.Context, tx TTx, p HolderParams) (HolderResult, error)
+
+	// Extend pushes the expiry of p.Holder to the clock + p.HoldFor when
+	// it is live (OK), under the key's lock row, which it raises too; it
+	// does nothing to a holder that is not.
+	Extend(ctx context.Context, tx TTx, p HolderParams) (HolderResult, error)
+
+	// Holders returns the holders of (Name, Key) as tx sees them, locking
+	// nothing, and the clock.
+	Holders(ctx context.Context, tx TTx, p ReadParams) (HoldersResult, error)
+
+	// ResetHolders deletes every holder of k and its lock row.
+	ResetHolders(ctx context.Context, tx TTx, k KeyRef) error
+
+	// PruneHolders runs one batch in a short transaction of its own on the
+	// store's pool: it deletes up to p.Max rows of txlimit_holder that have
+	// expired, holders and lock rows alike, without waiting for rows other
+	// transactions hold where the database allows it, and returns how many.
+	PruneHolders(ctx context.Context, p PruneHoldersParams) (int, error)
+
+	// PingHolders checks, on the store's pool, that the txlimit_holder
+	// table is there with every column the library uses (ErrNotMigrated
+	// otherwise).
+	PingHolders(ctx context.Context) error
 }
 
 // TakeInBatch is the Limiter's side of pgstore.SendBatch, set by package

@@ -17,3 +17,10 @@ type Txlimit struct {
 	Prev   float64
 	Shards int32
 }
+
+type TxlimitHolder struct {
+	Name      string
+	Key       string
+	Holder    string
+	ExpiresAt time.Time
+}

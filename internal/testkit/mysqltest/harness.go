@@ -50,7 +50,26 @@ func Harness(db *sql.DB, iso sql.IsolationLevel) storetest.Harness[*sql.Tx] {
 		// A sharded call takes from one shard that no other transaction
 		// holds (FOR UPDATE SKIP LOCKED).
 		SkipsLocked: true,
+		BeginLevel: func(ctx context.Context, level sql.IsolationLevel) (*sql.Tx, error) {
+			return db.BeginTx(ctx, &sql.TxOptions{Isolation: level})
+		},
+		Levels: levels(iso),
+		Headroom: func(ctx context.Context) (n int64, err error) {
+			err = db.QueryRowContext(ctx, "SELECT @@max_connections - (SELECT COUNT(*) FROM information_schema.PROCESSLIST)").Scan(&n)
+			return n, err
+		},
+		Database: func(t *testing.T) string { return testdb.QueryString(t, db, "SELECT DATABASE()") },
 	}
+}
+
+// levels are the isolation levels the concurrency topic runs at in a suite
+// at iso: iso's, and SERIALIZABLE beside InnoDB's default.
+func levels(iso sql.IsolationLevel) []sql.IsolationLevel {
+	switch iso {
+	case sql.LevelDefault, sql.LevelRepeatableRead:
+		return []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable}
+	}
+	return []sql.IsolationLevel{iso}
 }
 
 // kill ends a connection of db at random, but not the one it runs on: each

@@ -33,6 +33,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/internal/testkit/testdb"
 	"github.com/txlimit/txlimit/migrations"
 )
@@ -149,6 +150,13 @@ func Open(tb testing.TB, cfg *mysql.Config, conns int) *sql.DB {
 // applied and returns it open with conns connections.
 func Database(tb testing.TB, conns int) *sql.DB {
 	tb.Helper()
+	if name := os.Getenv(storetest.ChildDatabase); name != "" {
+		// A process of the concurrency topic's own, on the database of
+		// the test that started it.
+		cfg := StoreConfig(Config(tb))
+		cfg.DBName = name
+		return Open(tb, cfg, conns)
+	}
 	db := Open(tb, EmptyDatabase(tb), conns)
 	if err := migrations.Up(context.Background(), db, migrations.MySQL); err != nil {
 		tb.Fatalf("migrations.Up: %v", err)

@@ -81,6 +81,8 @@ func Open(t *testing.T, d Driver, schema string, conns int) *sql.DB {
 	// closes the others as they are released, so the concurrency topics
 	// would open a server process for almost every call.
 	db.SetMaxIdleConns(conns)
+	// But not for long (testdb.IdleTime).
+	db.SetConnMaxIdleTime(testdb.IdleTime)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
 }
@@ -127,6 +129,15 @@ func Harness(db *sql.DB, conns int, opts ...pgsqlstore.Option) storetest.Harness
 		},
 		Conns:       conns - 1,
 		SkipsLocked: true,
+		BeginLevel: func(ctx context.Context, level sql.IsolationLevel) (*sql.Tx, error) {
+			return db.BeginTx(ctx, &sql.TxOptions{Isolation: level})
+		},
+		Levels: testdb.PostgresLevels,
+		Headroom: func(ctx context.Context) (n int64, err error) {
+			err = db.QueryRowContext(ctx, testdb.HeadroomQuery).Scan(&n)
+			return n, err
+		},
+		Database: func(t *testing.T) string { return testdb.QueryString(t, db, "SELECT current_schema()") },
 	}
 }
 

@@ -5,6 +5,7 @@ package pgxtest
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"testing"
 
@@ -57,5 +58,16 @@ func Harness(pool *pgxpool.Pool, store driver.Store[pgx.Tx]) storetest.Harness[p
 		},
 		Conns:       int(pool.Config().MaxConns) - 1,
 		SkipsLocked: true,
+		BeginLevel: func(ctx context.Context, level sql.IsolationLevel) (pgx.Tx, error) {
+			return pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: map[sql.IsolationLevel]pgx.TxIsoLevel{
+				sql.LevelReadCommitted: pgx.ReadCommitted, sql.LevelRepeatableRead: pgx.RepeatableRead, sql.LevelSerializable: pgx.Serializable,
+			}[level]})
+		},
+		Levels: testdb.PostgresLevels,
+		Headroom: func(ctx context.Context) (n int64, err error) {
+			err = pool.QueryRow(ctx, testdb.HeadroomQuery).Scan(&n)
+			return n, err
+		},
+		Database: func(*testing.T) string { return pool.Config().ConnConfig.RuntimeParams["search_path"] },
 	}
 }

@@ -394,7 +394,7 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 			{"zone on a fixed window", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.FixedWindow, Rate: 1, Period: time.Hour, Zone: "Europe/Berlin"})}},
 			{"week start on a sliding window", name, "k", "WeekStart", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.SlidingWindow, Rate: 1, Period: time.Hour, WeekStart: time.Monday})}},
 			{"calendar with a period", name, "k", "Period", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.Daily, Rate: 1, Period: time.Hour, Zone: "UTC"})}},
-			{"kind past the calendar kinds", name, "k", "Kind", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.Yearly + 1, Rate: 1, Zone: "UTC"})}},
+			{"kind past the last kind", name, "k", "Kind", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.Concurrency + 1, Rate: 1, Zone: "UTC"})}},
 			{"calendar without a zone", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.Daily, Rate: 1})}},
 			{"unknown zone", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.Monthly, Rate: 1, Zone: "Mars/Olympus_Mons"})}},
 			{"local zone", name, "k", "Zone", []txlimit.Option{txlimit.Inline(txlimit.Config{Kind: txlimit.Monthly, Rate: 1, Zone: "Local"})}},

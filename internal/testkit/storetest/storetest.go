@@ -8,7 +8,10 @@
 // another: prune (and prune/equivalence: Prune changes no decision), limits (and
 // their concurrency), limit_all, remaining, reservations, edges, windows
 // (sliding and calendar windows, UpTo, and the calls that must write
-// nothing), commit (CommitTx and Commit), wait (Limiter.Wait) and soak
+// nothing), commit (CommitTx and Commit), wait (Limiter.Wait), concurrency
+// (Concurrency limits: exactly Capacity of 64 concurrent acquirers at every
+// isolation level, release, extend, reclaim, and a holder whose process is
+// killed) and soak
 // (mixed limits under load, with rollbacks and killed connections: the
 // committed business rows are exactly what the limits allow).
 //
@@ -19,6 +22,8 @@ package storetest
 
 import (
 	"context"
+	"database/sql"
+	"os"
 	"testing"
 
 	"github.com/txlimit/txlimit/internal/driver"
@@ -56,7 +61,27 @@ type Harness[TTx any] struct {
 	// SkipsLocked is set for a store that serves a sharded limit from one
 	// shard no other transaction holds (PostgreSQL's SKIP LOCKED).
 	SkipsLocked bool
+	// BeginLevel begins a transaction at an isolation level on a
+	// connection of its own, and Levels are the levels the store supports,
+	// at which the concurrency topic's acquirers run.
+	BeginLevel func(ctx context.Context, level sql.IsolationLevel) (TTx, error)
+	Levels     []sql.IsolationLevel
+	// Database names the database the store is on (a PostgreSQL schema, a
+	// SQLite file, a MySQL database), for a process of the test binary run
+	// again: there ChildDatabase holds it, and the helpers that make a
+	// database (testdb.Schema, testdb.OpenSQLite, mysqltest.Database)
+	// return that one instead.
+	Database func(t *testing.T) string
+	// Headroom, when set, returns how many more connections the server
+	// takes (max_connections less those open), for the concurrency topic,
+	// which opens 65 at once and waits for room for them.
+	Headroom func(ctx context.Context) (int64, error)
 }
+
+// ChildDatabase is the variable of the environment that tells a test
+// binary run again by the concurrency topic (a holder it kills) the
+// database to open: Harness.Database's.
+const ChildDatabase = "TXLIMIT_STORETEST_DATABASE"
 
 // Run is the contract of a store: every topic, one after another, each a
 // subtest of t named after it. newHarness gives a fresh harness whose
@@ -73,13 +98,25 @@ type Harness[TTx any] struct {
 // on a small VM, and a fifth of the suite's CPU. The topics do not run in
 // parallel with each other: a parallel subtest would leave its parent's
 // pool open, and its parallel slot free for another store's, while it
-// waits (53300, too many clients, seen at max_connections 100). The soak
-// comes last: the connections it kills may still be in the pool after it.
+// waits (53300, too many clients, seen at max_connections 100). The
+// concurrency topic opens two harnesses of its own: one for Prune (which
+// deletes every expired holder) and one of 65 connections for its 64
+// acquirers, which run when no other topic of any test binary of the
+// machine does, and there is room on the server (gate.go). It also runs the test binary again,
+// as a holder it kills: in that process Run does nothing but hold a slot
+// (ChildDatabase). The soak comes last: the connections it kills may still
+// be in the pool after it.
 func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harness[TTx]) {
+	if os.Getenv(ChildDatabase) != "" {
+		// A holder the concurrency topic runs in a process of its own.
+		holderChild(t, newHarness(t, 2))
+		return
+	}
 	// The concurrency tests keep conns-1 = 8 transactions open at once:
 	// enough to make callers queue on a row and on every shard.
 	shared := newHarness(t, 9)
 	t.Run("prune", func(t *testing.T) {
+		defer enterShared(t)()
 		pruned := newHarness(t, 3)
 		runPrune(t, pruned)
 		t.Run("equivalence", func(t *testing.T) { runPruneEquivalence(t, shared, pruned) })
@@ -96,8 +133,14 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harne
 		{"windows", runWindows[TTx]},
 		{"commit", runCommit[TTx]},
 		{"wait", runWait[TTx]},
+		{"concurrency", func(t *testing.T, h Harness[TTx]) { runConcurrency(t, h, newHarness) }},
 		{"soak", runSoak[TTx]},
 	} {
-		t.Run(topic.name, func(t *testing.T) { topic.run(t, shared) })
+		t.Run(topic.name, func(t *testing.T) {
+			if topic.name != "concurrency" { // it enters the gate on its own
+				defer enterShared(t)()
+			}
+			topic.run(t, shared)
+		})
 	}
 }

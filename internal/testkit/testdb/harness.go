@@ -86,7 +86,34 @@ func SQLiteHarness(db *sql.DB, store driver.Store[*sql.Tx]) storetest.Harness[*s
 			return out
 		},
 		Conns: db.Stats().MaxOpenConnections - 1,
+		// SQLite has one level: SERIALIZABLE (one writer at a time).
+		BeginLevel: func(ctx context.Context, _ sql.IsolationLevel) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
+		Levels:     []sql.IsolationLevel{sql.LevelSerializable},
+		Database: func(t *testing.T) string {
+			var seq int
+			var name, file string
+			require.NoError(t, db.QueryRow("PRAGMA database_list").Scan(&seq, &name, &file))
+			return file
+		},
 	}
+}
+
+// PostgresLevels are the isolation levels of PostgreSQL, at which the
+// concurrency topic runs.
+var PostgresLevels = []sql.IsolationLevel{sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable}
+
+// HeadroomQuery is how many more connections the PostgreSQL server takes
+// (Harness.Headroom): max_connections less those open, less the ones
+// reserved for superusers.
+const HeadroomQuery = `SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
+	- (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')`
+
+// QueryString runs a query of one string on db.
+func QueryString(t *testing.T, db *sql.DB, query string) string {
+	t.Helper()
+	var s string
+	require.NoError(t, db.QueryRow(query).Scan(&s))
+	return s
 }
 
 // sqliteBusy is SQLITE_BUSY, the primary code of SQLite's busy errors

@@ -2,6 +2,8 @@ package testdb
 
 import (
 	"os"
+
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"path/filepath"
 	"testing"
 	"time"
@@ -15,6 +17,9 @@ import (
 // empty yet ("directory not empty", seen once in CI).
 func SQLitePath(tb testing.TB) string {
 	tb.Helper()
+	if path := os.Getenv(storetest.ChildDatabase); path != "" {
+		return path // a process of the concurrency topic's own
+	}
 	dir, err := os.MkdirTemp("", "txlimit-sqlite-")
 	if err != nil {
 		tb.Fatalf("temp dir: %v", err)

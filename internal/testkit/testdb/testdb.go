@@ -38,6 +38,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/migrations"
 )
 
@@ -148,6 +149,9 @@ func ping(url string) error {
 // than Up and Down is run through goose instead.
 func Schema(tb testing.TB) string {
 	tb.Helper()
+	if schema := os.Getenv(storetest.ChildDatabase); schema != "" {
+		return schema // a process of the concurrency topic's own
+	}
 	schema := EmptySchema(tb)
 	ctx := context.Background()
 	ddl, err := upSQL()
@@ -312,12 +316,20 @@ func newPool(tb testing.TB, schema string, mode pgx.QueryExecMode, maxConns int3
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.ConnConfig.DefaultQueryExecMode = mode
 	cfg.MaxConns = maxConns
+	cfg.MaxConnIdleTime, cfg.HealthCheckPeriod = IdleTime, IdleTime/2
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		tb.Fatalf("pool: %v", err)
 	}
 	return pool
 }
+
+// IdleTime is how long the tests' pools keep a connection no test uses:
+// long enough for a test to reuse its connections from call to call, short
+// enough that the pools of tests waiting for their turn to open many
+// connections at once (the conformance suite's concurrency topic, 65) give
+// theirs back to the server meanwhile.
+const IdleTime = 3 * time.Second
 
 // ExecModes are the pgx query exec modes the stores must work in. Simple
 // protocol and exec mode are what PgBouncer in transaction mode needs.

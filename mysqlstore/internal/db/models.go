@@ -16,3 +16,10 @@ type Txlimit struct {
 	Prev  float64
 	Ts    time.Time
 }
+
+type TxlimitHolder struct {
+	Name      []byte
+	Key       []byte
+	Holder    []byte
+	ExpiresAt time.Time
+}

@@ -12,3 +12,10 @@ type Txlimit struct {
 	Ts    int64
 	Prev  float64
 }
+
+type TxlimitHolder struct {
+	Name      string
+	Key       string
+	Holder    string
+	ExpiresAt int64
+}
