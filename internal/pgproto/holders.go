@@ -32,13 +32,13 @@ func (pr Protocol) Acquire(ctx context.Context, db DB, p driver.AcquireParams) (
 	if len(p.Slots) == 1 && len(p.Takes) == 0 {
 		return pr.acquireOne(ctx, db, p)
 	}
-	return engine.Acquire[DB](ctx, dialect(pr), pr, db, p)
+	return engine.Acquire[DB](ctx, dialect(pr), dialect(pr), db, p)
 }
 
 // acquireOne is Acquire of one slot: LockHolderKey and AcquireHolder.
 func (pr Protocol) acquireOne(ctx context.Context, db DB, p driver.AcquireParams) (driver.AcquireResult, error) {
 	s := p.Slots[0]
-	lt := LockTimer{On: p.TimeLocks}
+	lt := engine.LockTimer{On: p.TimeLocks}
 	var created bool
 	var row pgdb.AcquireHolderRow
 	start := lt.Start()

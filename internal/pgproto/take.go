@@ -21,7 +21,13 @@ func (pr Protocol) Take(ctx context.Context, db DB, p driver.TakeParams) (driver
 
 // TakeAll is driver.Ops.TakeAll.
 func (pr Protocol) TakeAll(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
-	return engine.TakeAll[DB](ctx, dialect(pr), db, p)
+	return dialect(pr).TakeAll(ctx, db, p)
+}
+
+// TakeAll makes the dialect engine.Rates too: the rate limits an acquire
+// takes with its slots.
+func (d dialect) TakeAll(ctx context.Context, db DB, p driver.TakeAllParams) (driver.TakeAllResult, error) {
+	return engine.TakeAll[DB](ctx, d, db, p)
 }
 
 // Prune is one batch of driver.Ops.Prune in db.
