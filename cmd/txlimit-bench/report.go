@@ -62,7 +62,8 @@ type Row struct {
 	// transaction: what the answers for a hot key gain.
 	VsHotFloor float64 `json:"vs_hot_floor,omitempty"`
 	// VsDistinct is, on a hot key, the throughput over the same
-	// implementation's on distinct keys at the same client count.
+	// implementation's on distinct keys at the same client count
+	// (txlimit/shards16, which runs on the hot key only, over txlimit's).
 	VsDistinct float64 `json:"vs_distinct,omitempty"`
 	// RoundTrips is the queries and batches sent per call, BEGIN and
 	// COMMIT included (PostgreSQL only).
