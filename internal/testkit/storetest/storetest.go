@@ -131,6 +131,7 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harne
 		{"reservations", runReservations[TTx]},
 		{"edges", runEdges[TTx]},
 		{"windows", runWindows[TTx]},
+		{"config-change", runConfigChange[TTx]},
 		{"commit", runCommit[TTx]},
 		{"wait", runWait[TTx]},
 		{"concurrency", func(t *testing.T, h Harness[TTx]) { runConcurrency(t, h, newHarness) }},
