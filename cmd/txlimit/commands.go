@@ -81,6 +81,8 @@ func dispatch[TTx any](ctx context.Context, inv *invocation, db *database[TTx], 
 		return holders(ctx, inv, db, w)
 	case "release":
 		return release(ctx, inv, db, w)
+	case "change":
+		return change(ctx, inv, db, w)
 	}
 	return usageError{fmt.Errorf("unknown command %q", inv.command)}
 }
@@ -295,7 +297,7 @@ func value[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w i
 		if read, err = l.CheckTx(ctx, tx, name, key, txlimit.Count(0)); err != nil {
 			return err
 		}
-		rows, err = db.rows(ctx, tx, name, &key)
+		rows, err = db.rows(ctx, tx, name, &key, false)
 		return err
 	})
 	if err != nil {
@@ -392,7 +394,7 @@ func reset[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w i
 	}
 	var deleted int
 	err = db.write(ctx, func(tx TTx) error {
-		rows, err := db.rows(ctx, tx, name, &key)
+		rows, err := db.rows(ctx, tx, name, &key, false)
 		if err != nil {
 			// A key PostgreSQL cannot hold fails the SELECT; ResetTx
 			// checks its arguments before it uses tx, and says why.
@@ -452,7 +454,7 @@ func keys[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w io
 		if now, err = db.now(ctx, tx); err != nil {
 			return err
 		}
-		rows, err = db.rows(ctx, tx, name, nil)
+		rows, err = db.rows(ctx, tx, name, nil, false)
 		return err
 	})
 	if err != nil {
