@@ -261,8 +261,8 @@ type valueShard struct {
 	// Prev is the stored count of a sliding window's previous window,
 	// when not 0.
 	Prev *float64 `json:"prev,omitempty"`
-	// TS is the stored ts: the last update of a token bucket, the start
-	// of the window of a fixed, sliding or calendar window.
+	// TS is the stored ts: the last update of a token bucket or a
+	// calendar window, the start of the window of a fixed or sliding one.
 	TS      *time.Time `json:"ts,omitempty"`
 	Ignored bool       `json:"ignored,omitempty"` // beyond the config's Shards
 }
@@ -343,10 +343,11 @@ func value[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w i
 	}
 	fmt.Fprintln(w)
 
-	// ts is a token bucket's last update and the start of the window of
-	// every other kind; a calendar window's starts are shown in its zone.
+	// ts is the last update of a token bucket and of a calendar window
+	// (shown in its zone), and the start of the window of a fixed or
+	// sliding window of Period.
 	tsHeader := "UPDATED AT"
-	if c.Kind != txlimit.TokenBucket {
+	if c.Kind == txlimit.FixedWindow || c.Kind == txlimit.SlidingWindow {
 		tsHeader = "WINDOW START"
 	}
 	loc := lim.stored.Config.Calendar.Location
