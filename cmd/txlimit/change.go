@@ -181,15 +181,15 @@ func change[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w 
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\n%d key(s) with state, %d shown, at %s. NOW: tokens under the config today; AFTER DEPLOY: what the -to config reads from the rows as they are (docs/config-changes.md)",
-		out.Total, len(out.Keys), out.At.UTC().Format(time.RFC3339))
+	fmt.Fprintf(w, "\n%d key(s) with state, %d shown, at %s.\n", out.Total, len(out.Keys), out.At.UTC().Format(time.RFC3339))
+	fmt.Fprint(w, "NOW: tokens under the config today. AFTER DEPLOY: what the -to config reads from the rows as they are\n(docs/config-changes.md).")
 	switch {
 	case inv.apply:
-		fmt.Fprintf(w, "; %s: what -apply wrote.\nConverted %d key(s); keys without state are full under any config.\n", strings.ToUpper(inv.inherit), out.Applied)
+		fmt.Fprintf(w, " %s: what -apply wrote.\nConverted %d key(s); keys without state are full under any config.\n", strings.ToUpper(inv.inherit), out.Applied)
 	case inv.inherit != "":
-		fmt.Fprintf(w, "; %s: what -apply would write.\nNothing written.\n", strings.ToUpper(inv.inherit))
+		fmt.Fprintf(w, " %s: what -apply would write.\nNothing written.\n", strings.ToUpper(inv.inherit))
 	default:
-		fmt.Fprintln(w, ".\nNothing written.")
+		fmt.Fprintln(w, "\nNothing written.")
 	}
 	return nil
 }

@@ -59,6 +59,8 @@ func runConfigChange[TTx any](t *testing.T, h Harness[TTx]) {
 			take: 10, then: 15 * time.Second, remaining: 2.5, count: 3, retryAfter: 3 * time.Second},
 		{row: "Period/changed", a: tb, b: with(tb, func(c *txlimit.Config) { c.Period = 2 * time.Minute }),
 			take: 10, then: 30 * time.Second, remaining: 2.5, count: 3, retryAfter: 6 * time.Second},
+		{row: "Rate/FixedWindow_raised", a: fw, b: with(fw, func(c *txlimit.Config) { c.Rate = 20 }),
+			at: 10 * time.Second, take: 10, then: 10 * time.Second, remaining: 0, count: 1, retryAfter: 40 * time.Second},
 		{row: "MaxReserved/lowered", a: tb, b: with(tb, func(c *txlimit.Config) { c.MaxReserved = 5 }),
 			take: 25, reserve: true, remaining: -15, count: 1, retryAfter: 96 * time.Second},
 		{row: "Shards/raised", a: tb, b: with(tb, func(c *txlimit.Config) { c.Shards = 4 }),
