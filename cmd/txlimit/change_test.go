@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -186,4 +188,91 @@ func must(r txlimit.Result, err error) txlimit.Result {
 		panic(err)
 	}
 	return r
+}
+
+func TestSQLiteChangeConcurrent(t *testing.T) {
+	t.Parallel()
+	path := testdb.SQLitePath(t)
+	changeConcurrent(t, path, func(t *testing.T, limits map[string]txlimit.Config) *txlimit.Limiter[*sql.Tx] {
+		db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(20000)&_txlock=immediate")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		return newLimiterWith(t, sqlitestore.New(db), limits, nil)
+	})
+}
+
+func TestPostgresChangeConcurrent(t *testing.T) {
+	t.Parallel()
+	dsn := postgresDSN(t)
+	changeConcurrent(t, dsn, func(t *testing.T, limits map[string]txlimit.Config) *txlimit.Limiter[pgx.Tx] {
+		pool, err := pgxpool.New(context.Background(), dsn)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		return newLimiterWith(t, pgstore.New(pool), limits, nil)
+	})
+}
+
+func TestMySQLChangeConcurrent(t *testing.T) {
+	t.Parallel()
+	cfg := mysqltest.EmptyDatabase(t)
+	changeConcurrent(t, cfg.FormatDSN(), func(t *testing.T, limits map[string]txlimit.Config) *txlimit.Limiter[*sql.Tx] {
+		db, err := sql.Open("mysql", cfg.FormatDSN())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		return newLimiterWith(t, mysqlstore.New(db), limits, nil)
+	})
+}
+
+// changeConcurrent runs change -apply again and again on a key that 8
+// goroutines take from on connections of their own: a conversion that
+// changes nothing (as_is, the same config) must lose no take, since it
+// converts the key under its rows' lock.
+func changeConcurrent[TTx any](t *testing.T, dsn string, open func(*testing.T, map[string]txlimit.Config) *txlimit.Limiter[TTx]) {
+	ctx := context.Background()
+	ok(t, "migrate", "up", "-dsn", dsn)
+	limits := map[string]txlimit.Config{"api": {Kind: txlimit.TokenBucket, Rate: 1000, Period: 100000 * time.Hour}}
+	app := open(t, limits)
+	config := filepath.Join(t.TempDir(), "limits.json")
+	require.NoError(t, os.WriteFile(config, []byte(`{"api": {"kind": "token_bucket", "rate": 1000, "period": "100000h"}}`), 0o600))
+	res, err := app.Limit(ctx, "api", "hot")
+	require.NoError(t, err)
+	require.True(t, res.OK)
+
+	const workers, takes = 8, 20
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*takes)
+	for range workers {
+		wg.Go(func() {
+			for range takes {
+				res, err := app.Limit(ctx, "api", "hot")
+				switch {
+				case err != nil:
+					errs <- err
+				case !res.OK:
+					errs <- fmt.Errorf("denied: %+v", res)
+				}
+			}
+		})
+	}
+	applies := 0
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		ok(t, "change", "api", "-dsn", dsn, "-config", config, "-to", config, "-inherit", "as_is", "-apply")
+		applies++
+	}
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	res, err = app.Check(ctx, "api", "hot", txlimit.Count(0))
+	require.NoError(t, err)
+	require.InDelta(t, 1000-1-workers*takes, res.Remaining, 1e-3, "after %d conversions", applies)
+	require.GreaterOrEqual(t, applies, 2)
+	t.Logf("%d conversions while %d takes ran", applies, workers*takes)
 }
