@@ -112,6 +112,9 @@ func runConfigChange[TTx any](t *testing.T, h Harness[TTx]) {
 			if r.retryAfter == 0 {
 				require.True(t, res.OK)
 				require.InDelta(t, r.remaining-r.count, res.Remaining, 1e-9)
+				if r.remaining-r.count < 1 {
+					require.False(t, e.limit(t, lb, name, "k").OK, "nothing more than the new config holds")
+				}
 				return
 			}
 			e.requireRetryAfter(t, lb, clk, res, r.retryAfter, name, "k", txlimit.Count(r.count))
