@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/pgstore"
 	"github.com/txlimit/txlimit/riverlimit"
 )
 
@@ -515,4 +517,72 @@ func TestUnlimitedKinds(t *testing.T) {
 	require.Len(t, jobs[0].Errors, 2)
 	require.Equal(t, keyErr.Error(), jobs[0].Errors[1].Error)
 	require.Empty(t, e.events.of(""), "nothing taken")
+}
+
+// TestNewInvalid: a bad Config is an *txlimit.InvalidError naming the field
+// and the fix.
+func TestNewInvalid(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none") // connects on first use: never
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	limiter, err := txlimit.New(pgstore.New(pool), map[string]txlimit.Config{
+		"slots": {Kind: txlimit.Concurrency, Capacity: 2, HoldFor: time.Minute},
+		"rate":  {Kind: txlimit.TokenBucket, Rate: 1, Period: time.Second},
+	}, nil)
+	require.NoError(t, err)
+	key := riverlimit.ArgsKey(func(a tenantArgs) string { return a.Tenant })
+	good := riverlimit.Rule{Kinds: []string{"k"}, Limits: []string{"slots"}, Key: key}
+	for _, tc := range []struct {
+		name    string
+		limiter *txlimit.Limiter[pgx.Tx]
+		cfg     riverlimit.Config
+		limit   string
+		field   string
+		problem string
+	}{
+		{"no limiter", nil, riverlimit.Config{Rules: []riverlimit.Rule{good}}, "", "limiter", "is nil"},
+		{"no rules", limiter, riverlimit.Config{}, "", "Config.Rules", "at least one Rule"},
+		{"no kinds", limiter, riverlimit.Config{Rules: []riverlimit.Rule{good, {Limits: []string{"rate"}, Key: key}}},
+			"", "Config.Rules[1].Kinds", "name the job kinds"},
+		{"empty kind", limiter, riverlimit.Config{Rules: []riverlimit.Rule{{Kinds: []string{""}, Limits: []string{"rate"}, Key: key}}},
+			"", "Config.Rules[0].Kinds", "empty kind"},
+		{"no limits", limiter, riverlimit.Config{Rules: []riverlimit.Rule{{Kinds: []string{"k"}, Key: key}}},
+			"", "Config.Rules[0].Limits", "name the limits"},
+		{"unknown limit", limiter, riverlimit.Config{Rules: []riverlimit.Rule{{Kinds: []string{"k"}, Limits: []string{"nope"}, Key: key}}},
+			"nope", "Config.Rules[0].Limits", "give it to txlimit.New"},
+		{"no key", limiter, riverlimit.Config{Rules: []riverlimit.Rule{{Kinds: []string{"k"}, Limits: []string{"slots"}}}},
+			"", "Config.Rules[0].Key", "is nil"},
+		{"a limit twice for a kind", limiter, riverlimit.Config{Rules: []riverlimit.Rule{good,
+			{Kinds: []string{"other", "k"}, Limits: []string{"rate", "slots"}, Key: key}}},
+			"slots", "Config.Rules[1].Limits", `kind "k" a second time`},
+		{"SlotWait", limiter, riverlimit.Config{Rules: []riverlimit.Rule{good}, SlotWait: time.Microsecond},
+			"", "Config.SlotWait", "at least 1ms"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mw, err := riverlimit.New(tc.limiter, tc.cfg)
+			require.Nil(t, mw)
+			var invalid *txlimit.InvalidError
+			require.ErrorAs(t, err, &invalid)
+			require.Equal(t, tc.limit, invalid.Limit)
+			require.Equal(t, tc.field, invalid.Field)
+			require.Contains(t, invalid.Problem, tc.problem)
+		})
+	}
+	mw, err := riverlimit.New(limiter, riverlimit.Config{Rules: []riverlimit.Rule{good,
+		{Kinds: []string{"k"}, Limits: []string{"rate"}, Key: key}}, Spread: -1})
+	require.NoError(t, err, "two rules of one kind with different limits")
+	require.NotNil(t, mw)
+}
+
+// TestArgsKey: ArgsKey decodes the job's arguments; arguments that do not
+// decode are an error naming the job.
+func TestArgsKey(t *testing.T) {
+	t.Parallel()
+	key := riverlimit.ArgsKey(func(a tenantArgs) string { return a.Tenant })
+	k, err := key(&rivertype.JobRow{ID: 7, Kind: "tenant_job", EncodedArgs: []byte(`{"tenant":"acme","seq":3}`)})
+	require.NoError(t, err)
+	require.Equal(t, "acme", k)
+	_, err = key(&rivertype.JobRow{ID: 8, Kind: "tenant_job", EncodedArgs: []byte(`{"tenant":3}`)})
+	require.ErrorContains(t, err, `job 8 (kind "tenant_job")`)
 }
