@@ -191,7 +191,9 @@ type tenantWorker struct {
 	work func(ctx context.Context, job *river.Job[tenantArgs]) error
 }
 
-func (w *tenantWorker) Work(ctx context.Context, job *river.Job[tenantArgs]) error { return w.work(ctx, job) }
+func (w *tenantWorker) Work(ctx context.Context, job *river.Job[tenantArgs]) error {
+	return w.work(ctx, job)
+}
 
 func (w *tenantWorker) Timeout(job *river.Job[tenantArgs]) time.Duration {
 	if job.Args.Fail == "timeout" && job.Attempt == 1 {
