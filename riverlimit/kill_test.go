@@ -117,7 +117,19 @@ func TestKilledWorker(t *testing.T) {
 	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL,
 		"the worker died of SIGKILL, not on its own (%v):\n%s%s", err, transcript.String(), stderr.String())
-	expiry := last.Add(killedHoldFor)
+	// The slot's expiry, as the database has it: HoldFor after the last
+	// heartbeat the worker printed, or, rarely, after one more that
+	// committed between that line and the kill (a tick queued behind a slow
+	// heartbeat).
+	first, err := e.limiter.Check(ctx, killedLimit, "t")
+	require.NoError(t, err)
+	require.False(t, first.OK, "the dead job's slot is still taken right after the kill")
+	expiry := first.At.Add(first.RetryAfter)
+	if late := expiry.Sub(last.Add(killedHoldFor)); late != 0 {
+		t.Logf("the slot expires %v after HoldFor from the last printed heartbeat", late)
+		require.Positive(t, late, "the slot expires before HoldFor after the last heartbeat")
+		require.LessOrEqual(t, late, killedHoldFor/3+time.Second, "more than one heartbeat after the last printed")
+	}
 
 	// Job B of the same tenant, worked here from now on.
 	bRan := make(chan struct{}, 1)
