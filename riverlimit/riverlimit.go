@@ -287,7 +287,6 @@ func (m *Middleware[TTx]) Work(ctx context.Context, job *rivertype.JobRow, doInn
 		reqs[i] = txlimit.Request{Name: l.name, Key: key}
 		if l.slot {
 			reqs[i].Options = []txlimit.Option{txlimit.Holder(h.holder)}
-			h.slots = append(h.slots, slot{name: l.name, key: key, holdFor: l.holdFor})
 		}
 	}
 	res, err := m.limiter.LimitAll(ctx, reqs...)
@@ -296,6 +295,13 @@ func (m *Middleware[TTx]) Work(ctx context.Context, job *rivertype.JobRow, doInn
 	}
 	if !res.OK {
 		return river.JobSnooze(m.snooze(ls, res))
+	}
+	for i, l := range ls {
+		// A slot granted because the store failed (Options.FailOpen) was
+		// not written: there is nothing to extend or release.
+		if l.slot && !res.Results[i].FailedOpen {
+			h.slots = append(h.slots, slot{name: l.name, key: reqs[i].Key, holdFor: l.holdFor})
+		}
 	}
 	if len(h.slots) == 0 {
 		return doInner(ctx)

@@ -586,3 +586,44 @@ func TestArgsKey(t *testing.T) {
 	_, err = key(&rivertype.JobRow{ID: 8, Kind: "tenant_job", EncodedArgs: []byte(`{"tenant":3}`)})
 	require.ErrorContains(t, err, `job 8 (kind "tenant_job")`)
 }
+
+// TestFailOpen: with txlimit.Options.FailOpen, a job runs when the limiter's
+// database fails, holding no slot: its heartbeats do not cancel it for a
+// slot it never had, however long it runs past HoldFor.
+func TestFailOpen(t *testing.T) {
+	t.Parallel()
+	const (
+		limit   = "jobs"
+		holdFor = 300 * time.Millisecond
+	)
+	e := newEnv(t, nil)
+	broken, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	require.NoError(t, err)
+	broken.Close() // every call of the limiter fails
+	var failedOpen atomic.Int32
+	limiter, err := txlimit.New(pgstore.New(broken),
+		map[string]txlimit.Config{limit: {Kind: txlimit.Concurrency, Capacity: 1, HoldFor: holdFor}},
+		&txlimit.Options{FailOpen: true, Observer: func(_ context.Context, ev txlimit.Event) {
+			if ev.FailedOpen {
+				failedOpen.Add(1)
+			}
+		}})
+	require.NoError(t, err)
+	mw, err := riverlimit.New(limiter, riverlimit.Config{Rules: []riverlimit.Rule{tenantRule(limit)}})
+	require.NoError(t, err)
+	causes := make(chan error, 2)
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &tenantWorker{work: func(ctx context.Context, job *river.Job[tenantArgs]) error {
+		time.Sleep(4 * holdFor)
+		causes <- context.Cause(ctx)
+		return nil
+	}})
+	worker := e.client(t, workers, 2, mw)
+	ids := insert(t, worker, tenantArgs{Tenant: "t", Seq: 0}, tenantArgs{Tenant: "t", Seq: 1})
+	jobs := e.waitFinal(t, worker, ids, time.Minute)
+	for _, j := range jobs {
+		require.Equal(t, rivertype.JobStateCompleted, j.State)
+		require.NoError(t, <-causes, "not cancelled")
+	}
+	require.EqualValues(t, 2, failedOpen.Load(), "both jobs ran on a failed-open acquire, beyond the capacity of 1")
+}
