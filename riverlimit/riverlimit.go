@@ -164,6 +164,7 @@ var _ rivertype.WorkerMiddleware = (*Middleware[any])(nil)
 // limit is one limit a job kind takes.
 type limit struct {
 	name    string
+	rule    int // the index of its rule, whose Key gives its key
 	key     func(*rivertype.JobRow) (string, error)
 	slot    bool          // a Concurrency limit
 	holdFor time.Duration // its HoldFor
@@ -214,7 +215,7 @@ func New[TTx any](limiter *txlimit.Limiter[TTx], cfg Config) (*Middleware[TTx], 
 			if !ok {
 				return bad(name, field("Limits"), "names a limit the Limiter does not have; give it to txlimit.New")
 			}
-			ls = append(ls, limit{name: name, key: r.Key, slot: c.Kind == txlimit.Concurrency, holdFor: c.HoldFor})
+			ls = append(ls, limit{name: name, rule: i, key: r.Key, slot: c.Kind == txlimit.Concurrency, holdFor: c.HoldFor})
 		}
 		for _, kind := range r.Kinds {
 			if kind == "" {
@@ -279,10 +280,15 @@ func (m *Middleware[TTx]) Work(ctx context.Context, job *rivertype.JobRow, doInn
 	}
 	h := &held[TTx]{limiter: m.limiter, holder: Holder(job)}
 	reqs := make([]txlimit.Request, len(ls))
+	keys := map[int]string{} // by rule: each rule's Key runs once
 	for i, l := range ls {
-		key, err := l.key(job)
-		if err != nil {
-			return err
+		key, ok := keys[l.rule]
+		if !ok {
+			var err error
+			if key, err = l.key(job); err != nil {
+				return err
+			}
+			keys[l.rule] = key
 		}
 		reqs[i] = txlimit.Request{Name: l.name, Key: key}
 		if l.slot {
