@@ -28,7 +28,9 @@ import (
 // schema of its own holding txlimit's tables and River's (rivermigrate).
 // Without PostgreSQL they skip, except under CI=true, where they fail.
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+// The tests run 2 at a time (go test's default on the 2-core machines),
+// not testdb.Main's 6: each runs River clients on a pool of its own, and the
+// whole run stays well under PostgreSQL's max_connections of 100.
 
 // env is a test's database: its schema, a pool on it, and a limiter whose
 // Events it records.
@@ -53,7 +55,7 @@ func newEnv(t *testing.T, limits map[string]txlimit.Config) *env {
 func openEnv(t *testing.T, schema string, limits map[string]txlimit.Config, observe func(txlimit.Event)) *env {
 	t.Helper()
 	ctx := context.Background()
-	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 10)
+	pool := testdb.Pool(t, schema, pgx.QueryExecModeCacheStatement, 8)
 	if observe == nil {
 		migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema})
 		require.NoError(t, err)
