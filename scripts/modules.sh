@@ -13,7 +13,7 @@
 #
 # A nested module is published unless it is under examples/, tools/,
 # internal/ or scripts/, or is the benchmark (cmd/txlimit-bench): a new
-# top-level module (riverlimit/, ...) is published by default, and
+# top-level module is published by default, and
 # scripts/publishcheck.sh holds it to the rules (no replace, the root at the
 # version the others require, a go.work beside it).
 #
