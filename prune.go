@@ -3,6 +3,7 @@ package txlimit
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
 )
@@ -60,7 +61,9 @@ type PruneResult struct {
 // Concurrency limit and the lock rows of keys whose every holder has
 // expired (an acquire reclaims its own key's; this is for keys not
 // acquired again), passing over rows live traffic holds where the database
-// can. Those batches count in Batches, Deleted and MaxBatches.
+// can. Then it deletes the idempotency keys (Idempotent) whose window has
+// passed, oldest first, in batches of their own, passing over those a
+// repeat holds. Those batches count in Batches, Deleted and MaxBatches.
 func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResult, error) {
 	var o PruneOptions
 	if opts != nil {
@@ -97,9 +100,18 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 	}
 	var res PruneResult
 	if l.hasSlots(o.Limits) {
-		if done, err := l.pruneHolders(ctx, o, &res); err != nil || !done {
+		done, err := l.pruneExpired(ctx, o, &res, func(ctx context.Context, max int, now *time.Time) (int, error) {
+			return l.store.PruneHolders(ctx, driver.PruneHoldersParams{Max: max, Now: now})
+		})
+		if err != nil || !done {
 			return res, err
 		}
+	}
+	done, err := l.pruneExpired(ctx, o, &res, func(ctx context.Context, max int, now *time.Time) (int, error) {
+		return l.store.PruneClaims(ctx, driver.PruneClaimsParams{Max: max, Now: now})
+	})
+	if err != nil || !done {
+		return res, err
 	}
 
 	var after driver.KeyRef
