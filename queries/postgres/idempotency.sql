@@ -22,7 +22,7 @@ ON CONFLICT (id) DO UPDATE SET request = EXCLUDED.request, result = NULL, expire
 WHERE t.result IS NULL OR t.expires_at <= EXCLUDED.expires_at - sqlc.arg(window_us)::bigint * interval '1 microsecond';
 
 -- name: ReadIdempotency :one
--- The request and the result ('' for none) of an idempotency key's row,
+-- The request and the result (empty for none) of an idempotency key's row,
 -- which ClaimIdempotency left to another call and holds: a statement of
 -- its own, which under READ COMMITTED sees that call's commit.
 SELECT request, COALESCE(result, '') AS result FROM txlimit_idempotency WHERE id = sqlc.arg(id);

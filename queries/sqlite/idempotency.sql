@@ -6,17 +6,22 @@
 -- takes the database's write lock: a repeat in another transaction waits
 -- for the first to end.
 
+-- name: ExpireIdempotency :exec
+-- Deletes the row of an idempotency key when it has expired at now or
+-- holds no result: the key is unused. Run first, it takes the write lock,
+-- under which ClaimIdempotency follows.
+DELETE FROM txlimit_idempotency
+WHERE id = sqlc.arg(id) AND (result IS NULL OR expires_at <= sqlc.arg(now));
+
 -- name: ClaimIdempotency :execrows
--- Inserts the row of an idempotency key, expiring at expires_at, or takes
--- over one that has expired at now or holds no result: 1 when it did, 0
--- when the row is another call's.
+-- Inserts the row of an idempotency key, expiring at expires_at, unless
+-- it has one: 1 when it inserted it, 0 when the row is another call's.
 INSERT INTO txlimit_idempotency (id, request, result, expires_at)
 VALUES (sqlc.arg(id), sqlc.arg(request), NULL, sqlc.arg(expires_at))
-ON CONFLICT (id) DO UPDATE SET request = excluded.request, result = NULL, expires_at = excluded.expires_at
-WHERE txlimit_idempotency.result IS NULL OR txlimit_idempotency.expires_at <= sqlc.arg(now);
+ON CONFLICT (id) DO NOTHING;
 
 -- name: ReadIdempotency :one
--- The request and the result ('' for none) of an idempotency key's row.
+-- The request and the result (empty for none) of an idempotency key's row.
 SELECT request, COALESCE(result, '') AS result FROM txlimit_idempotency WHERE id = sqlc.arg(id);
 
 -- name: RecordIdempotency :exec
