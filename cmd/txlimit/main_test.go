@@ -441,8 +441,9 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	exerciseHolders(t, dsn, l)
 
 	// migrate down drops the table; the commands that read it then fail.
-	for range last - 1 {
-		ok(t, "migrate", "down", "-yes", "-dsn", dsn)
+	// Down to the first migration (the versions may have gaps).
+	for i := 0; !strings.Contains(ok(t, "migrate", "down", "-yes", "-dsn", dsn), "rolled back 00002_"); i++ {
+		require.Less(t, i, last, "migrate down never rolled back 00002")
 	}
 	if storeOf(dsn) != mysqlStore { // MySQL's first migration has prev
 		// The table is there without prev: the commands say how to fix it.
