@@ -169,4 +169,3 @@ func idempotencyOf(rs []request) (*idempotency, error) {
 	}
 	return k, nil
 }
-

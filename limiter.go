@@ -134,25 +134,27 @@ func (l *Limiter[TTx]) limitIn(ctx context.Context, tx *TTx, name, key string, o
 	var res Result
 	if err == nil {
 		res, err = in(ctx, l, tx, false, func(tx TTx) (Result, error) {
-			if r.slot() {
+			switch {
+			case r.slot():
 				return l.acquire(ctx, tx, r)
+			case r.idempotency != nil:
+				return once(ctx, l, tx, r.idempotency, "Limit", []request{r}, func() (Result, error) { return l.take(ctx, tx, r) },
+					func(res Result) bool { return res.OK }, func(res *Result) { res.Repeat = true })
 			}
-			take := func() (Result, error) {
-				t, err := l.store.Take(ctx, tx, r.take())
-				if err != nil {
-					return Result{}, err
-				}
-				r.obs.addLockWait(t.LockWait)
-				return r.result(t)
-			}
-			if r.idempotency == nil {
-				return take()
-			}
-			return once(ctx, l, tx, r.idempotency, "Limit", []request{r}, take,
-				func(res Result) bool { return res.OK }, func(res *Result) { res.Repeat = true })
+			return l.take(ctx, tx, r)
 		})
 	}
 	return l.finish(ctx, opLimit, r, res, err, tx == nil)
+}
+
+// take takes r's tokens in tx.
+func (l *Limiter[TTx]) take(ctx context.Context, tx TTx, r request) (Result, error) {
+	t, err := l.store.Take(ctx, tx, r.take())
+	if err != nil {
+		return Result{}, err
+	}
+	r.obs.addLockWait(t.LockWait)
+	return r.result(t)
 }
 
 // finish ends a Limit or Check call: Options.FailOpen for a form without Tx

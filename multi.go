@@ -128,27 +128,30 @@ func (l *Limiter[TTx]) limitAllIn(ctx context.Context, tx *TTx, reqs []Request) 
 	var res MultiResult
 	if err == nil {
 		res, err = in(ctx, l, tx, false, func(tx TTx) (MultiResult, error) {
-			take := func() (MultiResult, error) {
-				if slices.ContainsFunc(rs, request.slot) {
-					return l.acquireAll(ctx, tx, rs, obs)
-				}
-				all, err := l.store.TakeAll(ctx, tx, takeAllParams(rs, obs))
-				if err != nil {
-					return MultiResult{}, err
-				}
-				return multiResult(rs, all, obs)
-			}
 			if k == nil {
-				return take()
+				return l.takeAll(ctx, tx, rs, obs)
 			}
-			return once(ctx, l, tx, k, "LimitAll", rs, take, func(m MultiResult) bool { return m.OK }, func(m *MultiResult) {
-				for i := range m.Results {
-					m.Results[i].Repeat = true
-				}
-			})
+			return once(ctx, l, tx, k, "LimitAll", rs, func() (MultiResult, error) { return l.takeAll(ctx, tx, rs, obs) },
+				func(m MultiResult) bool { return m.OK }, func(m *MultiResult) {
+					for i := range m.Results {
+						m.Results[i].Repeat = true
+					}
+				})
 		})
 	}
 	return l.finishAll(ctx, opLimitAll, obs, rs, res, err, tx == nil)
+}
+
+// takeAll takes the limits of rs in tx, all or none.
+func (l *Limiter[TTx]) takeAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
+	if slices.ContainsFunc(rs, request.slot) {
+		return l.acquireAll(ctx, tx, rs, obs)
+	}
+	all, err := l.store.TakeAll(ctx, tx, takeAllParams(rs, obs))
+	if err != nil {
+		return MultiResult{}, err
+	}
+	return multiResult(rs, all, obs)
 }
 
 // newRequests validates every request of a LimitAll call.
