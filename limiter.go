@@ -54,6 +54,7 @@ type Limiter[TTx any] struct {
 	observer        func(context.Context, Event)
 	failOpenOnError bool
 	pruneAfter      atomic.Pointer[driver.KeyRef] // where the next Prune starts
+	claimsPending   atomic.Bool                   // the next Prune starts with the idempotency keys
 	leases          sync.Map                      // driver.KeyRef to its *lease (Config.Lease)
 }
 
