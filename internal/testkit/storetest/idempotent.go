@@ -154,6 +154,48 @@ func runIdempotent[TTx any](t *testing.T, h Harness[TTx], newHarness func(t *tes
 		require.InDelta(t, 6, e.value(t, l, name, "k"), 1e-9)
 	})
 
+	t.Run("RepeatWaitsForTheFirstToRollBack", func(t *testing.T) {
+		// A repeat that comes while the first call's transaction is open
+		// waits for it; when it rolls back, the repeat takes itself.
+		name, idem := UniqueName(t, "tb"), UniqueName(t, "idem")
+		clk := NewClock()
+		l := e.limiter(t, map[string]txlimit.Config{name: bucket}, clk)
+		first := h.Begin(t)
+		res, err := l.LimitTx(ctx, first, name, "k", txlimit.Count(4), txlimit.Idempotent(idem, time.Hour))
+		require.NoError(t, err)
+		require.True(t, res.OK)
+		type outcome struct {
+			res txlimit.Result
+			err error
+		}
+		done := make(chan outcome, 1)
+		go func() {
+			tx, err := h.TryBegin(ctx) // SQLite's write lock waits here, the others at the claim
+			if err != nil {
+				done <- outcome{err: err}
+				return
+			}
+			res, err := l.LimitTx(ctx, tx, name, "k", txlimit.Count(4), txlimit.Idempotent(idem, time.Hour))
+			if err != nil {
+				h.Rollback(tx)
+			} else {
+				err = h.Commit(tx)
+			}
+			done <- outcome{res, err}
+		}()
+		select {
+		case o := <-done:
+			t.Fatalf("the repeat returned while the first call's transaction was open: %+v", o)
+		case <-time.After(200 * time.Millisecond):
+		}
+		h.Rollback(first)
+		o := <-done
+		require.NoError(t, o.err)
+		require.True(t, o.res.OK)
+		require.False(t, o.res.Repeat, "the first call rolled back: the repeat took")
+		require.InDelta(t, 6, e.value(t, l, name, "k"), 1e-9, "taken once")
+	})
+
 	t.Run("DenialLeavesTheKeyUnused", func(t *testing.T) {
 		name, idem := UniqueName(t, "tb"), UniqueName(t, "idem")
 		clk := NewClock()
