@@ -35,8 +35,9 @@ const (
 	// admits at most b + min(r, b)·(L - 1µs)/Period, reservations aside;
 	// just under 2·Rate for L = Period and the default b = r. Capacity r/2
 	// bounds every window of Period at r (docs/windows.md). Its state is
-	// counts, not tokens: Reset a limit's keys when its Kind changes to or
-	// from SlidingWindow.
+	// counts, not tokens: convert a limit's keys (txlimit change) or Reset
+	// them when its Kind changes to or from SlidingWindow
+	// (docs/config-changes.md).
 	SlidingWindow Kind = Kind(algo.SlidingWindow)
 
 	// Daily, Weekly, Monthly and Yearly are fixed windows of the calendar
@@ -92,6 +93,12 @@ const maxShards = 1024
 // ReportRemaining), the alignment of windows (Start, Zone, WeekStart) and
 // hot keys at commit (Lease, LeaseFor, LeaseAhead). A field set where it
 // does not apply is an *InvalidError that says which field goes with it.
+//
+// A changed Config reads the state its keys already have: each key keeps
+// its tokens, capped at the new Capacity, and refills by the new rule from
+// the instant its row records; docs/config-changes.md says what each
+// field's change does, and txlimit change (cmd/txlimit) previews it and
+// converts the keys.
 type Config struct {
 	// Kind is the refill rule: TokenBucket, FixedWindow, SlidingWindow,
 	// or a calendar window (Daily, Weekly, Monthly, Yearly); or

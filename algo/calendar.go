@@ -155,18 +155,25 @@ func (cal Calendar) after(t int64, n float64) int64 {
 	return cal.start(i + int64(n))
 }
 
-// projectCalendar is Project for a FixedWindow with calendar windows.
+// projectCalendar is Project for a FixedWindow with calendar windows. Its
+// TS is the instant of the state's last write (or a read's), not the start
+// of its window: a window that holds it has started, and no other, so the
+// decisions are the same; but under another calendar (a Zone, WeekStart or
+// unit changed since the row was written) the Rate of a new window comes
+// only at the first new boundary after the last write, never mid-window
+// for a key that took under the old calendar (docs/config-changes.md). A
+// row written when TS was a window's start reads as written then.
 func projectCalendar(c Config, s State, now int64) State {
 	if now <= s.TS {
 		return State{Value: math.Min(s.Value, c.Capacity), TS: s.TS}
 	}
 	was, _ := c.Calendar.window(s.TS)
-	is, start := c.Calendar.window(now)
-	if is <= was {
-		return State{Value: math.Min(s.Value, c.Capacity), TS: s.TS}
+	is, _ := c.Calendar.window(now)
+	v := s.Value
+	if is > was {
+		v += c.Rate * float64(is-was)
 	}
-	v := s.Value + c.Rate*float64(is-was)
-	return State{Value: math.Min(v, c.Capacity), TS: start}
+	return State{Value: math.Min(v, c.Capacity), TS: now}
 }
 
 // civilDay returns the number of days from 1970-01-01 to y-m-d.

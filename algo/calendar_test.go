@@ -150,7 +150,6 @@ func calendarWindow(rate, capacity float64, cal Calendar) Config {
 
 func TestCalendarFixedWindow(t *testing.T) {
 	berlin := Calendar{Unit: Month, Location: zone(t, "Europe/Berlin")}
-	march := utc(2024, 2, 29, 23, 0)
 	april := utc(2024, 3, 31, 22, 0)
 	may := utc(2024, 4, 30, 22, 0)
 
@@ -159,9 +158,10 @@ func TestCalendarFixedWindow(t *testing.T) {
 		now := utc(2024, 3, 15, 12, 0)
 		s, d := Take(c, Full(c, 0), now, 1000, false)
 		require.Equal(t, Decision{OK: true}, d)
-		require.Equal(t, State{Value: 0, TS: march}, s)
+		// A calendar row keeps the instant of its last write.
+		require.Equal(t, State{Value: 0, TS: now}, s)
 		requireExact(t, c, []State{s}, now, 1, false, april-now)
-		require.Equal(t, State{Value: 0, TS: march}, Project(c, s, april-1))
+		require.Equal(t, State{Value: 0, TS: april - 1}, Project(c, s, april-1))
 		require.Equal(t, State{Value: 1000, TS: april}, Project(c, s, april))
 	})
 
@@ -173,7 +173,7 @@ func TestCalendarFixedWindow(t *testing.T) {
 		requireExact(t, c, []State{s}, now, 1, false, utc(2024, 11, 1, 4, 0)-now)
 		s, d := Take(c, s, utc(2024, 11, 3, 6, 30), 5, false)
 		require.Equal(t, Decision{OK: true}, d)
-		require.Equal(t, State{Value: 0, TS: utc(2024, 11, 1, 4, 0)}, s)
+		require.Equal(t, State{Value: 0, TS: utc(2024, 11, 3, 6, 30)}, s)
 		requireExact(t, c, []State{s}, utc(2024, 11, 3, 6, 30), 1, false, utc(2024, 12, 1, 5, 0)-utc(2024, 11, 3, 6, 30))
 	})
 
@@ -187,13 +187,13 @@ func TestCalendarFixedWindow(t *testing.T) {
 	t.Run("rollover up to Capacity", func(t *testing.T) {
 		c := calendarWindow(1000, 1500, berlin)
 		s, _ := Take(c, Full(c, 0), utc(2024, 3, 15, 12, 0), 1100, false)
-		require.Equal(t, State{Value: 400, TS: march}, s)
+		require.Equal(t, State{Value: 400, TS: utc(2024, 3, 15, 12, 0)}, s)
 		// April: 400 + 1000.
 		require.Equal(t, State{Value: 1400, TS: april}, Project(c, s, april))
 		// May: capped at 1500.
-		require.Equal(t, State{Value: 1500, TS: may}, Project(c, s, may+hour))
+		require.Equal(t, State{Value: 1500, TS: may + hour}, Project(c, s, may+hour))
 		// Three months later in one step: 400 + 3000, capped.
-		require.Equal(t, State{Value: 1500, TS: utc(2024, 6, 30, 22, 0)}, Project(c, s, utc(2024, 7, 4, 0, 0)))
+		require.Equal(t, State{Value: 1500, TS: utc(2024, 7, 4, 0, 0)}, Project(c, s, utc(2024, 7, 4, 0, 0)))
 	})
 
 	t.Run("debt carried", func(t *testing.T) {
@@ -215,13 +215,35 @@ func TestCalendarFixedWindow(t *testing.T) {
 		require.Equal(t, 1100.0, Pooled(up, CreditShards(up, []State{s}, utc(2024, 3, 20, 12, 0), 1000), utc(2024, 3, 20, 12, 0)))
 	})
 
+	t.Run("another calendar waits for its first boundary after the last write", func(t *testing.T) {
+		// 1000 taken on March 15 under Berlin's months; the zone becomes
+		// New York's (March starts there at 05:00 UTC on the 1st): the key
+		// gets New York's April, not a second March.
+		c := calendarWindow(1000, 1000, berlin)
+		now := utc(2024, 3, 15, 12, 0)
+		s, _ := Take(c, Full(c, 0), now, 1000, false)
+		ny := calendarWindow(1000, 1000, Calendar{Unit: Month, Location: zone(t, "America/New_York")})
+		nyApril := utc(2024, 4, 1, 4, 0)
+		require.Zero(t, Pooled(ny, []State{s}, now+hour))
+		requireExact(t, ny, []State{s}, now+hour, 1, false, nyApril-now-hour)
+		// Days of the same zone: the day of the last write is over at
+		// midnight, not at once.
+		days := calendarWindow(10, 10, Calendar{Unit: Day, Location: zone(t, "Europe/Berlin")})
+		require.Zero(t, Pooled(days, []State{s}, now+hour))
+		require.Equal(t, 10.0, Pooled(days, []State{s}, utc(2024, 3, 15, 23, 0)))
+		// A row stored when TS was its window's start reads as written
+		// then.
+		old := State{Value: 0, TS: utc(2024, 2, 29, 23, 0)}
+		require.Equal(t, 10.0, Pooled(days, []State{old}, now))
+	})
+
 	t.Run("shards", func(t *testing.T) {
 		c := calendarWindow(250, 250, berlin)
 		now := utc(2024, 3, 15, 12, 0)
 		states := []State{Full(c, 0), Full(c, 0), Full(c, 0), Full(c, 0)}
 		next, d := TakeShards(c, states, now, 1000, false)
 		require.Equal(t, Decision{OK: true}, d)
-		require.Equal(t, []State{{Value: 0, TS: march}, {Value: 0, TS: march}, {Value: 0, TS: march}, {Value: 0, TS: march}}, next)
+		require.Equal(t, []State{{Value: 0, TS: now}, {Value: 0, TS: now}, {Value: 0, TS: now}, {Value: 0, TS: now}}, next)
 		requireExact(t, c, next, now, 600, false, april-now)
 		// 1500 reserved from 1000: -500, which April repays; 2500: -1500,
 		// which takes April and May.
@@ -269,8 +291,7 @@ func TestCalendarFixedWindow(t *testing.T) {
 		// which began at midnight CET, 23:00 UTC on Dec 31, 1969.
 		require.Equal(t, State{Value: 1000, TS: utc(1969, 12, 31, 23, 0)}, full)
 		for _, now := range []int64{utc(2024, 3, 15, 12, 0), april, april - 1, utc(1970, 1, 1, 0, 0)} {
-			start, _ := berlin.Window(now)
-			require.Equal(t, State{Value: 1000, TS: start}, Project(c, full, now))
+			require.Equal(t, State{Value: 1000, TS: now}, Project(c, full, now))
 		}
 	})
 }

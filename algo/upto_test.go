@@ -50,7 +50,7 @@ func TestTakeUpTo(t *testing.T) {
 		{name: "sliding window, not one", c: slidingWindow(10, minute, 10), states: []State{{Value: 10, TS: clock(12, 0, 0)}}, now: clock(12, 1, 1), n: 10, ra: 5 * sec},
 		// 990 of 1000 used this month: 10 of the 50 asked.
 		{name: "calendar", c: calendarWindow(1000, 1000, Calendar{Unit: Month}), states: []State{{Value: 10, TS: utc(2024, 3, 1, 0, 0)}}, now: utc(2024, 3, 20, 0, 0), n: 50, taken: 10,
-			want: []State{{Value: 0, TS: utc(2024, 3, 1, 0, 0)}}},
+			want: []State{{Value: 0, TS: utc(2024, 3, 20, 0, 0)}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

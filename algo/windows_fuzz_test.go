@@ -181,15 +181,13 @@ func checkCalendarDecision(t *testing.T, c Config, states []State, now int64, co
 	}
 	latest := slices.MaxFunc(states, func(a, b State) int { return cmpInt(a.TS, b.TS) }).TS
 	if d.OK && now >= latest {
-		// Every shard is stamped an instant of the window that holds now:
-		// its start, once a window ended since the latest stored TS (a TS
-		// that is not a window start, written under another config, stays
-		// while its window lasts: TS never moves back).
-		start, end := c.Calendar.Window(now)
+		// Every shard is stamped the call's instant: a calendar row keeps
+		// the time of its last write, which lies in the window that holds
+		// now (TS never moves back).
 		for i, s := range next {
-			if s.TS < start || s.TS >= end || (latest < start && s.TS != start) {
-				t.Fatalf("calendar: shard %d stamped %v, now's window is [%v, %v)", i,
-					time.UnixMicro(s.TS).UTC(), time.UnixMicro(start).UTC(), time.UnixMicro(end).UTC())
+			if s.TS != now {
+				t.Fatalf("calendar: shard %d stamped %v, not the call's instant %v", i,
+					time.UnixMicro(s.TS).UTC(), time.UnixMicro(now).UTC())
 			}
 		}
 	}

@@ -81,6 +81,8 @@ func dispatch[TTx any](ctx context.Context, inv *invocation, db *database[TTx], 
 		return holders(ctx, inv, db, w)
 	case "release":
 		return release(ctx, inv, db, w)
+	case "change":
+		return change(ctx, inv, db, w)
 	}
 	return usageError{fmt.Errorf("unknown command %q", inv.command)}
 }
@@ -259,8 +261,8 @@ type valueShard struct {
 	// Prev is the stored count of a sliding window's previous window,
 	// when not 0.
 	Prev *float64 `json:"prev,omitempty"`
-	// TS is the stored ts: the last update of a token bucket, the start
-	// of the window of a fixed, sliding or calendar window.
+	// TS is the stored ts: the last update of a token bucket or a
+	// calendar window, the start of the window of a fixed or sliding one.
 	TS      *time.Time `json:"ts,omitempty"`
 	Ignored bool       `json:"ignored,omitempty"` // beyond the config's Shards
 }
@@ -295,7 +297,7 @@ func value[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w i
 		if read, err = l.CheckTx(ctx, tx, name, key, txlimit.Count(0)); err != nil {
 			return err
 		}
-		rows, err = db.rows(ctx, tx, name, &key)
+		rows, err = db.rows(ctx, tx, name, &key, false)
 		return err
 	})
 	if err != nil {
@@ -341,10 +343,11 @@ func value[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w i
 	}
 	fmt.Fprintln(w)
 
-	// ts is a token bucket's last update and the start of the window of
-	// every other kind; a calendar window's starts are shown in its zone.
+	// ts is the last update of a token bucket and of a calendar window
+	// (shown in its zone), and the start of the window of a fixed or
+	// sliding window of Period.
 	tsHeader := "UPDATED AT"
-	if c.Kind != txlimit.TokenBucket {
+	if c.Kind == txlimit.FixedWindow || c.Kind == txlimit.SlidingWindow {
 		tsHeader = "WINDOW START"
 	}
 	loc := lim.stored.Config.Calendar.Location
@@ -392,7 +395,7 @@ func reset[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w i
 	}
 	var deleted int
 	err = db.write(ctx, func(tx TTx) error {
-		rows, err := db.rows(ctx, tx, name, &key)
+		rows, err := db.rows(ctx, tx, name, &key, false)
 		if err != nil {
 			// A key PostgreSQL cannot hold fails the SELECT; ResetTx
 			// checks its arguments before it uses tx, and says why.
@@ -452,7 +455,7 @@ func keys[TTx any](ctx context.Context, inv *invocation, db *database[TTx], w io
 		if now, err = db.now(ctx, tx); err != nil {
 			return err
 		}
-		rows, err = db.rows(ctx, tx, name, nil)
+		rows, err = db.rows(ctx, tx, name, nil, false)
 		return err
 	})
 	if err != nil {

@@ -46,8 +46,9 @@ type database[TTx any] struct {
 	// write runs fn in a transaction that may write.
 	write func(ctx context.Context, fn func(TTx) error) error
 	// rows returns the rows of name (every name when ""), of key when
-	// key is not nil, ordered by name, key and shard.
-	rows func(ctx context.Context, tx TTx, name string, key *string) ([]row, error)
+	// key is not nil, ordered by name, key and shard; locked until tx ends
+	// when lock is set (SQLite's write transaction holds the database).
+	rows func(ctx context.Context, tx TTx, name string, key *string, lock bool) ([]row, error)
 	// now reads the clock the store decides with.
 	now   func(ctx context.Context, tx TTx) (time.Time, error)
 	close func()
@@ -113,6 +114,14 @@ func selectRows(keyColumn string) string {
 
 func asString(s string) any { return s }
 
+// forUpdate is the clause that locks the rows a SELECT reads, when lock.
+func forUpdate(lock bool) string {
+	if lock {
+		return " FOR UPDATE"
+	}
+	return ""
+}
+
 func openPostgres(ctx context.Context, dsn string) (*database[pgx.Tx], error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -138,9 +147,9 @@ func openPostgres(ctx context.Context, dsn string) (*database[pgx.Tx], error) {
 		write: func(ctx context.Context, fn func(pgx.Tx) error) error {
 			return pgx.BeginFunc(ctx, pool, fn)
 		},
-		rows: func(ctx context.Context, tx pgx.Tx, name string, key *string) ([]row, error) {
+		rows: func(ctx context.Context, tx pgx.Tx, name string, key *string, lock bool) ([]row, error) {
 			where, args := rowsWhere(name, key, func(i int) string { return fmt.Sprintf("$%d", i) }, "key", asString)
-			rs, err := tx.Query(ctx, selectRows("key")+where+" ORDER BY name, key, shard", args...)
+			rs, err := tx.Query(ctx, selectRows("key")+where+" ORDER BY name, key, shard"+forUpdate(lock), args...)
 			if err != nil {
 				return nil, err
 			}
@@ -194,7 +203,7 @@ func openSQLite(dsn string, create bool) (*database[*sql.Tx], error) {
 		write: func(ctx context.Context, fn func(*sql.Tx) error) error {
 			return inTx(ctx, nil, fn)
 		},
-		rows: func(ctx context.Context, tx *sql.Tx, name string, key *string) ([]row, error) {
+		rows: func(ctx context.Context, tx *sql.Tx, name string, key *string, _ bool) ([]row, error) {
 			where, args := rowsWhere(name, key, func(int) string { return "?" }, "key", asString)
 			rs, err := tx.QueryContext(ctx, selectRows("key")+where+" ORDER BY name, key, shard", args...)
 			if err != nil {
@@ -305,9 +314,9 @@ func openMySQL(ctx context.Context, dsn string) (*database[*sql.Tx], error) {
 		write: func(ctx context.Context, fn func(*sql.Tx) error) error {
 			return inTx(ctx, nil, fn)
 		},
-		rows: func(ctx context.Context, tx *sql.Tx, name string, key *string) ([]row, error) {
+		rows: func(ctx context.Context, tx *sql.Tx, name string, key *string, lock bool) ([]row, error) {
 			where, args := rowsWhere(name, key, func(int) string { return "?" }, "`key`", bytes)
-			rs, err := tx.QueryContext(ctx, selectRows("`key`")+where+" ORDER BY name, `key`, shard", args...)
+			rs, err := tx.QueryContext(ctx, selectRows("`key`")+where+" ORDER BY name, `key`, shard"+forUpdate(lock), args...)
 			if err != nil {
 				return nil, err
 			}

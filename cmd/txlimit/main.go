@@ -2,9 +2,10 @@
 // PostgreSQL, MySQL, MariaDB or SQLite database: it runs the migrations,
 // shows the tokens a limit holds, per shard and in total, lists the keys
 // that have state, emptiest first, resets a key and prunes full limits;
-// and it lists the holders of a concurrency limit's key and releases one.
-// The form of the DSN selects the store (pgstore, mysqlstore, sqlitestore),
-// which the command names on stderr.
+// it lists the holders of a concurrency limit's key and releases one; and
+// it shows what a new config would make of a limit's keys before it is
+// deployed, and converts them. The form of the DSN selects the store
+// (pgstore, mysqlstore, sqlitestore), which the command names on stderr.
 //
 //	cd cmd/txlimit && go install . # from a checkout of txlimit
 //	export TXLIMIT_DSN='postgres://app@db.internal/app?search_path=app'
@@ -72,6 +73,16 @@ Commands:
                      Give back the slot HOLDER holds of NAME for KEY, as the
                      application's Release does: for a holder whose work is known to
                      be gone before its expiry. Needs no config.
+  change NAME -to FILE [-inherit S] [-apply]
+                     What a new config of limit NAME (in FILE, JSON as for -config)
+                     makes of the keys that have state, before you deploy it: per key,
+                     the tokens now under the config today (-config or the config
+                     flags), after the deploy (the new config reads the rows as they
+                     are), and with -inherit what a conversion writes: as_is (the
+                     tokens, at most the new capacity), proportionally (the same share
+                     of the capacity), additive (plus what the capacity grew) or reset
+                     (full). -apply converts each key so, in a transaction of its own,
+                     on the new config's windows and shards (docs/config-changes.md).
 
 The database keeps no copy of the limits' configs (they live in your code), so the
 commands that compute tokens take them from a JSON file (-config) or, for one limit,
@@ -119,9 +130,12 @@ Flags (before or after the arguments):
   -zone ZONE       a calendar window's IANA time zone, e.g. Europe/Berlin, or UTC
                    (required for daily, weekly, monthly and yearly)
   -week-start DAY  the first day of a weekly window: sunday … saturday (default sunday)
-  -n N             keys: show at most N keys (default 20; 0 for all)
+  -n N             keys and change: show at most N keys (default 20; 0 for all)
   -batch N         prune: keys per transaction (default 1000)
-  -json            value, keys and holders: print JSON instead of a table
+  -json            value, keys, holders and change: print JSON instead of a table
+  -to FILE         change: the new configs
+  -inherit S       change: as_is, proportionally, additive or reset
+  -apply           change: convert the keys (with -inherit)
   -yes             migrate down: confirm
   -timeout D       give up after D (default 1m)
 
@@ -143,6 +157,7 @@ Examples:
   txlimit prune -dsn app.db -config limits.json
   txlimit holders exports acme -dsn app.db
   txlimit release exports acme job-42 -dsn app.db
+  txlimit change sendMessage -dsn app.db -config limits.json -to new-limits.json -inherit as_is
 `
 
 func main() {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,10 +21,13 @@ var errHelp = errors.New("help")
 
 // invocation is a parsed command line.
 type invocation struct {
-	command string   // migrate, value, reset, keys, prune, holders, release
+	command string   // migrate, value, reset, keys, prune, holders, release, change
 	args    []string // the command's positional arguments
 	dsn     string
 	config  string // -config file
+	to      string // change: the -to file, the new configs
+	inherit string // change: the -inherit strategy
+	apply   bool   // change: write the conversion
 	limit   limitFlags
 	n       int
 	batch   int
@@ -49,6 +53,9 @@ func parse(args []string) (*invocation, error) {
 	fs.SetOutput(io.Discard) // errors are reported by run, usage by -help
 	fs.StringVar(&inv.dsn, "dsn", os.Getenv("TXLIMIT_DSN"), "")
 	fs.StringVar(&inv.config, "config", "", "")
+	fs.StringVar(&inv.to, "to", "", "")
+	fs.StringVar(&inv.inherit, "inherit", "", "")
+	fs.BoolVar(&inv.apply, "apply", false, "")
 	fs.StringVar(&inv.limit.kind, "kind", "", "")
 	fs.Float64Var(&inv.limit.rate, "rate", 0, "")
 	fs.StringVar(&inv.limit.period, "period", "", "")
@@ -97,12 +104,12 @@ func parse(args []string) (*invocation, error) {
 	inv.command, inv.args = positional[0], positional[1:]
 	want := map[string][2]int{ // the command's fewest and most arguments
 		"help": {0, 0}, "migrate": {1, 1}, "value": {2, 2}, "reset": {2, 2}, "keys": {0, 1}, "prune": {0, 0},
-		"holders": {2, 2}, "release": {3, 3},
+		"holders": {2, 2}, "release": {3, 3}, "change": {1, 1},
 	}
 	n, ok := want[inv.command]
 	switch {
 	case !ok:
-		return nil, fmt.Errorf("unknown command %q; the commands are migrate, value, reset, keys, prune, holders and release", inv.command)
+		return nil, fmt.Errorf("unknown command %q; the commands are migrate, value, reset, keys, prune, holders, release and change", inv.command)
 	case inv.command == "help":
 		return nil, errHelp
 	case len(inv.args) < n[0] || len(inv.args) > n[1]:
@@ -130,10 +137,29 @@ func parse(args []string) (*invocation, error) {
 	if inv.timeout <= 0 {
 		return nil, fmt.Errorf("-timeout must be > 0, got %v", inv.timeout)
 	}
-	if inv.limit.given() && !(inv.command == "value" || inv.command == "keys" && len(inv.args) == 1) {
-		return nil, errors.New("the config flags (-kind, -rate, …) define the limit NAME of value and keys NAME; for other commands use -config")
+	if inv.limit.given() && !(inv.command == "value" || inv.command == "change" || inv.command == "keys" && len(inv.args) == 1) {
+		return nil, errors.New("the config flags (-kind, -rate, …) define the limit NAME of value, keys NAME and change NAME; for other commands use -config")
 	}
-	return inv, nil
+	return inv, inv.checkChange()
+}
+
+// checkChange checks the flags that belong to change.
+func (inv *invocation) checkChange() error {
+	if inv.command != "change" {
+		if inv.to != "" || inv.inherit != "" || inv.apply {
+			return errors.New("-to, -inherit and -apply belong to change")
+		}
+		return nil
+	}
+	switch {
+	case inv.to == "":
+		return errors.New("change needs -to FILE: the new configs (JSON as for -config), among them NAME's; the config today comes from -config or the config flags")
+	case inv.inherit != "" && !slices.Contains(inheritances, inv.inherit):
+		return fmt.Errorf("-inherit must be %s, got %q", strings.Join(inheritances, ", "), inv.inherit)
+	case inv.apply && inv.inherit == "":
+		return errors.New("change -apply needs -inherit (as_is, proportionally, additive or reset): how the stored tokens carry over")
+	}
+	return nil
 }
 
 var argsWanted = map[string]string{
@@ -144,6 +170,7 @@ var argsWanted = map[string]string{
 	"prune":   "no arguments",
 	"holders": "two arguments, NAME KEY",
 	"release": "three arguments, NAME KEY HOLDER",
+	"change":  "one argument, NAME",
 }
 
 var configFlags = []string{"kind", "rate", "period", "capacity", "max-reserved", "shards", "start", "calendar", "zone", "week-start"}
@@ -309,22 +336,9 @@ func weekday(s string) (time.Weekday, bool) {
 func (inv *invocation) configs() (map[string]txlimit.Config, error) {
 	out := map[string]txlimit.Config{}
 	if inv.config != "" {
-		data, err := os.ReadFile(inv.config)
-		if err != nil {
+		var err error
+		if out, err = readConfigs(inv.config); err != nil {
 			return nil, err
-		}
-		var file map[string]fileConfig
-		dec := json.NewDecoder(bytes.NewReader(data))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&file); err != nil {
-			return nil, usageError{fmt.Errorf("%s: %v (the file maps each limit's name to its config; see txlimit -help)", inv.config, err)}
-		}
-		for name, fc := range file {
-			c, err := fc.config(source{file: inv.config, limit: name})
-			if err != nil {
-				return nil, usageError{err}
-			}
-			out[name] = c
 		}
 	}
 	if inv.limit.given() {
@@ -333,6 +347,29 @@ func (inv *invocation) configs() (map[string]txlimit.Config, error) {
 			return nil, usageError{err}
 		}
 		out[inv.args[0]] = c
+	}
+	return out, nil
+}
+
+// readConfigs reads a file of configs (-config, -to).
+func readConfigs(path string) (map[string]txlimit.Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var file map[string]fileConfig
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&file); err != nil {
+		return nil, usageError{fmt.Errorf("%s: %v (the file maps each limit's name to its config; see txlimit -help)", path, err)}
+	}
+	out := make(map[string]txlimit.Config, len(file))
+	for name, fc := range file {
+		c, err := fc.config(source{file: path, limit: name})
+		if err != nil {
+			return nil, usageError{err}
+		}
+		out[name] = c
 	}
 	return out, nil
 }

@@ -8,7 +8,8 @@
 // another: prune (and prune/equivalence: Prune changes no decision), limits (and
 // their concurrency), limit_all, remaining, reservations, edges, windows
 // (sliding and calendar windows, UpTo, and the calls that must write
-// nothing), commit (CommitTx and Commit), wait (Limiter.Wait), concurrency
+// nothing), config-change (each row of docs/config-changes.md: what a key
+// holds when its limit's config changes), commit (CommitTx and Commit), wait (Limiter.Wait), concurrency
 // (Concurrency limits: exactly Capacity of 64 concurrent acquirers at every
 // isolation level, release, extend, reclaim, and a holder whose process is
 // killed), idempotent (idempotent takes: a repeat returns the first
@@ -135,6 +136,7 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harne
 		{"reservations", runReservations[TTx]},
 		{"edges", runEdges[TTx]},
 		{"windows", runWindows[TTx]},
+		{"config-change", runConfigChange[TTx]},
 		{"commit", runCommit[TTx]},
 		{"wait", runWait[TTx]},
 		{"concurrency", func(t *testing.T, h Harness[TTx]) { runConcurrency(t, h, newHarness) }},
