@@ -195,6 +195,9 @@ func (r request) checkFixedWork(when string) error {
 	case r.upTo:
 		return &InvalidError{Limit: r.name, Field: "UpTo", Problem: "does not apply " + when + ": " +
 			"the work's size is fixed by then; pass it as Count, or take UpTo with LimitTx before the work"}
+	case r.idempotency != nil:
+		return refuseIdempotent(r.name, "a take "+when+": its result is decided with the COMMIT, too late to record "+
+			"it for a repeat; take with LimitAllTx (or LimitTx) in the transaction, then commit it")
 	}
 	return nil
 }

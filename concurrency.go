@@ -340,7 +340,7 @@ func (l *Limiter[TTx]) holderRequest(name, key, holder string, extend bool, opts
 		for _, opt := range opts {
 			opt(&o)
 		}
-		if o.count != 1 || o.upTo || o.reserve || o.holder != nil {
+		if o.count != 1 || o.upTo || o.reserve || o.holder != nil || o.idempotency != nil {
 			return r, &InvalidError{Limit: name, Field: "opts", Problem: "take Inline only here: the holder is an argument, and a slot has no count"}
 		}
 		c, ok := l.limits[name]
@@ -392,11 +392,14 @@ func (l *Limiter[TTx]) hasSlots(limits map[string]Config) bool {
 	return false
 }
 
-// pruneHolders is Prune's pass over the holders of Concurrency limits: it
-// deletes expired holders and the lock rows of keys whose every holder has
-// expired, in batches of o.BatchSize, each a transaction of its own, until
-// a batch finds fewer or o.MaxBatches is reached (done false).
-func (l *Limiter[TTx]) pruneHolders(ctx context.Context, o PruneOptions, res *PruneResult) (done bool, err error) {
+// pruneExpired is a pass of Prune over rows that expire: the holders of
+// Concurrency limits and the lock rows of keys whose every holder has
+// expired (store.PruneHolders), or the idempotency keys whose window has
+// passed (store.PruneClaims). It deletes them with batch, in batches of
+// o.BatchSize, each a transaction of its own, until a batch finds fewer or
+// o.MaxBatches is reached (done false).
+func (l *Limiter[TTx]) pruneExpired(ctx context.Context, o PruneOptions, res *PruneResult,
+	batch func(ctx context.Context, max int, now *time.Time) (int, error)) (done bool, err error) {
 	for o.MaxBatches == 0 || res.Batches < o.MaxBatches {
 		if err := ctx.Err(); err != nil {
 			return false, err
@@ -405,7 +408,7 @@ func (l *Limiter[TTx]) pruneHolders(ctx context.Context, o PruneOptions, res *Pr
 		now, err := l.now()
 		var n int
 		if err == nil {
-			n, err = l.store.PruneHolders(ctx, driver.PruneHoldersParams{Max: o.BatchSize, Now: now})
+			n, err = batch(ctx, o.BatchSize, now)
 			err = storeErr(err)
 		}
 		l.report(ctx, obs, opPrune, request{count: float64(n)}, Result{}, err, false)

@@ -39,6 +39,9 @@
 // RetryAfter and NextToken are never negative and never more than about 146
 // years (2^62 ns). Check answers what LimitTx would, taking and locking
 // nothing, with the state of the limit (Result.Remaining, NextToken, At).
+// With Idempotent(key, window) a call takes at most once per key within the
+// window: a retry of the same request (a client's, a job's) takes nothing
+// and returns the first call's Result, marked Repeat.
 //
 // A Concurrency limit admits at most Capacity holders of a key at once (three
 // exports running per tenant): LimitTx acquires a slot for a holder id
@@ -66,7 +69,7 @@
 //     the batch's statements, which run only when every limit granted.
 //
 // An option a mode cannot honour is an *InvalidError that names the mode
-// that can: Reserve and UpTo apply before the work only. docs/usage.md has
+// that can: Reserve, UpTo and Idempotent apply before the work only. docs/usage.md has
 // the table of modes and options.
 //
 // # Hot keys

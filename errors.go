@@ -46,7 +46,12 @@ type InvalidError struct {
 	Limit   string // the limit's name, when known
 	Field   string // the offending field or argument
 	Problem string // what is wrong and how to fix it
+	kind    error  // a sentinel the error also matches, or nil
 }
+
+// Unwrap makes the error match the sentinel of its kind, when it has one
+// (ErrIdempotencyMismatch).
+func (e *InvalidError) Unwrap() error { return e.kind }
 
 func (e *InvalidError) Error() string {
 	var b strings.Builder

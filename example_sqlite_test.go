@@ -258,3 +258,49 @@ func ExampleResult_Err() {
 	// second login: txlimit: limit "login" key "bob": rate limited, retry after 1m0s
 	// tell bob to wait 1m0s
 }
+
+// Idempotent charges a request once however often its client retries it:
+// the retries take nothing and get the first call's Result.
+func ExampleIdempotent() {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "txlimit-example-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+
+		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	if err := migrations.Up(ctx, db, migrations.SQLite); err != nil {
+		log.Fatal(err)
+	}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	limiter, err := txlimit.New(sqlitestore.New(db), map[string]txlimit.Config{
+		"api": {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Hour},
+	}, &txlimit.Options{Clock: func() time.Time { return now }})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// The client sends request req-1 three times (its first two responses
+	// were lost), then req-2.
+	for _, requestID := range []string{"req-1", "req-1", "req-1", "req-2"} {
+		res, err := limiter.Limit(ctx, "api", "alice", txlimit.Idempotent(requestID, 24*time.Hour))
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("%s: OK %v, repeat %v, remaining %v\n", requestID, res.OK, res.Repeat, res.Remaining)
+	}
+	// The same key for another request is refused.
+	_, err = limiter.Limit(ctx, "api", "bob", txlimit.Idempotent("req-2", 24*time.Hour))
+	fmt.Println(errors.Is(err, txlimit.ErrIdempotencyMismatch))
+	// Output:
+	// req-1: OK true, repeat false, remaining 9
+	// req-1: OK true, repeat true, remaining 9
+	// req-1: OK true, repeat true, remaining 9
+	// req-2: OK true, repeat false, remaining 8
+	// true
+}

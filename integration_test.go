@@ -380,7 +380,7 @@ func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 			require.Equal(t, 8, a.count(t, "SELECT COUNT(*) FROM txlimit"))
 			res, err := l.Prune(ctx, nil)
 			require.NoError(t, err)
-			require.Equal(t, txlimit.PruneResult{Deleted: 1, Keys: 8, Batches: 1, Complete: true}, res)
+			require.Equal(t, txlimit.PruneResult{Deleted: 1, Keys: 8, Batches: 2, Complete: true}, res)
 			require.Equal(t, 7, a.count(t, "SELECT COUNT(*) FROM txlimit"))
 			require.Equal(t, 0, a.count(t, "SELECT COUNT(*) FROM txlimit WHERE name = ? AND "+a.keyColumn()+" = ?", "sendMessage", "bob"))
 			require.Equal(t, 3.0, a.remaining(t, l, "sendMessage", "bob"), "a missing row is a full limit")
@@ -389,7 +389,7 @@ func appFlow[TTx any](t *testing.T, a *appDB[TTx]) {
 			clock.Set(appT0.Add(time.Hour))
 			res, err = l.Prune(ctx, nil)
 			require.NoError(t, err)
-			require.Equal(t, txlimit.PruneResult{Deleted: 7, Keys: 7, Batches: 1, Complete: true}, res)
+			require.Equal(t, txlimit.PruneResult{Deleted: 7, Keys: 7, Batches: 2, Complete: true}, res)
 			require.Equal(t, 0, a.count(t, "SELECT COUNT(*) FROM txlimit"))
 			require.Equal(t, 5.0, a.remaining(t, l, "workspaceMessages", "acme"))
 			// The application's rows are its own.

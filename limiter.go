@@ -54,6 +54,7 @@ type Limiter[TTx any] struct {
 	observer        func(context.Context, Event)
 	failOpenOnError bool
 	pruneAfter      atomic.Pointer[driver.KeyRef] // where the next Prune starts
+	claimsPending   atomic.Bool                   // the next Prune starts with the idempotency keys
 	leases          sync.Map                      // driver.KeyRef to its *lease (Config.Lease)
 }
 
@@ -134,18 +135,27 @@ func (l *Limiter[TTx]) limitIn(ctx context.Context, tx *TTx, name, key string, o
 	var res Result
 	if err == nil {
 		res, err = in(ctx, l, tx, false, func(tx TTx) (Result, error) {
-			if r.slot() {
+			switch {
+			case r.slot():
 				return l.acquire(ctx, tx, r)
+			case r.idempotency != nil:
+				return once(ctx, l, tx, r.idempotency, "Limit", []request{r}, func() (Result, error) { return l.take(ctx, tx, r) },
+					func(res Result) bool { return res.OK }, func(res *Result) { res.Repeat = true })
 			}
-			t, err := l.store.Take(ctx, tx, r.take())
-			if err != nil {
-				return Result{}, err
-			}
-			r.obs.addLockWait(t.LockWait)
-			return r.result(t)
+			return l.take(ctx, tx, r)
 		})
 	}
 	return l.finish(ctx, opLimit, r, res, err, tx == nil)
+}
+
+// take takes r's tokens in tx.
+func (l *Limiter[TTx]) take(ctx context.Context, tx TTx, r request) (Result, error) {
+	t, err := l.store.Take(ctx, tx, r.take())
+	if err != nil {
+		return Result{}, err
+	}
+	r.obs.addLockWait(t.LockWait)
+	return r.result(t)
 }
 
 // finish ends a Limit or Check call: Options.FailOpen for a form without Tx
@@ -185,6 +195,9 @@ func (l *Limiter[TTx]) CheckTx(ctx context.Context, tx TTx, name, key string, op
 
 func (l *Limiter[TTx]) checkIn(ctx context.Context, tx *TTx, name, key string, opts []Option) (Result, error) {
 	r, err := l.limitRequest(name, key, opts)
+	if err == nil && r.idempotency != nil {
+		err = refuseIdempotent(name, "Check, which takes nothing: pass it to Limit")
+	}
 	if err == nil && tx == nil {
 		err = l.settle(ctx, driver.KeyRef{Name: r.name, Key: r.key})
 	}
@@ -260,8 +273,11 @@ func (l *Limiter[TTx]) CreditTx(ctx context.Context, tx TTx, name, key string, c
 
 func (l *Limiter[TTx]) creditIn(ctx context.Context, tx *TTx, name, key string, count float64, opts []Option) error {
 	r, err := l.newRequest(name, key, append(opts[:len(opts):len(opts)], Count(count)), l.observe())
-	if err == nil && r.slot() {
+	switch {
+	case err == nil && r.slot():
 		err = &InvalidError{Limit: name, Field: "name", Problem: "is a Concurrency limit, which has no tokens to give back: Release the holder"}
+	case err == nil && r.idempotency != nil:
+		err = refuseIdempotent(name, "Credit: a credit is not tied to a take; credit once, in the transaction that cancels the work")
 	}
 	if err == nil {
 		_, err = in(ctx, l, tx, false, func(tx TTx) (struct{}, error) {
@@ -273,7 +289,8 @@ func (l *Limiter[TTx]) creditIn(ctx context.Context, tx *TTx, name, key string, 
 }
 
 // Ping checks, on the store's pool, that the database answers and holds the
-// txlimit tables (txlimit_holder too) with every column this version uses:
+// txlimit tables (txlimit_holder and txlimit_idempotency too) with every
+// column this version uses:
 // call it at startup to fail fast. A missing or outdated table is an error
 // matching ErrNotMigrated; another kind of database, an error naming the
 // store to use; a store without a pool, an *InvalidError.
@@ -281,7 +298,10 @@ func (l *Limiter[TTx]) Ping(ctx context.Context) error {
 	if err := l.store.Ping(ctx); err != nil {
 		return storeErr(err)
 	}
-	return storeErr(l.store.PingHolders(ctx))
+	if err := l.store.PingHolders(ctx); err != nil {
+		return storeErr(err)
+	}
+	return storeErr(l.store.PingClaims(ctx))
 }
 
 // isNil reports whether v is nil, or a nil pointer, map, slice, channel,

@@ -121,20 +121,37 @@ func (l *Limiter[TTx]) LimitAllTx(ctx context.Context, tx TTx, reqs ...Request) 
 func (l *Limiter[TTx]) limitAllIn(ctx context.Context, tx *TTx, reqs []Request) (MultiResult, error) {
 	obs := l.observe()
 	rs, err := l.newRequests(reqs)
+	var k *idempotency
+	if err == nil {
+		k, err = idempotencyOf(rs)
+	}
 	var res MultiResult
 	if err == nil {
 		res, err = in(ctx, l, tx, false, func(tx TTx) (MultiResult, error) {
-			if slices.ContainsFunc(rs, request.slot) {
-				return l.acquireAll(ctx, tx, rs, obs)
+			if k == nil {
+				return l.takeAll(ctx, tx, rs, obs)
 			}
-			all, err := l.store.TakeAll(ctx, tx, takeAllParams(rs, obs))
-			if err != nil {
-				return MultiResult{}, err
-			}
-			return multiResult(rs, all, obs)
+			return once(ctx, l, tx, k, "LimitAll", rs, func() (MultiResult, error) { return l.takeAll(ctx, tx, rs, obs) },
+				func(m MultiResult) bool { return m.OK }, func(m *MultiResult) {
+					for i := range m.Results {
+						m.Results[i].Repeat = true
+					}
+				})
 		})
 	}
 	return l.finishAll(ctx, opLimitAll, obs, rs, res, err, tx == nil)
+}
+
+// takeAll takes the limits of rs in tx, all or none.
+func (l *Limiter[TTx]) takeAll(ctx context.Context, tx TTx, rs []request, obs *observation) (MultiResult, error) {
+	if slices.ContainsFunc(rs, request.slot) {
+		return l.acquireAll(ctx, tx, rs, obs)
+	}
+	all, err := l.store.TakeAll(ctx, tx, takeAllParams(rs, obs))
+	if err != nil {
+		return MultiResult{}, err
+	}
+	return multiResult(rs, all, obs)
 }
 
 // newRequests validates every request of a LimitAll call.

@@ -52,7 +52,8 @@ type Event struct {
 	// Holder is the holder's id in the Events of a Concurrency limit.
 	Holder string
 	// Result is the decision: the zero Result when Err is set, unless
-	// FailedOpen.
+	// FailedOpen. A repeat of an idempotency key (Idempotent) reports the
+	// first call's Result with Repeat set: it took nothing.
 	Result Result
 	// Err is the error of a failed call, also when FailedOpen.
 	Err        error

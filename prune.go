@@ -3,6 +3,7 @@ package txlimit
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/txlimit/txlimit/internal/driver"
 )
@@ -37,8 +38,8 @@ type PruneResult struct {
 	// limits no longer used, which ResetTx deletes.
 	Unknown int
 	Batches int // transactions run
-	// Complete reports whether the call reached the last key: false when
-	// MaxBatches stopped it first.
+	// Complete reports whether the call reached the last key, and the last
+	// expired idempotency key: false when MaxBatches stopped it first.
 	Complete bool
 }
 
@@ -61,6 +62,13 @@ type PruneResult struct {
 // expired (an acquire reclaims its own key's; this is for keys not
 // acquired again), passing over rows live traffic holds where the database
 // can. Those batches count in Batches, Deleted and MaxBatches.
+//
+// Once it has reached the last key, Prune deletes the idempotency keys
+// (Idempotent) whose window has passed, oldest first, in batches of
+// BatchSize of their own (at least one), passing over those a repeat
+// holds; they count in Batches, Deleted and MaxBatches too. A call that
+// MaxBatches stops before they are done leaves them to the next call,
+// which ends the round with them (Complete).
 func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResult, error) {
 	var o PruneOptions
 	if opts != nil {
@@ -97,9 +105,27 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 	}
 	var res PruneResult
 	if l.hasSlots(o.Limits) {
-		if done, err := l.pruneHolders(ctx, o, &res); err != nil || !done {
+		done, err := l.pruneExpired(ctx, o, &res, func(ctx context.Context, max int, now *time.Time) (int, error) {
+			return l.store.PruneHolders(ctx, driver.PruneHoldersParams{Max: max, Now: now})
+		})
+		if err != nil || !done {
 			return res, err
 		}
+	}
+	// The idempotency keys come once the last key has been reached, so
+	// that calls bounded by MaxBatches go on through the keys; a call that
+	// ran out of batches first leaves them to the next (claimsPending),
+	// which completes the round with them.
+	pruneClaims := func() (PruneResult, error) {
+		done, err := l.pruneExpired(ctx, o, &res, func(ctx context.Context, max int, now *time.Time) (int, error) {
+			return l.store.PruneClaims(ctx, driver.PruneClaimsParams{Max: max, Now: now})
+		})
+		l.claimsPending.Store(!done)
+		res.Complete = done
+		return res, err
+	}
+	if l.claimsPending.Load() {
+		return pruneClaims()
 	}
 
 	var after driver.KeyRef
@@ -132,6 +158,9 @@ func (l *Limiter[TTx]) Prune(ctx context.Context, opts *PruneOptions) (PruneResu
 			break
 		}
 		after = batch.Last
+	}
+	if res.Complete {
+		return pruneClaims()
 	}
 	return res, nil
 }

@@ -17,6 +17,8 @@ type callOptions struct {
 	reserve bool
 	config  *Config
 	holder  *string // Holder's
+
+	idempotency *idempotency // Idempotent's
 }
 
 // Count sets the number of tokens a call consumes, checks or credits.
@@ -53,9 +55,11 @@ type request struct {
 	reserve bool
 	config  Config
 	holder  string // a Concurrency limit's holder (Holder, or random)
-	limit   driver.Limit
-	now     *time.Time   // Options.Clock's reading, nil for the store's clock
-	obs     *observation // nil unless the Limiter has an Observer
+	// idempotency is the Idempotent option, validated; nil without it.
+	idempotency *idempotency
+	limit       driver.Limit
+	now         *time.Time   // Options.Clock's reading, nil for the store's clock
+	obs         *observation // nil unless the Limiter has an Observer
 }
 
 // newRequest validates a call. On an error the request still names the
@@ -88,6 +92,15 @@ func (l *Limiter[TTx]) newRequest(name, key string, opts []Option, obs *observat
 	}
 	if err := r.checkHolder(o.holder); err != nil {
 		return r, err
+	}
+	if k := o.idempotency; k != nil {
+		if r.slot() {
+			return r, refuseIdempotent(name, "a Concurrency limit: an acquire with the Holder option is idempotent already (the holder is granted again, taking no second slot)")
+		}
+		if err := k.check(name); err != nil {
+			return r, err
+		}
+		r.idempotency = k
 	}
 	if !finite(o.count) || o.count < 0 {
 		field := "Count"

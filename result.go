@@ -60,6 +60,10 @@ type Result struct {
 	// option's, or the random one an acquire made without it (also on a
 	// denial). Release and Extend take it.
 	Holder string
+	// Repeat reports that the call repeated an idempotency key within its
+	// window (Idempotent): it took nothing, and the rest of the Result is
+	// the first call's.
+	Repeat bool `json:"-"`
 }
 
 // Err returns nil when the result is OK (a reservation included) and a

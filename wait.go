@@ -35,6 +35,10 @@ import (
 // Reserve: a reservation is granted at once; call Limit with Reserve and
 // sleep the Result's RetryAfter.
 //
+// With Idempotent, the denials record nothing and the grant is recorded: a
+// Wait run again for the same request (a job retried) returns the first
+// grant at once, taking nothing.
+//
 // The tokens are spent whatever the caller does next. There is no WaitTx
 // (it would hold the caller's locks while it sleeps): to spend the tokens
 // only if the work commits, wait with Check's RetryAfter outside the

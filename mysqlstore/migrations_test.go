@@ -48,7 +48,7 @@ func TestMigrations(t *testing.T) {
 	require.NoError(t, err)
 	v, err := p.GetDBVersion(ctx)
 	require.NoError(t, err)
-	require.EqualValues(t, 2, v) // 2: txlimit_holder
+	require.EqualValues(t, 4, v) // 2: txlimit_holder, 4: txlimit_idempotency
 	_, err = p.DownTo(ctx, 0)
 	require.NoError(t, err)
 	_, err = db.Exec("SELECT 1 FROM txlimit")

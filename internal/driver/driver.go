@@ -161,6 +161,33 @@ type Ops[TTx any] interface {
 	// table is there with every column the library uses (ErrNotMigrated
 	// otherwise).
 	PingHolders(ctx context.Context) error
+
+	// The operations of idempotent takes, on the txlimit_idempotency table
+	// (idempotency.go).
+
+	// Claim makes p.ID the call's own (Claimed.Fresh) when it is unused,
+	// inserting or taking over its row, which it holds until tx ends; it
+	// waits for a transaction that holds the row (a concurrent first call)
+	// and otherwise returns the first call's request and result, reading
+	// the latest committed row (or failing, under REPEATABLE READ and
+	// SERIALIZABLE, with a serialization error rather than read a stale
+	// one).
+	Claim(ctx context.Context, tx TTx, p ClaimParams) (Claimed, error)
+
+	// Record ends a fresh claim of tx: it writes p.Result, or deletes the
+	// row when p.Result is "".
+	Record(ctx context.Context, tx TTx, p RecordParams) error
+
+	// PruneClaims runs one batch in a short transaction of its own on the
+	// store's pool: it deletes up to p.Max rows of txlimit_idempotency that
+	// have expired, oldest first, passing over rows other transactions
+	// hold where the database can, and returns how many.
+	PruneClaims(ctx context.Context, p PruneClaimsParams) (int, error)
+
+	// PingClaims checks, on the store's pool, that the txlimit_idempotency
+	// table is there with every column the library uses (ErrNotMigrated
+	// otherwise).
+	PingClaims(ctx context.Context) error
 }
 
 // TakeInBatch is the Limiter's side of pgstore.SendBatch, set by package

@@ -6,6 +6,8 @@ package pgdb
 
 import (
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type Txlimit struct {
@@ -22,5 +24,12 @@ type TxlimitHolder struct {
 	Name      string
 	Key       string
 	Holder    string
+	ExpiresAt time.Time
+}
+
+type TxlimitIdempotency struct {
+	ID        string
+	Request   string
+	Result    pgtype.Text
 	ExpiresAt time.Time
 }

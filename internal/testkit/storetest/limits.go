@@ -115,6 +115,54 @@ func runLimits[TTx any](t *testing.T, h Harness[TTx]) {
 		require.Equal(t, 2*time.Hour, res.RetryAfter, "two windows of 100 are needed for 150")
 	})
 
+	t.Run("DeniedMultiTokenTakesNothing", func(t *testing.T) {
+		// A token bucket of 10: 7 taken, then 5 denied, which must take
+		// nothing (upstash/ratelimit PR #156 fixed a take of the 3 there
+		// were): 3 more are granted and leave 0. Every path of the take:
+		// one row, shards (7 and 5 above a shard's 2.5: every shard
+		// locked), LimitAll and an unsharded sliding window beside it.
+		name := UniqueName(t, "multi")
+		clk := NewClock()
+		for _, c := range []struct {
+			kind   txlimit.Kind
+			shards int
+			all    bool
+		}{
+			{txlimit.TokenBucket, 1, false}, {txlimit.TokenBucket, 4, false},
+			{txlimit.TokenBucket, 1, true}, {txlimit.TokenBucket, 4, true},
+			{txlimit.SlidingWindow, 1, false},
+		} {
+			l := newLimiter(t, map[string]txlimit.Config{name: {Kind: c.kind, Rate: 10, Period: time.Hour, Shards: c.shards}}, clk)
+			key := fmt.Sprintf("%s-shards%d-all%v", KindName(c.kind), c.shards, c.all)
+			take := func(n float64) txlimit.Result {
+				if !c.all {
+					return limitTx(t, l, name, key, txlimit.Count(n))
+				}
+				var m txlimit.MultiResult
+				inTx(t, func(tx TTx) {
+					var err error
+					m, err = l.LimitAllTx(ctx, tx, txlimit.Request{Name: name, Key: key, Options: []txlimit.Option{txlimit.Count(n)}})
+					require.NoError(t, err)
+				})
+				return m.Results[0]
+			}
+			require.True(t, take(7).OK, key)
+			before := h.Rows(t, name, key)
+			res := take(5)
+			require.False(t, res.OK, key)
+			require.Zero(t, res.Taken, key)
+			require.InDelta(t, 3, res.Remaining, 1e-9, "%s: the denial leaves the 3", key)
+			if c.kind == txlimit.TokenBucket {
+				require.Equal(t, 12*time.Minute, res.RetryAfter, "%s: 2 more tokens at 10 an hour", key)
+			}
+			require.Equal(t, before, h.Rows(t, name, key), "%s: a denial writes nothing", key)
+			res = take(3)
+			require.True(t, res.OK, key)
+			require.InDelta(t, 0, res.Remaining, 1e-9, key)
+			require.False(t, take(0.5).OK, "%s: nothing left", key)
+		}
+	})
+
 	t.Run("FixedWindowPhaseIsStablePerKey", func(t *testing.T) {
 		name := UniqueName(t, "phase")
 		clk := NewClock()

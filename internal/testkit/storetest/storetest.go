@@ -12,7 +12,10 @@
 // holds when its limit's config changes), commit (CommitTx and Commit), wait (Limiter.Wait), concurrency
 // (Concurrency limits: exactly Capacity of 64 concurrent acquirers at every
 // isolation level, release, extend, reclaim, and a holder whose process is
-// killed) and soak
+// killed), idempotent (idempotent takes: a repeat returns the first
+// call's result and takes nothing, exactly one take of 32 concurrent
+// repeats at every isolation level, a repeat of another request refused,
+// rollbacks, denials, the window and Prune) and soak
 // (mixed limits under load, with rollbacks and killed connections: the
 // committed business rows are exactly what the limits allow).
 //
@@ -103,7 +106,8 @@ const ChildDatabase = "TXLIMIT_STORETEST_DATABASE"
 // concurrency topic opens two harnesses of its own: one for Prune (which
 // deletes every expired holder) and one of 65 connections for its 64
 // acquirers, which run when no other topic of any test binary of the
-// machine does, and there is room on the server (gate.go). It also runs the test binary again,
+// machine does, and there is room on the server (gate.go); the idempotent
+// topic opens one of 33 for its 32 repeaters, the same way. It also runs the test binary again,
 // as a holder it kills: in that process Run does nothing but hold a slot
 // (ChildDatabase). The soak comes last: the connections it kills may still
 // be in the pool after it.
@@ -136,10 +140,11 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harne
 		{"commit", runCommit[TTx]},
 		{"wait", runWait[TTx]},
 		{"concurrency", func(t *testing.T, h Harness[TTx]) { runConcurrency(t, h, newHarness) }},
+		{"idempotent", func(t *testing.T, h Harness[TTx]) { runIdempotent(t, h, newHarness) }},
 		{"soak", runSoak[TTx]},
 	} {
 		t.Run(topic.name, func(t *testing.T) {
-			if topic.name != "concurrency" { // it enters the gate on its own
+			if topic.name != "concurrency" && topic.name != "idempotent" { // they enter the gate on their own
 				defer enterShared(t)()
 			}
 			topic.run(t, shared)

@@ -5,6 +5,7 @@
 package db
 
 import (
+	"database/sql"
 	"time"
 )
 
@@ -21,5 +22,12 @@ type TxlimitHolder struct {
 	Name      []byte
 	Key       []byte
 	Holder    []byte
+	ExpiresAt time.Time
+}
+
+type TxlimitIdempotency struct {
+	ID        []byte
+	Request   []byte
+	Result    sql.NullString
 	ExpiresAt time.Time
 }

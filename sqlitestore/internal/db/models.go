@@ -4,6 +4,10 @@
 
 package db
 
+import (
+	"database/sql"
+)
+
 type Txlimit struct {
 	Name  string
 	Key   string
@@ -17,5 +21,12 @@ type TxlimitHolder struct {
 	Name      string
 	Key       string
 	Holder    string
+	ExpiresAt int64
+}
+
+type TxlimitIdempotency struct {
+	ID        string
+	Request   string
+	Result    sql.NullString
 	ExpiresAt int64
 }
