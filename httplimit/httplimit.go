@@ -366,10 +366,11 @@ func (m *Limit[TTx]) Handler(next http.Handler) http.Handler {
 		}
 		var res txlimit.MultiResult
 		if err == nil {
-			res, err = m.limit(ctx, reqs, nil)
+			if res, err = m.limit(ctx, reqs, nil); err != nil {
+				m.acquireFailed(r, reqs, holder, err)
+			}
 		}
 		if err != nil {
-			m.acquireFailed(r, reqs, holder, err)
 			m.fail(w, r, err)
 			return
 		}
