@@ -175,6 +175,31 @@ func TestInFlightPostgres(t *testing.T) {
 		require.Equal(t, int64(3), p.entered.Load())
 	})
 
+	t.Run("WithACharge", func(t *testing.T) {
+		// Beside a rule charged by outcome: the charge is settled when the
+		// response is committed, and the slot released after the handler.
+		p := &probe{}
+		lim, err := httplimit.NewAll(limiter, []httplimit.Rule{
+			{Name: "single", Key: userKey},
+			{Name: "hourly", Key: userKey, Charge: httplimit.Statuses(http.StatusUnauthorized)},
+		}, nil)
+		require.NoError(t, err)
+		s := serve(t, lim.Handler(p))
+		require.Equal(t, http.StatusOK, s.get(t, "/", "charged").status)
+		require.Equal(t, 3.0, free("hourly", "charged"), "a 200 is given back")
+		require.Equal(t, http.StatusUnauthorized, s.get(t, "/?status=401", "charged").status)
+		require.Equal(t, 2.0, free("hourly", "charged"), "a 401 is charged")
+		require.Equal(t, 1.0, free("single", "charged"))
+		// On a connection of its own: net/http's client sends a request
+		// again when a reused connection breaks.
+		s = serve(t, lim.Handler(p))
+		r := s.send(ctx, "/?do=panic", "charged")
+		s.wait(t)
+		require.Error(t, r.err)
+		require.Equal(t, 1.0, free("single", "charged"), "released after a panic too")
+		require.Equal(t, int64(3), p.entered.Load())
+	})
+
 	t.Run("Value", func(t *testing.T) {
 		vh, err := httplimit.ValueHandler(limiter, "inflight", userKey, nil)
 		require.NoError(t, err)
