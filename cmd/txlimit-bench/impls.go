@@ -67,9 +67,9 @@ const (
 	// Capacity per key, or at most Capacity per window touched, and counts
 	// every call.
 	windowExact
-	// heldAtOnce: the slots of one hot key, acquired and released until
-	// each client is denied, are held by at most (and at some point
-	// exactly) Capacity calls at once, and all free at the end.
+	// heldAtOnce: the slots of one hot key, acquired and released by more
+	// clients than it has, some of them denied, are held by at most (and at
+	// some point exactly) Capacity calls at once, and all free at the end.
 	heldAtOnce
 )
 

@@ -390,7 +390,7 @@ func (b *bench) checkLimits(db string, scenarios []scenario, clients int, subjec
 				case windowExact:
 					spec, w.maxOps = windowSpec(name), 10*exactCapacity
 				case heldAtOnce:
-					spec, w.duration, w.untilDenied = slotSpec(name), b.cfg.CheckDuration, true
+					spec, w.duration = slotSpec(name), slotCheckFor
 				}
 				st, err := drive(ctx, subj, spec, w)
 				if err != nil {

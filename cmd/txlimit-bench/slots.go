@@ -72,10 +72,22 @@ func slotChecks(s scenario) []saturation {
 }
 
 // slotSpec is the limit of the admission check: slotCapacity slots, and a
-// count of the calls holding one, each for hold.
+// count of the calls holding one, each for slotHold.
 func slotSpec(name string) limitSpec {
-	return limitSpec{Name: name, Capacity: slotCapacity, Shards: 1, held: &heldCount{}, hold: 2 * time.Millisecond}
+	return limitSpec{Name: name, Capacity: slotCapacity, Shards: 1, held: &heldCount{}, hold: slotHold}
 }
+
+// slotHold is how long a call of the admission check holds its slot before
+// it releases it: long beside an acquire, so that the slots fill and every
+// client is denied even where the acquires of the hot key, which queue on
+// its lock row until their COMMIT, take 30ms each (a loaded 2-CPU machine:
+// at 50ms, 3 slots were seldom held at once, and a client of 8 went 20s
+// without a denial).
+const slotHold = 300 * time.Millisecond
+
+// slotCheckFor is how long the clients of the admission check call: a few
+// holds.
+const slotCheckFor = 2 * time.Second
 
 // heldCount counts the calls that hold a slot: from the commit of their
 // acquire until their release starts, when their slot is surely held.
@@ -239,17 +251,18 @@ func checkAllReleased(name string, spec limitSpec, st runStats) check {
 }
 
 // checkHeld checks a real-clock run whose clients acquired and released the
-// slots of one key until each was denied: the calls holding a slot at once
-// (counted between the acquire's commit and the release) must have reached
-// the capacity and never exceeded it, and every slot must be free at the
-// end.
+// slots of one key for slotCheckFor: some call must have been denied, the
+// calls holding a slot at once (counted between the acquire's commit and the
+// release) must have reached the capacity and never exceeded it, and every
+// slot must be free at the end. (Not every client need be denied: one that
+// releases its slot may win it back at once, again and again.)
 func checkHeld(name string, spec limitSpec, st runStats) check {
 	c := check{Name: name, OK: true}
 	most := spec.held.most.Load()
 	switch {
-	case !st.allDenied:
+	case st.admitted == st.ops:
 		c.OK = false
-		c.Detail = fmt.Sprintf("a client was never denied in %d calls: demand did not exceed %g slots, or the limit admits too many", st.ops, spec.Capacity)
+		c.Detail = fmt.Sprintf("no call of %d was denied (at most %d held a slot at once): demand did not exceed %g slots, or the limit admits too many", st.ops, most, spec.Capacity)
 	case float64(most) > spec.Capacity:
 		c.OK = false
 		c.Detail = fmt.Sprintf("%d calls held a slot at once; the capacity is %g", most, spec.Capacity)
