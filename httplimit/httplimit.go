@@ -82,6 +82,26 @@
 // committing its response is charged as a 500 (the panic goes on). Tx
 // cannot apply a limit with a Charge: the handler's transaction already
 // decides whether its tokens are spent.
+//
+// # Requests in flight
+//
+// A limit whose Config.Kind is txlimit.Concurrency caps the requests of a
+// key that run at once, rather than their rate: Handler acquires one of
+// its slots before the handler runs, with a holder id made for the
+// request, and releases it when the handler returns, when it panics (the
+// panic goes on after the release) and when the client disconnects (the
+// release does not use the request's context, and gives up after 10
+// seconds, leaving the slot to its expiry). A request the limit cannot
+// admit gets a 429 with Retry-After: RetryAfter, the time until the
+// earliest expiry of a slot's holder (a release usually frees one sooner);
+// Options.Denied may answer otherwise, a 503 for a cap that protects the
+// server rather than shares it among clients, say. A handler that runs for
+// longer than HoldFor/3 has its slot extended every HoldFor/3; its
+// request's context is cancelled if the slot is lost all the same. The
+// fields say RateLimit-Policy: "P";q=<Capacity>;qu="concurrent-requests"
+// and RateLimit: "P";r=<free slots>. Count, Charge and Mode do not apply
+// to a Concurrency limit, and Tx cannot apply one (nothing would release
+// its slot). NewAll takes slots and tokens all or none.
 package httplimit
 
 import (
@@ -166,8 +186,10 @@ type Rule struct {
 // rule is a Rule ready to apply.
 type rule struct {
 	Rule
-	policy string // Policy quoted for the header fields
-	header string // the RateLimit-Policy field value
+	policy  string // Policy quoted for the header fields
+	header  string // the RateLimit-Policy field value
+	slot    bool   // a Concurrency limit: a request holds a slot while its handler runs
+	holdFor time.Duration
 }
 
 // Limit applies one limit, or several all or none, to HTTP requests. It is
@@ -180,7 +202,13 @@ type Limit[TTx any] struct {
 	// byOutcome reports that a rule has a Charge: Handler then settles
 	// each request when its response is committed (outcome.go).
 	byOutcome bool
-	logger    *slog.Logger
+	// slots reports that a rule is a Concurrency limit: Handler then
+	// releases the request's slots when its handler returns (inflight.go),
+	// and extends them every holdFor/3 (the shortest HoldFor) while it
+	// runs.
+	slots   bool
+	holdFor time.Duration
+	logger  *slog.Logger
 }
 
 // New returns a Limit that applies the limit name of l, which l must have
@@ -238,7 +266,16 @@ func newLimit[TTx any](l *txlimit.Limiter[TTx], rules []Rule, o Options) (*Limit
 		if cfg.Shards > 1 && !cfg.ReportRemaining {
 			return nil, fmt.Errorf("httplimit: limit %q has %d shards but not ReportRemaining, so a call served from one free shard cannot tell the RateLimit field how many tokens are left; set ReportRemaining: true in its txlimit.Config", r.Name, cfg.Shards)
 		}
-		if err := checkMode(r); err != nil {
+		slot := cfg.Kind == txlimit.Concurrency
+		check := checkMode
+		if slot {
+			check = checkSlot
+			m.slots = true
+			if m.holdFor == 0 || cfg.HoldFor < m.holdFor {
+				m.holdFor = cfg.HoldFor
+			}
+		}
+		if err := check(r); err != nil {
 			return nil, err
 		}
 		m.byOutcome = m.byOutcome || r.Charge != nil
@@ -258,13 +295,17 @@ func newLimit[TTx any](l *txlimit.Limiter[TTx], rules []Rule, o Options) (*Limit
 		// client that keeps to q per w keeps to the limit.
 		// A calendar window's windows are days to years of varying length:
 		// its policy gives the quota of one, and no w.
+		// A Concurrency limit's quota is its Capacity of requests at once,
+		// in the draft's unit for that, over no window.
 		header := fmt.Sprintf("%s;q=%d", policy, sfInteger(math.Floor(cfg.Rate)))
-		if _, calendar := calendarNames[cfg.Kind]; !calendar {
+		if slot {
+			header = fmt.Sprintf(`%s;q=%d;qu="concurrent-requests"`, policy, sfInteger(cfg.Capacity))
+		} else if _, calendar := calendarNames[cfg.Kind]; !calendar {
 			w := max(1, int64(math.Ceil(cfg.Period.Seconds())))
 			q := math.Floor(cfg.Rate * float64(time.Duration(w)*time.Second) / float64(cfg.Period))
 			header = fmt.Sprintf("%s;q=%d;w=%d", policy, sfInteger(q), w)
 		}
-		m.rules[i] = rule{Rule: r, policy: policy, header: header}
+		m.rules[i] = rule{Rule: r, policy: policy, header: header, slot: slot, holdFor: cfg.HoldFor}
 	}
 	if m.fail == nil {
 		m.fail = logError(o.Logger, func() []string {
@@ -304,23 +345,44 @@ func config[TTx any](l *txlimit.Limiter[TTx], name string, key KeyFunc) (txlimit
 // settles the charge when the response is committed, before its header
 // goes out. It has Unwrap, Flush and Hijack, so http.ResponseController
 // and the http.Flusher and http.Hijacker assertions work through it.
+//
+// A Concurrency limit is held while next runs, and released when it
+// returns or panics, or after the client has gone (see Requests in
+// flight); next then gets a request whose context is also cancelled if
+// its slot is lost.
 func (m *Limit[TTx]) Handler(next http.Handler) http.Handler {
 	if m.byOutcome {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serveByOutcome(w, r, next) })
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reqs, err := m.requests(r)
+		reqs, holder, err := m.requests(r)
+		ctx := r.Context()
+		if err == nil && m.slots {
+			// A slot taken for a client that is gone would be given back at
+			// once; an acquire cancelled during its commit may have
+			// committed all the same, so it runs to the end.
+			err = ctx.Err()
+			ctx = context.WithoutCancel(ctx)
+		}
 		var res txlimit.MultiResult
 		if err == nil {
-			res, err = m.limit(r.Context(), reqs, nil)
+			if res, err = m.limit(ctx, reqs, nil); err != nil {
+				m.acquireFailed(r, reqs, holder, err)
+			}
 		}
 		if err != nil {
 			m.fail(w, r, err)
 			return
 		}
-		if m.respond(w, r, res) {
-			next.ServeHTTP(w, r)
+		if !m.respond(w, r, res) {
+			return
 		}
+		if m.slots {
+			var release func()
+			r, release = m.hold(r, reqs, holder, res)
+			defer release() // on a panic too, which goes on after it
+		}
+		next.ServeHTTP(w, r)
 	})
 }
 
@@ -336,12 +398,17 @@ func (m *Limit[TTx]) Handler(next http.Handler) http.Handler {
 // has, which errs on the safe side.
 //
 // A Limit with a Charge is an error here: tx's commit already decides
-// whether the tokens are spent, and Tx sees no response to charge by.
+// whether the tokens are spent, and Tx sees no response to charge by. So
+// is a Limit with a Concurrency limit: Tx returns before the handler ends,
+// and nothing would release the slot.
 func (m *Limit[TTx]) Tx(w http.ResponseWriter, r *http.Request, tx TTx) (bool, error) {
 	if m.byOutcome {
 		return false, errTxByOutcome
 	}
-	reqs, err := m.requests(r)
+	if m.slots {
+		return false, errTxSlots
+	}
+	reqs, _, err := m.requests(r)
 	if err != nil {
 		return false, err
 	}
@@ -352,21 +419,29 @@ func (m *Limit[TTx]) Tx(w http.ResponseWriter, r *http.Request, tx TTx) (bool, e
 	return m.respond(w, r, res), nil
 }
 
-// requests returns the limits of r's call.
-func (m *Limit[TTx]) requests(r *http.Request) ([]txlimit.Request, error) {
+// requests returns the limits of r's call and, for a Limit with
+// Concurrency limits, the holder of its slots, a new one.
+func (m *Limit[TTx]) requests(r *http.Request) ([]txlimit.Request, string, error) {
+	var holder string
+	if m.slots {
+		holder = newHolder()
+	}
 	reqs := make([]txlimit.Request, len(m.rules))
 	for i, ru := range m.rules {
 		key, err := ru.Key(r)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		var opts []txlimit.Option
-		if ru.Count != nil {
+		switch {
+		case ru.slot:
+			opts = []txlimit.Option{txlimit.Holder(holder)}
+		case ru.Count != nil:
 			opts = []txlimit.Option{txlimit.Count(ru.Count(r))}
 		}
 		reqs[i] = txlimit.Request{Name: ru.Name, Key: key, Options: opts}
 	}
-	return reqs, nil
+	return reqs, holder, nil
 }
 
 // limit takes reqs in tx, or in a transaction of its own when tx is nil.
@@ -423,10 +498,11 @@ func binding(res txlimit.MultiResult) int {
 // respond sets the header fields of the binding limit of res on w and, for
 // a denial, writes the response; it reports whether the request may go on.
 func (m *Limit[TTx]) respond(w http.ResponseWriter, r *http.Request, res txlimit.MultiResult) bool {
-	b := m.setFields(w.Header(), res)
+	i := m.setFields(w.Header(), res)
 	if res.OK {
 		return true
 	}
+	b := res.Results[i]
 	h := w.Header()
 	h.Set("Retry-After", strconv.FormatInt(retrySeconds(b.RetryAfter), 10))
 	if m.denied != nil {
@@ -439,13 +515,17 @@ func (m *Limit[TTx]) respond(w http.ResponseWriter, r *http.Request, res txlimit
 			violated = append(violated, m.rules[j].Policy)
 		}
 	}
-	problem(w, violated)
+	detail := "Rate limit exceeded"
+	if m.rules[i].slot {
+		detail = "Too many requests in flight"
+	}
+	problem(w, detail, violated)
 	return false
 }
 
 // setFields sets the RateLimit-Policy and RateLimit fields of the binding
-// limit of res on h and returns its result.
-func (m *Limit[TTx]) setFields(h http.Header, res txlimit.MultiResult) txlimit.Result {
+// limit of res on h and returns its index.
+func (m *Limit[TTx]) setFields(h http.Header, res txlimit.MultiResult) int {
 	i := binding(res)
 	ru, b := m.rules[i], res.Results[i]
 	h.Set("RateLimit-Policy", ru.header)
@@ -459,7 +539,7 @@ func (m *Limit[TTx]) setFields(h http.Header, res txlimit.MultiResult) txlimit.R
 		field += ";t=" + strconv.FormatInt(t, 10)
 	}
 	h.Set("RateLimit", field)
-	return b
+	return i
 }
 
 // retrySeconds is d in whole seconds, rounded up, and at least 1: a client
@@ -473,13 +553,13 @@ func retrySeconds(d time.Duration) int64 {
 }
 
 // problem is the default Denied: RFC 9457 problem details of the draft's
-// quota-exceeded type.
-func problem(w http.ResponseWriter, violated []string) {
+// quota-exceeded type. detail says what was exceeded.
+func problem(w http.ResponseWriter, detail string, violated []string) {
 	body, _ := json.Marshal(map[string]any{
 		"type":              "https://iana.org/assignments/http-problem-types#quota-exceeded",
 		"title":             "Too Many Requests",
 		"status":            http.StatusTooManyRequests,
-		"detail":            fmt.Sprintf("Rate limit exceeded; retry after %s seconds.", w.Header().Get("Retry-After")),
+		"detail":            fmt.Sprintf("%s; retry after %s seconds.", detail, w.Header().Get("Retry-After")),
 		"violated-policies": violated,
 	})
 	w.Header().Set("Content-Type", "application/problem+json")
@@ -534,8 +614,11 @@ var errFailedOpen = errors.New("httplimit: the limiter failed open (txlimit.Opti
 // Value is the JSON document ValueHandler serves.
 type Value struct {
 	Name string `json:"name"`
-	// Kind is "tokenBucket", "fixedWindow" or "slidingWindow"; a calendar
-	// window (txlimit.Daily to Yearly) is a "fixedWindow" with Calendar set.
+	// Kind is "tokenBucket", "fixedWindow", "slidingWindow" or
+	// "concurrency"; a calendar window (txlimit.Daily to Yearly) is a
+	// "fixedWindow" with Calendar set. For a "concurrency" limit, Value is
+	// the free slots, Capacity the most requests at once, and Rate and
+	// PeriodMs are 0.
 	Kind string `json:"kind"`
 	// Calendar is "day", "week", "month" or "year" for a calendar window
 	// (txlimit.Daily, Weekly, Monthly, Yearly; its PeriodMs is 0), in the
@@ -562,6 +645,7 @@ var (
 	kindNames = map[txlimit.Kind]string{
 		txlimit.TokenBucket: "tokenBucket", txlimit.FixedWindow: "fixedWindow", txlimit.SlidingWindow: "slidingWindow",
 		txlimit.Daily: "fixedWindow", txlimit.Weekly: "fixedWindow", txlimit.Monthly: "fixedWindow", txlimit.Yearly: "fixedWindow",
+		txlimit.Concurrency: "concurrency",
 	}
 	calendarNames = map[txlimit.Kind]string{
 		txlimit.Daily: "day", txlimit.Weekly: "week", txlimit.Monthly: "month", txlimit.Yearly: "year",

@@ -75,7 +75,7 @@ func (ru rule) takesAfter() bool { return ru.Charge != nil && ru.Mode == TakeAft
 
 // serveByOutcome is Handler for a Limit with a rule that has a Charge.
 func (m *Limit[TTx]) serveByOutcome(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	reqs, err := m.requests(r)
+	reqs, holder, err := m.requests(r)
 	if err == nil {
 		err = r.Context().Err() // the client has gone: take nothing for it
 	}
@@ -90,11 +90,18 @@ func (m *Limit[TTx]) serveByOutcome(w http.ResponseWriter, r *http.Request, next
 	ctx := context.WithoutCancel(r.Context())
 	res, err := m.admit(r.Context(), ctx, reqs)
 	if err != nil {
+		m.acquireFailed(r, reqs, holder, err)
 		m.fail(w, r, err)
 		return
 	}
 	if !m.respond(w, r, res) {
 		return
+	}
+	if m.slots {
+		// Released after the charge is settled (defers run last first).
+		var release func()
+		r, release = m.hold(r, reqs, holder, res)
+		defer release()
 	}
 	ow := &outcomeWriter{ResponseWriter: w}
 	ow.settle = func(status int) { m.settle(ctx, r, ow.Header(), status, reqs, res) }
@@ -186,13 +193,18 @@ func (m *Limit[TTx]) settle(ctx context.Context, r *http.Request, h http.Header,
 
 // logSettle logs an error of settle to Options.Logger.
 func (m *Limit[TTx]) logSettle(ctx context.Context, r *http.Request, limit string, status int, what string, err error) {
+	m.log(ctx, "httplimit: could not "+what+" after the handler; the response went out as the handler wrote it",
+		slog.String("method", r.Method), slog.String("path", r.URL.Path),
+		slog.String("limit", limit), slog.Int("status", status), slog.String("err", err.Error()))
+}
+
+// log logs msg at level Error to Options.Logger, or to slog.Default().
+func (m *Limit[TTx]) log(ctx context.Context, msg string, attrs ...slog.Attr) {
 	l := m.logger
 	if l == nil {
 		l = slog.Default()
 	}
-	l.LogAttrs(ctx, slog.LevelError, "httplimit: could not "+what+" after the handler; the response went out as the handler wrote it",
-		slog.String("method", r.Method), slog.String("path", r.URL.Path),
-		slog.String("limit", limit), slog.Int("status", status), slog.String("err", err.Error()))
+	l.LogAttrs(ctx, slog.LevelError, msg, attrs...)
 }
 
 // outcomeWriter is the ResponseWriter of a handler whose request is charged

@@ -98,6 +98,23 @@ var docLayouts = map[string]*docLayout{
 		caption: "A latency ratio below 1 is a faster step.",
 	}},
 
+	// docs/performance.md: a concurrency slot around the business
+	// transaction against the Redis semaphore beside it.
+	"slots": {table: &docTable{
+		corner:  "a slot around the business transaction",
+		clients: pgClients,
+		lines: []docLine{
+			{label: "each client its own key: txlimit (`LimitTx`, then `ReleaseTx` in the next transaction) ÷ the Redis semaphore (`EVALSHA`, then `ZREM`), transactions a second",
+				cells: []docCell{over(pg("slots", implSlot), pg("slots", implRedisSemaphore))}},
+			{label: "one hot key: the same", cells: []docCell{over(pg("slots-hot", implSlot), pg("slots-hot", implRedisSemaphore))}},
+			{label: "acquire + release p50, each client its own key: txlimit ÷ the Redis semaphore",
+				cells: []docCell{stepOver(pg("slots", implSlot), pg("slots", implRedisSemaphore))}},
+			{label: "one hot key ÷ distinct keys: txlimit / the Redis semaphore",
+				cells: []docCell{over(pg("slots-hot", implSlot), pg("slots", implSlot)), over(pg("slots-hot", implRedisSemaphore), pg("slots", implRedisSemaphore))}},
+		},
+		caption: "Ratios of transactions a second (and of the p50 of the acquire and the release together, where a ratio below 1 is faster), both sides measured in the run.",
+	}},
+
 	// docs/performance.md: the other stores.
 	"stores": {table: &docTable{
 		corner:  "transactions a second, same run",

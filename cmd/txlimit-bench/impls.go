@@ -46,7 +46,13 @@ type impl[E any] struct {
 	// unlimited marks the subject with no limit: its timed runs are not
 	// checked and its step is not timed.
 	unlimited bool
+	// slots marks a subject of the concurrency slots: it runs in the slot
+	// scenarios only, and the others never do.
+	slots bool
 }
+
+// in reports whether im's timed cells measure scenario s.
+func (im impl[E]) in(s scenario) bool { return im.slots == s.slots && im.runs(s) }
 
 // saturation is a saturating admission check: clients call until denied.
 type saturation int
@@ -61,6 +67,10 @@ const (
 	// Capacity per key, or at most Capacity per window touched, and counts
 	// every call.
 	windowExact
+	// heldAtOnce: the slots of one hot key, acquired and released by more
+	// clients than it has, some of them denied, are held by at most (and at
+	// some point exactly) Capacity calls at once, and all free at the end.
+	heldAtOnce
 )
 
 func (s saturation) String() string {
@@ -71,6 +81,8 @@ func (s saturation) String() string {
 		return "bounded"
 	case windowExact:
 		return "window"
+	case heldAtOnce:
+		return "slots"
 	}
 	return fmt.Sprintf("saturation(%d)", int(s))
 }
@@ -180,6 +192,13 @@ func pgImpls(withRedis bool) []impl[*pgConns] {
 			},
 			open: func(c *pgConns) subject { return redisLimit{env: c.redis, p: c.pg} }})
 	}
+	// A concurrency slot around the business transaction.
+	impls = append(impls, impl[*pgConns]{name: implSlot, runs: always, checks: slotChecks, slots: true,
+		open: func(c *pgConns) subject { return pgSlot{c.pg} }})
+	if withRedis {
+		impls = append(impls, impl[*pgConns]{name: implRedisSemaphore, runs: always, checks: slotChecks, slots: true,
+			open: func(c *pgConns) subject { return redisSemaphore{env: c.redis, p: c.pg} }})
+	}
 	return impls
 }
 
@@ -217,9 +236,11 @@ type opened struct {
 func openAll[E any](impls []impl[E], e E) []opened {
 	out := make([]opened, len(impls))
 	for i, im := range impls {
-		checks := im.checks
-		if checks == nil {
-			checks = func(scenario) []saturation { return nil }
+		checks := func(s scenario) []saturation {
+			if im.checks == nil || im.slots != s.slots {
+				return nil
+			}
+			return im.checks(s)
 		}
 		out[i] = opened{subject: im.open(e), name: im.name, checks: checks, unlimited: im.unlimited}
 	}
@@ -232,7 +253,7 @@ func cellsOf[E any](db string, scenarios []scenario, impls []impl[E], clients in
 	var cells []cell
 	for _, s := range scenarios {
 		for _, im := range impls {
-			if im.runs(s) {
+			if im.in(s) {
 				cells = append(cells, cell{db, s, im.name, clients})
 			}
 		}

@@ -276,14 +276,16 @@ func (c config) validate() error {
 		return errors.New("-mysql-clients needs at least one client count, e.g. -mysql-clients 1,8,32 (or leave -mysql out)")
 	case c.SQLite && len(c.SQLiteClients) == 0:
 		return errors.New("-sqlite-clients needs at least one client count, e.g. -sqlite-clients 1,8 (or pass -sqlite=false)")
-	case c.Redis == "" && c.Subjects != nil && (slices.Contains(c.Subjects, implRedis) || slices.Contains(c.Subjects, implRedisRate)):
-		return errors.New("-subjects lists redis or redis_rate, but -redis= leaves Redis out: pass -redis 127.0.0.1:6379, or leave them out of -subjects")
+	case c.Redis == "" && c.Subjects != nil && (slices.Contains(c.Subjects, implRedis) || slices.Contains(c.Subjects, implRedisRate) ||
+		slices.Contains(c.Subjects, implRedisSemaphore)):
+		return errors.New("-subjects lists redis, redis_rate or redis/semaphore, but -redis= leaves Redis out: pass -redis 127.0.0.1:6379, or leave them out of -subjects")
 	}
 	return nil
 }
 
 // subjectNames are the implementations -subjects may name.
-var subjectNames = []string{implNone, implFloor, implTxlimit, implTxlimitSQL, implShards16, implCommit, implCommitLease, implBatch, implRedis, implRedisRate}
+var subjectNames = []string{implNone, implFloor, implTxlimit, implTxlimitSQL, implShards16, implCommit, implCommitLease, implBatch, implRedis, implRedisRate,
+	implSlot, implRedisSemaphore}
 
 // parseSubjects parses -subjects: "" is every subject (nil).
 func parseSubjects(s string) ([]string, error) {

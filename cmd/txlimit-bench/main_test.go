@@ -85,9 +85,10 @@ func TestQuickRun(t *testing.T) {
 	// redis and redis_rate, business-hot with floor, txlimit,
 	// txlimit/shards16, both txlimit/commit, txlimit/batch, redis and
 	// redis_rate, and tpcb and tpcb-hot each with none, txlimit, both
-	// txlimit/commit, txlimit/batch, redis and redis_rate; on SQLite, at
+	// txlimit/commit, txlimit/batch, redis and redis_rate, and slots and
+	// slots-hot each with txlimit/slot and redis/semaphore; on SQLite, at
 	// 2, the floor and txlimit in distinct and hot.
-	const pgRows, sqliteRows = (5*3 + 9 + 8 + 2*7) * 3, 2 * 2 * 2
+	const pgRows, sqliteRows = (5*3 + 9 + 8 + 2*7 + 2*2) * 3, 2 * 2 * 2
 	require.Len(t, rep.Rows, pgRows+sqliteRows)
 	impls := map[string]int{}
 	for _, r := range rep.Rows {
@@ -96,8 +97,10 @@ func TestQuickRun(t *testing.T) {
 		require.Positive(t, r.OpsPerSec, what)
 		require.Len(t, r.Runs, 1)
 		tpcb := strings.HasPrefix(r.Scenario, "tpcb")
-		require.Equal(t, strings.HasPrefix(r.Scenario, "business") || tpcb, r.Business, what)
-		if r.Impl != implFloor && !tpcb {
+		slots := strings.HasPrefix(r.Scenario, "slots")
+		require.Equal(t, slots, r.Impl == implSlot || r.Impl == implRedisSemaphore, "%s: the slot subjects run in the slot scenarios, and only there", what)
+		require.Equal(t, strings.HasPrefix(r.Scenario, "business") || tpcb || slots, r.Business, what)
+		if r.Impl != implFloor && !tpcb && !slots {
 			require.Positive(t, r.VsFloor, "%s has a floor to compare with", what)
 		}
 		if tpcb && r.Impl != implNone {
@@ -126,7 +129,16 @@ func TestQuickRun(t *testing.T) {
 			require.GreaterOrEqual(t, r.StepP99Ms, r.StepP50Ms, what)
 			require.Less(t, r.StepP50Ms, r.P50Ms+r.P99Ms, "%s: the step is part of the call", what)
 		}
-		if r.Business && r.Impl != implRedis {
+		switch {
+		case r.Impl == implSlot:
+			// The slot against the Redis semaphore, throughput and the
+			// step (acquire and release).
+			require.Positive(t, r.VsSemaphore, "%s is compared with the Redis semaphore", what)
+			require.Positive(t, r.StepVsSemaphore, what)
+		default:
+			require.Zero(t, r.VsSemaphore, what)
+		}
+		if r.Business && r.Impl != implRedis && !slots {
 			require.Positive(t, r.VsRedis, "%s is compared with Redis", what)
 			if r.Impl != implNone {
 				require.Positive(t, r.StepVsRedis, what)
@@ -170,6 +182,13 @@ func TestQuickRun(t *testing.T) {
 			// EVALSHA; a SCRIPT FLUSH by another user of the shared Redis
 			// would add one EVAL per connection.
 			require.InDelta(t, 3+business, r.RoundTrips, 0.05, what)
+		case r.Impl == implRedisSemaphore:
+			// BEGIN, INSERT, EVALSHA (the acquire), COMMIT, ZREM.
+			require.InDelta(t, 4+business, r.RoundTrips, 0.05, what)
+		case r.Impl == implSlot:
+			// BEGIN, INSERT, the acquire, COMMIT; BEGIN, the release,
+			// COMMIT.
+			require.GreaterOrEqual(t, r.RoundTrips, 6+business, what)
 		case r.Impl == implFloor && r.Shards == 1:
 			require.Equal(t, 4.0+business, r.RoundTrips, what)
 		case r.Impl == implFloor:
@@ -183,6 +202,7 @@ func TestQuickRun(t *testing.T) {
 		"postgres none": 3 * 3, "postgres floor": 7 * 3, "postgres txlimit": 9 * 3, "postgres txlimit/pgsqlstore": 6 * 3,
 		"postgres txlimit/shards16": 3, "postgres redis": 4 * 3, "postgres txlimit/commit": 4 * 3,
 		"postgres txlimit/commit+lease": 4 * 3, "postgres txlimit/batch": 4 * 3, "postgres redis_rate": 4 * 3,
+		"postgres txlimit/slot": 2 * 3, "postgres redis/semaphore": 2 * 3,
 		"sqlite floor": 4, "sqlite txlimit": 4,
 	}, impls)
 
@@ -193,9 +213,12 @@ func TestQuickRun(t *testing.T) {
 	// txlimit/shards16 (business-hot), txlimit/commit with and without a
 	// lease and txlimit/batch (business, business-hot, tpcb, tpcb-hot),
 	// window for Redis in distinct, hot, business, business-hot, tpcb and
-	// tpcb-hot, bounded for redis_rate in the four business scenarios.
+	// tpcb-hot, bounded for redis_rate in the four business scenarios, and
+	// the slots held at once on the hot key for txlimit/slot and
+	// redis/semaphore. (The timed runs of the slot subjects check that
+	// every call was granted and every slot is free again.)
 	const timed = pgRows + sqliteRows - 3*3
-	const saturating = 2*(4+9+6+1+4+4+4) + 6 + 4 + 2*2*2
+	const saturating = 2*(4+9+6+1+4+4+4) + 6 + 4 + 2*2*2 + 2
 	require.Len(t, rep.Checks, timed+saturating)
 	kinds := map[string]int{}
 	for _, c := range rep.Checks {
@@ -204,6 +227,14 @@ func TestQuickRun(t *testing.T) {
 		kinds[kind]++
 	}
 	require.Equal(t, 6, kinds["window"], "Redis takes the window check in distinct, hot and the four business scenarios")
+	require.Equal(t, 2, kinds["slots"], "txlimit/slot and redis/semaphore take the slots check in slots-hot")
+	for _, impl := range []string{implSlot, implRedisSemaphore} {
+		name := "slots/postgres/slots-hot/" + impl + "/c32"
+		i := slices.IndexFunc(rep.Checks, func(c check) bool { return c.Name == name })
+		require.GreaterOrEqual(t, i, 0, "%s takes the slots check", impl)
+		require.Contains(t, rep.Checks[i].Detail, fmt.Sprintf("at most %d held a slot at once", slotCapacity))
+	}
+	require.Equal(t, pgRows+sqliteRows-3*3, kinds["postgres"]+kinds["sqlite"], "a timed check per row but none's")
 	require.Equal(t, 4+9+6+1+4+4+4+2*2, kinds["exact"], "the floor (4 scenarios), txlimit (9), txlimit/pgsqlstore (6), txlimit/shards16 (1), both txlimit/commit and txlimit/batch (4 each), SQLite's two (2 each)")
 	require.Equal(t, 4+9+6+1+4+4+4+4+2*2, kinds["bounded"], "as exact, and redis_rate (4)")
 	for _, kind := range []string{"exact", "bounded"} {
@@ -216,7 +247,11 @@ func TestQuickRun(t *testing.T) {
 	// and no limit at 1, and on the hot key with a lease against
 	// redis_rate and its distinct keys at 8 and 32; txlimit's four exact
 	// modes against no limit in tpcb and tpcb-hot at 1 and 8.
-	require.Len(t, rep.Targets, 7+4+4+4*2*2)
+	// And the slot against the Redis semaphore on distinct keys at 1.
+	require.Len(t, rep.Targets, 7+4+4+4*2*2+1)
+	require.True(t, slices.ContainsFunc(rep.Targets, func(tg Target) bool {
+		return tg.Name == "postgres slots, 1 client: acquire + release in the business transaction >= 1.0x the Redis semaphore beside it" && tg.Got > 0
+	}))
 	for _, target := range rep.Targets {
 		if strings.Contains(target.Name, "16 shards") {
 			require.Positive(t, target.FloorGot, "the shards target shows what the floor reaches")
@@ -235,6 +270,7 @@ func TestQuickRun(t *testing.T) {
 	require.Len(t, records, 1+len(rep.Rows))
 	require.Equal(t, "ops_per_sec", records[0][5])
 	require.Contains(t, records[0], "step_p50_vs_redis")
+	require.Contains(t, records[0], "vs_redis_semaphore")
 
 	data, err := os.ReadFile(filepath.Join(out, "results.json"))
 	require.NoError(t, err)
@@ -248,6 +284,8 @@ func TestQuickRun(t *testing.T) {
 	require.Contains(t, string(md), "## The limit step inside a business transaction")
 	require.Contains(t, string(md), "| postgres | business | redis | 32 |")
 	require.Contains(t, string(md), "| postgres | business-hot | txlimit/shards16 | 32 |")
+	require.Contains(t, string(md), "## Concurrency slots around a business transaction")
+	require.Contains(t, string(md), "| slots-hot | txlimit/slot | 32 |")
 	require.Contains(t, string(md), fmt.Sprintf("%d passed, 0 failed", len(rep.Checks)))
 
 	svg, err := os.ReadFile(filepath.Join(out, "results.svg"))
@@ -433,7 +471,7 @@ func TestParseFlags(t *testing.T) {
 	require.False(t, cfg.wants(implTxlimit))
 
 	_, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", "floor,shards16"}, io.Discard)
-	require.ErrorContains(t, err, `-subjects: unknown subject "shards16"; name some of none, floor, txlimit, txlimit/pgsqlstore, txlimit/shards16, txlimit/commit, txlimit/commit+lease, txlimit/batch, redis, redis_rate`)
+	require.ErrorContains(t, err, `-subjects: unknown subject "shards16"; name some of none, floor, txlimit, txlimit/pgsqlstore, txlimit/shards16, txlimit/commit, txlimit/commit+lease, txlimit/batch, redis, redis_rate, txlimit/slot, redis/semaphore`)
 
 	_, err = parseFlags([]string{"-dsn", "postgres://x", "-subjects", ","}, io.Discard)
 	require.ErrorContains(t, err, "names no subject")

@@ -72,6 +72,17 @@ func (r *Report) markdown() string {
 		}
 	}
 
+	if slots := slotRows(r); len(slots) > 0 {
+		p("\n## Concurrency slots around a business transaction\n\n")
+		p("%s Lower is faster for the step; a throughput ratio above 1 is ahead of the Redis semaphore.\n\n", slotsCaption)
+		p("| scenario | impl | clients | ops/s | p50 ms | step p50 ms | vs Redis semaphore | step p50 vs Redis semaphore | vs distinct | round trips |\n")
+		p("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		for _, row := range slots {
+			p("| %s | %s | %d | %.0f | %.2f | %.3f | %s | %s | %s | %s |\n", row.Scenario, row.Impl, row.Clients, row.OpsPerSec, row.P50Ms,
+				row.StepP50Ms, cellRatio(row.VsSemaphore), cellRatio(row.StepVsSemaphore), cellRatio(row.VsDistinct), roundTrips(row))
+		}
+	}
+
 	if len(r.Targets) > 0 {
 		p("\n## Targets\n\n| target | got | met |\n| --- | ---: | --- |\n")
 		for _, t := range r.Targets {

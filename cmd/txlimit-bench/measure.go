@@ -25,6 +25,10 @@ type limitSpec struct {
 	// Clock, when set, is frozen or injected for both implementations;
 	// when nil txlimit reads the database clock and the floor time.Now.
 	Clock func() time.Time
+	// held, for the slot subjects' admission check, counts the calls
+	// holding a slot, each for hold (slots.go).
+	held *heldCount
+	hold time.Duration
 }
 
 func (s limitSpec) config() txlimit.Config {

@@ -51,6 +51,8 @@ type redisEnv struct {
 	runID   string
 	version string
 	script  *redis.Script
+	// semaphore is the sorted-set semaphore's acquire (slots.go).
+	semaphore *redis.Script
 	// trace is the tracer of the pool being measured: the Redis commands
 	// are counted and timed with its PostgreSQL statements.
 	trace atomic.Pointer[tracer]
@@ -66,10 +68,11 @@ func openRedis(ctx context.Context, addr string, conns int) (env *redisEnv, clea
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	env = &redisEnv{
-		runID:  hex.EncodeToString(b),
-		script: redis.NewScript(fixedWindowScript),
-		first:  map[string]int64{},
-		last:   map[string]int64{},
+		runID:     hex.EncodeToString(b),
+		script:    redis.NewScript(fixedWindowScript),
+		semaphore: redis.NewScript(semaphoreScript),
+		first:     map[string]int64{},
+		last:      map[string]int64{},
 	}
 	env.rdb = redis.NewClient(&redis.Options{
 		Addr:     addr,

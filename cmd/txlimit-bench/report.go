@@ -49,6 +49,11 @@ type Row struct {
 	// scenarios only).
 	VsRedisRate float64 `json:"vs_redis_rate,omitempty"`
 	VsNone      float64 `json:"vs_none,omitempty"`
+	// VsSemaphore is, in the slot scenarios, the throughput over that of
+	// the business transaction with the Redis semaphore beside it, and
+	// StepVsSemaphore the step's p50 (acquire and release) over its.
+	VsSemaphore     float64 `json:"vs_redis_semaphore,omitempty"`
+	StepVsSemaphore float64 `json:"step_p50_vs_redis_semaphore,omitempty"`
 	// StepVsFloor and StepVsRedis are the limit step's p50 over the
 	// floor's and Redis's (lower is faster); the P99 ones the same for p99.
 	StepVsFloor    float64 `json:"step_p50_vs_floor,omitempty"`
@@ -183,6 +188,7 @@ func writeTable(w io.Writer, rep *Report) {
 	}
 
 	writeSteps(w, rep)
+	writeSlots(w, rep)
 	writeProfile(w, rep)
 
 	failed := 0
@@ -221,7 +227,7 @@ func ratioOrNone(f float64) string {
 func stepRows(rep *Report) []Row {
 	var out []Row
 	for _, r := range rep.Rows {
-		if r.Business && r.StepP50Ms > 0 && !strings.HasPrefix(r.Scenario, "tpcb") {
+		if r.Business && r.StepP50Ms > 0 && !strings.HasPrefix(r.Scenario, "tpcb") && !slotRow(r) {
 			out = append(out, r)
 		}
 	}
@@ -244,6 +250,46 @@ func writeSteps(w io.Writer, rep *Report) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "vs floor, vs redis: this step's latency / theirs, same clients (lower is faster).")
+}
+
+// slotRow reports whether r measures a concurrency slot (slots.go).
+func slotRow(r Row) bool { return r.Impl == implSlot || r.Impl == implRedisSemaphore }
+
+// slotRows are the rows of the concurrency slots.
+func slotRows(rep *Report) []Row {
+	var out []Row
+	for _, r := range rep.Rows {
+		if slotRow(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// slotsCaption says what the slot rows measure.
+const slotsCaption = "slots: a concurrency slot around the business transaction, each client its own key (slots) or one hot key (slots-hot). " +
+	"txlimit/slot: BEGIN; INSERT …; LimitTx acquires a slot of a Concurrency limit; COMMIT; then ReleaseTx in the next transaction " +
+	"(BEGIN; release; COMMIT) on the same connection, once the work the slot guards is done (here at once). " +
+	"redis/semaphore: the sorted-set semaphore beside the transaction, BEGIN; INSERT …; EVALSHA (ZREMRANGEBYSCORE the expired holders, " +
+	"ZCARD, ZADD when below the capacity); COMMIT; ZREM. The step is the acquire and the release together."
+
+// writeSlots prints the concurrency slots' rows and their ratios to the
+// Redis semaphore.
+func writeSlots(w io.Writer, rep *Report) {
+	rows := slotRows(rep)
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nconcurrency slots around a business transaction")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\timpl\tclients\tops/s\tp50 ms\tstep p50 ms\tvs semaphore\tstep p50 vs semaphore\tvs distinct\trt/op\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.2f\t%.3f\t%s\t%s\t%s\t%s\t\n", r.Scenario, r.Impl, r.Clients, r.OpsPerSec, r.P50Ms, r.StepP50Ms,
+			ratio(r.VsSemaphore), ratio(r.StepVsSemaphore), ratio(r.VsDistinct), roundTrips(r))
+	}
+	tw.Flush()
+	fmt.Fprint(w, wrap(slotsCaption))
+	fmt.Fprintln(w, "vs semaphore: this / the business transaction with the Redis semaphore beside it, same scenario and clients (the step: lower is faster).")
 }
 
 // writeProfile prints the -profile breakdown: where each cell's time goes,
@@ -309,7 +355,7 @@ func (r *Report) csv(w io.Writer) error {
 	_ = cw.Write([]string{"db", "scenario", "impl", "shards", "clients", "ops_per_sec", "p50_ms", "p99_ms",
 		"vs_floor", "vs_hot_floor", "vs_distinct", "round_trips_per_op", "fallback_share",
 		"vs_redis", "step_p50_ms", "step_p99_ms", "step_p50_vs_floor", "step_p50_vs_redis", "step_p99_vs_floor", "step_p99_vs_redis",
-		"runs_ops_per_sec"})
+		"vs_redis_semaphore", "step_p50_vs_redis_semaphore", "runs_ops_per_sec"})
 	for _, row := range r.Rows {
 		runs := make([]string, len(row.Runs))
 		for i, v := range row.Runs {
@@ -323,7 +369,7 @@ func (r *Report) csv(w io.Writer) error {
 			strconv.FormatFloat(row.OpsPerSec, 'f', 0, 64), f(row.P50Ms, 3), f(row.P99Ms, 3),
 			f(row.VsFloor, 3), f(row.VsHotFloor, 3), f(row.VsDistinct, 3), f(row.RoundTrips, 2), fallback,
 			f(row.VsRedis, 3), f(row.StepP50Ms, 3), f(row.StepP99Ms, 3), f(row.StepVsFloor, 3), f(row.StepVsRedis, 3),
-			f(row.StepP99VsFloor, 3), f(row.StepP99VsRedis, 3), strings.Join(runs, ";")})
+			f(row.StepP99VsFloor, 3), f(row.StepP99VsRedis, 3), f(row.VsSemaphore, 3), f(row.StepVsSemaphore, 3), strings.Join(runs, ";")})
 	}
 	cw.Flush()
 	return cw.Error()
