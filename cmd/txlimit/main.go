@@ -2,7 +2,8 @@
 // PostgreSQL, MySQL, MariaDB or SQLite database: it runs the migrations,
 // shows the tokens a limit holds, per shard and in total, lists the keys
 // that have state, emptiest first, resets a key and prunes full limits;
-// and it lists the holders of a concurrency limit's key and releases one.
+// it lists the holders of a concurrency limit's key and releases one; and it
+// pauses a key until an instant, lists the paused keys and lifts a pause.
 // The form of the DSN selects the store (pgstore, mysqlstore, sqlitestore),
 // which the command names on stderr.
 //
@@ -15,6 +16,9 @@
 //	txlimit keys -config limits.json
 //	txlimit holders exports acme
 //	txlimit release exports acme job-42
+//	txlimit pause sendMessage alice 2h -kind token_bucket -rate 10 -period 1m -capacity 20
+//	txlimit paused
+//	txlimit lift sendMessage alice
 //
 // Run txlimit -help for every command and flag. It is a module of its own, so
 // that its dependencies stay out of the library's.
@@ -72,6 +76,16 @@ Commands:
                      Give back the slot HOLDER holds of NAME for KEY, as the
                      application's Release does: for a holder whose work is known to
                      be gone before its expiry. Needs no config.
+  pause NAME KEY UNTIL
+                     Deny every call of NAME for KEY until UNTIL, an RFC 3339 instant
+                     (2026-12-24T18:00:00Z) or a duration from now (2h, 90m), whatever
+                     its tokens, as the application's Pause does; pausing again
+                     replaces the instant. Needs the limit's config (flags below, or
+                     -config): a key without state gets its rows, full.
+  lift NAME KEY      Lift the pause of NAME for KEY: its calls are decided by its tokens
+                     again. Needs no config.
+  paused [NAME]      The keys paused now (of limit NAME, or of every limit), the
+                     soonest to end first. Needs no config.
 
 The database keeps no copy of the limits' configs (they live in your code), so the
 commands that compute tokens take them from a JSON file (-config) or, for one limit,
@@ -108,7 +122,7 @@ Flags (before or after the arguments):
                    SQLite (sqlitestore): anything else, a file path (which must exist,
                      but for migrate up) or a file: URI.
   -config FILE     Limits' configs, JSON as above.
-  -kind KIND       One limit's config, for value and keys NAME: token_bucket,
+  -kind KIND       One limit's config, for value, pause and keys NAME: token_bucket,
                    fixed_window, sliding_window, daily, weekly, monthly or yearly.
   -rate N          tokens per period (per calendar window)
   -period D        e.g. 1m, 24h; none for daily, weekly, monthly and yearly
@@ -121,7 +135,7 @@ Flags (before or after the arguments):
   -week-start DAY  the first day of a weekly window: sunday … saturday (default sunday)
   -n N             keys: show at most N keys (default 20; 0 for all)
   -batch N         prune: keys per transaction (default 1000)
-  -json            value, keys and holders: print JSON instead of a table
+  -json            value, keys, holders and paused: print JSON instead of a table
   -yes             migrate down: confirm
   -timeout D       give up after D (default 1m)
 
@@ -143,6 +157,9 @@ Examples:
   txlimit prune -dsn app.db -config limits.json
   txlimit holders exports acme -dsn app.db
   txlimit release exports acme job-42 -dsn app.db
+  txlimit pause sendMessage alice 2026-12-24T18:00:00Z -dsn app.db -config limits.json
+  txlimit paused -dsn app.db
+  txlimit lift sendMessage alice -dsn app.db
 `
 
 func main() {

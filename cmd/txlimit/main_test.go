@@ -327,14 +327,14 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	// escrow mode's tables (since dropped) and the arithmetic's functions
 	// before it, the function a take at commit raises with, the table's
 	// fillfactor, the shard checks' removal, the escrow tables' drop and
-	// the shards column after it. The last creates txlimit_holder, the
-	// holders of concurrency limits, everywhere.
-	last := 3
+	// the shards column after it. Then txlimit_holder, the holders of
+	// concurrency limits, everywhere, and last the pauses' column.
+	holder, last := 3, 4
 	switch storeOf(dsn) {
 	case mysqlStore:
-		last = 2
+		holder, last = 2, 3
 	case postgresStore:
-		last = 10
+		holder, last = 10, 11
 		require.Contains(t, out, "applied 00002_create_txlimit_escrow.sql")
 		require.Contains(t, out, "applied 00003_create_txlimit_functions.sql")
 		require.Contains(t, out, "applied 00004_add_txlimit_prev.sql")
@@ -344,7 +344,8 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 		require.Contains(t, out, "applied 00008_drop_txlimit_escrow.sql")
 		require.Contains(t, out, "applied 00009_lean_takes.sql")
 	}
-	require.Contains(t, out, fmt.Sprintf("applied %05d_create_txlimit_holder.sql", last))
+	require.Contains(t, out, fmt.Sprintf("applied %05d_create_txlimit_holder.sql", holder))
+	require.Contains(t, out, fmt.Sprintf("applied %05d_add_txlimit_paused_until.sql", last))
 	require.Contains(t, out, fmt.Sprintf("version %d (recorded in txlimit_goose_version)", last))
 	require.Contains(t, ok(t, "migrate", "up", "-dsn", dsn), "up to date: nothing to apply")
 	require.Regexp(t, `1\s+applied\s+\d{4}-\d\d-\d\dT.*00001_create_txlimit.sql`, ok(t, "migrate", "status", "-dsn", dsn))
@@ -437,6 +438,7 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	require.Equal(t, []string{"tb/dave", "send/alice", "gone/y"}, names(keysJSON(t, "-dsn", dsn, "-config", config)))
 
 	exerciseHolders(t, dsn, l)
+	exercisePause(t, dsn, config, l)
 
 	// migrate down drops the table; the commands that read it then fail.
 	for range last - 1 {

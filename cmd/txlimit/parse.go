@@ -20,7 +20,7 @@ var errHelp = errors.New("help")
 
 // invocation is a parsed command line.
 type invocation struct {
-	command string   // migrate, value, reset, keys, prune, holders, release
+	command string   // migrate, value, reset, keys, prune, holders, release, pause, lift, paused
 	args    []string // the command's positional arguments
 	dsn     string
 	config  string // -config file
@@ -97,12 +97,12 @@ func parse(args []string) (*invocation, error) {
 	inv.command, inv.args = positional[0], positional[1:]
 	want := map[string][2]int{ // the command's fewest and most arguments
 		"help": {0, 0}, "migrate": {1, 1}, "value": {2, 2}, "reset": {2, 2}, "keys": {0, 1}, "prune": {0, 0},
-		"holders": {2, 2}, "release": {3, 3},
+		"holders": {2, 2}, "release": {3, 3}, "pause": {3, 3}, "lift": {2, 2}, "paused": {0, 1},
 	}
 	n, ok := want[inv.command]
 	switch {
 	case !ok:
-		return nil, fmt.Errorf("unknown command %q; the commands are migrate, value, reset, keys, prune, holders and release", inv.command)
+		return nil, fmt.Errorf("unknown command %q; the commands are migrate, value, reset, keys, prune, holders, release, pause, lift and paused", inv.command)
 	case inv.command == "help":
 		return nil, errHelp
 	case len(inv.args) < n[0] || len(inv.args) > n[1]:
@@ -130,8 +130,8 @@ func parse(args []string) (*invocation, error) {
 	if inv.timeout <= 0 {
 		return nil, fmt.Errorf("-timeout must be > 0, got %v", inv.timeout)
 	}
-	if inv.limit.given() && !(inv.command == "value" || inv.command == "keys" && len(inv.args) == 1) {
-		return nil, errors.New("the config flags (-kind, -rate, …) define the limit NAME of value and keys NAME; for other commands use -config")
+	if inv.limit.given() && !(inv.command == "value" || inv.command == "pause" || inv.command == "keys" && len(inv.args) == 1) {
+		return nil, errors.New("the config flags (-kind, -rate, …) define the limit NAME of value, pause and keys NAME; for other commands use -config")
 	}
 	return inv, nil
 }
@@ -144,6 +144,9 @@ var argsWanted = map[string]string{
 	"prune":   "no arguments",
 	"holders": "two arguments, NAME KEY",
 	"release": "three arguments, NAME KEY HOLDER",
+	"pause":   "three arguments, NAME KEY UNTIL",
+	"lift":    "two arguments, NAME KEY",
+	"paused":  "at most one argument, NAME",
 }
 
 var configFlags = []string{"kind", "rate", "period", "capacity", "max-reserved", "shards", "start", "calendar", "zone", "week-start"}

@@ -108,8 +108,13 @@ type Ops[TTx any] interface {
 	// locking every row of it.
 	Credit(ctx context.Context, tx TTx, p CreditParams) error
 
-	// Reset deletes every row of k.
+	// Reset deletes every row of k (a pause too).
 	Reset(ctx context.Context, tx TTx, k KeyRef) error
+
+	// Pause sets (or lifts) the pause of p's key on every row it has,
+	// locking them in shard order; a key without rows gets the rows of
+	// p.Limit's layout, full, when the pause is set.
+	Pause(ctx context.Context, tx TTx, p PauseParams) error
 
 	// Prune runs one batch of Prune in a short transaction of its own: it
 	// examines up to p.Max keys after p.After, in the store's key order,
@@ -239,6 +244,10 @@ type Row struct {
 	Value float64
 	Prev  float64 // algo.State.Prev
 	TS    time.Time
+	// Paused is the instant until which the key is paused (the column
+	// paused_until), zero for none. Every row of a paused key holds it
+	// (PauseParams).
+	Paused time.Time
 }
 
 // State is the row's state.
@@ -274,6 +283,9 @@ type TakeResult struct {
 	LockWait time.Duration // in the statements that lock rows, with TimeLocks
 	// Taken is how many tokens the call took (for Check, would take).
 	Taken float64
+	// Paused reports a denial because the key is paused (Paused): the
+	// Decision's RetryAfter is the time until the pause ends.
+	Paused bool
 }
 
 // TakeAllParams is one TakeAll. The (Name, Key) pairs of Takes are

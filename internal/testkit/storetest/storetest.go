@@ -8,7 +8,9 @@
 // another: prune (and prune/equivalence: Prune changes no decision), limits (and
 // their concurrency), limit_all, remaining, reservations, edges, windows
 // (sliding and calendar windows, UpTo, and the calls that must write
-// nothing), commit (CommitTx and Commit), wait (Limiter.Wait), concurrency
+// nothing), commit (CommitTx and Commit), wait (Limiter.Wait), pause
+// (Limiter.Pause: denials until the instant, across Limiters, in LimitAll,
+// reservations, Prune, lifting, rollback), concurrency
 // (Concurrency limits: exactly Capacity of 64 concurrent acquirers at every
 // isolation level, release, extend, reclaim, and a holder whose process is
 // killed) and soak
@@ -133,6 +135,7 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harne
 		{"windows", runWindows[TTx]},
 		{"commit", runCommit[TTx]},
 		{"wait", runWait[TTx]},
+		{"pause", runPause[TTx]},
 		{"concurrency", func(t *testing.T, h Harness[TTx]) { runConcurrency(t, h, newHarness) }},
 		{"soak", runSoak[TTx]},
 	} {

@@ -5,16 +5,18 @@
 package db
 
 import (
+	"database/sql"
 	"time"
 )
 
 type Txlimit struct {
-	Name  []byte
-	Key   []byte
-	Shard int32
-	Value float64
-	Prev  float64
-	Ts    time.Time
+	Name        []byte
+	Key         []byte
+	Shard       int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil sql.NullTime
 }
 
 type TxlimitHolder struct {

@@ -4,13 +4,18 @@
 
 package db
 
+import (
+	"database/sql"
+)
+
 type Txlimit struct {
-	Name  string
-	Key   string
-	Shard int64
-	Value float64
-	Ts    int64
-	Prev  float64
+	Name        string
+	Key         string
+	Shard       int64
+	Value       float64
+	Ts          int64
+	Prev        float64
+	PausedUntil sql.NullInt64
 }
 
 type TxlimitHolder struct {
