@@ -56,7 +56,7 @@ func exercisePause[TTx any](t *testing.T, dsn, config string, l *txlimit.Limiter
 	require.Contains(t, ok(t, "paused", "-dsn", dsn), "0 paused key(s)")
 
 	// Bad input pauses nothing.
-	require.Contains(t, fails(t, exitUsage, "pause", "send", "bob", "-1h", "-dsn", dsn, "-config", config), "is not after now")
+	require.Contains(t, fails(t, exitUsage, "pause", "send", "bob", "-dsn", dsn, "-config", config, "--", "-1h"), "is not after now")
 	require.Contains(t, fails(t, exitUsage, "pause", "send", "bob", "2001-01-01T00:00:00Z", "-dsn", dsn, "-config", config), "is not after the clock")
 	require.Contains(t, fails(t, exitUsage, "pause", "send", "bob", "tomorrow", "-dsn", dsn, "-config", config), "neither an RFC 3339 instant")
 	require.Contains(t, fails(t, exitUsage, "pause", "unknown", "bob", "1h", "-dsn", dsn, "-config", config), `no config for limit "unknown"`)
