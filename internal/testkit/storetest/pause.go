@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit"
+	"github.com/txlimit/txlimit/internal/waitsleep"
 )
 
 func runPause[TTx any](t *testing.T, h Harness[TTx]) {
@@ -259,6 +260,35 @@ func runPause[TTx any](t *testing.T, h Harness[TTx]) {
 			require.Empty(t, h.Rows(t, name, "k"), "Prune kept the rows of a pause that had ended")
 			require.True(t, limit(t, l, name, "k").OK)
 		})
+	})
+
+	t.Run("WaitSleepsUntilThePauseEnds", func(t *testing.T) {
+		name := UniqueName(t, "api")
+		clk := NewClock()
+		l := newLimiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: 10, Period: time.Minute}}, clk)
+		pause(t, l, name, "k", T0.Add(time.Hour))
+		// Wait sleeps on the suite's clock: at least the time left, and
+		// within one period's jitter of it (Wait's spread).
+		var slept []time.Duration
+		res, err := l.Wait(waitsleep.With(ctx, func(_ context.Context, d time.Duration) error {
+			slept = append(slept, d)
+			clk.Advance(d)
+			return nil
+		}), name, "k")
+		require.NoError(t, err)
+		require.True(t, res.OK, "%+v", res)
+		require.Len(t, slept, 1)
+		require.GreaterOrEqual(t, slept[0], time.Hour)
+		require.LessOrEqual(t, slept[0], time.Hour+6*time.Second) // Count/Rate of a Period
+		// A deadline before the pause ends returns at once, denied.
+		pause(t, l, name, "k", clk.Now().Add(time.Hour))
+		dctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		res, err = l.Wait(dctx, name, "k")
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorIs(t, err, txlimit.ErrRateLimited)
+		require.True(t, res.Paused)
+		require.Equal(t, time.Hour, res.RetryAfter)
 	})
 
 	t.Run("ResetLiftsIt", func(t *testing.T) {
