@@ -262,6 +262,33 @@ func runPause[TTx any](t *testing.T, h Harness[TTx]) {
 		})
 	})
 
+	t.Run("TheTakeAtCommitAfterThePauseEnds", func(t *testing.T) {
+		perConfig(t, func(t *testing.T, cfg txlimit.Config) {
+			name := UniqueName(t, "api")
+			clk := NewClock()
+			l := newLimiter(t, map[string]txlimit.Config{name: cfg}, clk)
+			pause(t, l, name, "k", T0.Add(time.Minute))
+			clk.Advance(time.Minute)
+			// The take that rides the COMMIT (pgstore) leaves a row with a
+			// pause, ended or not, to the Go path: the first call after the
+			// pause ends may be denied with RetryAfter 0 (try again) while
+			// that path clears it; the next is granted.
+			req := txlimit.Request{Name: name, Key: "k"}
+			res, err := l.Commit(ctx, func(TTx) error { return nil }, req)
+			if !res.OK {
+				require.ErrorIs(t, err, txlimit.ErrRateLimited)
+				require.Zero(t, res.RetryAfter)
+				require.False(t, res.Results[0].Paused)
+				res, err = l.Commit(ctx, func(TTx) error { return nil }, req)
+			}
+			require.NoError(t, err)
+			require.True(t, res.OK, "%+v", res)
+			res, err = l.Commit(ctx, func(TTx) error { return nil }, req)
+			require.NoError(t, err)
+			require.True(t, res.OK, "%+v", res)
+		})
+	})
+
 	t.Run("WaitSleepsUntilThePauseEnds", func(t *testing.T) {
 		name := UniqueName(t, "api")
 		clk := NewClock()
