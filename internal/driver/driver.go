@@ -111,9 +111,10 @@ type Ops[TTx any] interface {
 	// Reset deletes every row of k (a pause too).
 	Reset(ctx context.Context, tx TTx, k KeyRef) error
 
-	// Pause sets (or lifts) the pause of p's key on every row it has,
-	// locking them in shard order; a key without rows gets the rows of
-	// p.Limit's layout, full, when the pause is set.
+	// Pause sets (or lifts) the pause of p's key: it locks every row of the
+	// key in shard order and writes them as a take of nothing would (in
+	// p.Limit's layout, created full for a key without rows), each with the
+	// pause (engine.Pause).
 	Pause(ctx context.Context, tx TTx, p PauseParams) error
 
 	// Prune runs one batch of Prune in a short transaction of its own: it

@@ -6,9 +6,9 @@ import (
 	"github.com/txlimit/txlimit/algo"
 )
 
-// PauseParams is one Pause: every row of the key gets paused_until Until,
-// the rows of Limit's layout created full first when the key has none. A
-// zero Until, or one not after the clock, lifts the pause (NULL), creating
+// PauseParams is one Pause: every row of the key, in Limit's layout (its
+// rows created full when the key has none), gets paused_until Until. A zero
+// Until, or one not after the clock, lifts the pause (NULL), creating
 // nothing.
 type PauseParams struct {
 	Limit
