@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -287,6 +288,78 @@ func runPause[TTx any](t *testing.T, h Harness[TTx]) {
 			require.NoError(t, err)
 			require.True(t, res.OK, "%+v", res)
 		})
+	})
+
+	t.Run("RacesConcurrentTakesExactly", func(t *testing.T) {
+		// Takes on separate connections race a pause of their key: each
+		// is granted (before the pause commits) or denied as paused
+		// (after), never denied for tokens, never both; a worker that saw
+		// the pause sees it on every later take; and the tokens left are
+		// exactly the capacity less the grants.
+		for _, shards := range []int{1, 4} {
+			t.Run(fmt.Sprintf("Shards%d", shards), func(t *testing.T) {
+				const workers, takes, capacity = 6, 5, 1000
+				name := UniqueName(t, "api")
+				clk := NewClock()
+				l := newLimiter(t, map[string]txlimit.Config{name: {Kind: txlimit.TokenBucket, Rate: capacity, Period: time.Hour, Shards: shards}}, clk)
+				var mu sync.Mutex
+				granted, denied := 0, 0
+				var wg sync.WaitGroup
+				sem := make(chan struct{}, h.Conns-1) // a connection for the pause
+				paused, committed := make(chan struct{}), make(chan struct{})
+				for w := range workers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						sawPause := false
+						for i := range takes {
+							switch {
+							case w == 0 && i == 2:
+								close(paused) // the pause starts while the others take
+							case w == 0 && i == 3:
+								<-committed // and this worker's last takes come after it
+							}
+							sem <- struct{}{}
+							tx := h.Begin(t)
+							res, err := l.LimitTx(ctx, tx, name, "k")
+							if err == nil {
+								err = h.Commit(tx)
+							} else {
+								h.Rollback(tx)
+							}
+							<-sem
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							mu.Lock()
+							switch {
+							case res.OK && !sawPause:
+								granted++
+							case !res.OK && res.Paused && res.RetryAfter == time.Hour:
+								denied++
+								sawPause = true
+							default:
+								t.Errorf("take %d of worker %d (after a pause: %v): %+v", i, w, sawPause, res)
+							}
+							mu.Unlock()
+						}
+					}()
+				}
+				<-paused
+				tx := h.Begin(t)
+				require.NoError(t, l.PauseTx(ctx, tx, name, "k", T0.Add(time.Hour)))
+				require.NoError(t, h.Commit(tx))
+				close(committed)
+				wg.Wait()
+				require.Equal(t, workers*takes, granted+denied)
+				require.GreaterOrEqual(t, denied, 2, "worker 0's last two takes come after the pause")
+				check, err := l.Check(ctx, name, "k", txlimit.Count(0))
+				require.NoError(t, err)
+				require.True(t, check.Paused)
+				require.Equal(t, float64(capacity-granted), check.Remaining)
+			})
+		}
 	})
 
 	t.Run("WaitSleepsUntilThePauseEnds", func(t *testing.T) {
