@@ -43,6 +43,11 @@
 // window: a retry of the same request (a client's, a job's) takes nothing
 // and returns the first call's Result, marked Repeat.
 //
+// PauseTx pauses a key until an instant (an upstream's 429 and its
+// Retry-After, an operator's block): every call on it is denied until then,
+// with RetryAfter the time left and Result.Paused set, whatever its tokens,
+// in every process; docs/pause.md.
+//
 // A Concurrency limit admits at most Capacity holders of a key at once (three
 // exports running per tenant): LimitTx acquires a slot for a holder id
 // (Holder) in the caller's transaction, ReleaseTx gives it back, and a

@@ -30,9 +30,13 @@ type RateLimitedError struct {
 	Name       string
 	Key        string
 	RetryAfter time.Duration
+	Paused     bool // as Result.Paused
 }
 
 func (e *RateLimitedError) Error() string {
+	if e.Paused {
+		return fmt.Sprintf("txlimit: limit %q key %q: paused, retry after %v", e.Name, e.Key, e.RetryAfter)
+	}
 	return fmt.Sprintf("txlimit: limit %q key %q: rate limited, retry after %v", e.Name, e.Key, e.RetryAfter)
 }
 

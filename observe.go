@@ -17,6 +17,7 @@ const (
 	opBatch    = "batch"
 	opCredit   = "credit"
 	opReset    = "reset"
+	opPause    = "pause"
 	opPrune    = "prune"
 	opRelease  = "release"
 	opExtend   = "extend"
@@ -29,7 +30,7 @@ const (
 // error and the time spent waiting for row locks.
 type Event struct {
 	// Op names the operation, with its …Tx form: "limit", "check",
-	// "credit" (Count is the count credited), "reset"; "limit_all", one
+	// "credit" (Count is the count credited), "reset", "pause"; "limit_all", one
 	// Event per limit, or one with Err when the call failed (when the call
 	// was denied, every limit's Event is a denial, with RetryAfter 0 for a
 	// limit whose own tokens were there); "commit" (CommitTx, Commit) and

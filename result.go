@@ -64,6 +64,9 @@ type Result struct {
 	// window (Idempotent): it took nothing, and the rest of the Result is
 	// the first call's.
 	Repeat bool `json:"-"`
+	// Paused reports a denial because the key is paused (Limiter.Pause):
+	// RetryAfter is the time until the pause ends, whatever the tokens.
+	Paused bool
 }
 
 // Err returns nil when the result is OK (a reservation included) and a
@@ -72,7 +75,7 @@ func (r Result) Err() error {
 	if r.OK {
 		return nil
 	}
-	return &RateLimitedError{Name: r.Name, Key: r.Key, RetryAfter: r.RetryAfter}
+	return &RateLimitedError{Name: r.Name, Key: r.Key, RetryAfter: r.RetryAfter, Paused: r.Paused}
 }
 
 // result is the Result of what a store decided for r.
@@ -88,6 +91,7 @@ func (r request) result(t driver.TakeResult) (Result, error) {
 		RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
 		At:         t.At,
 		Partial:    t.States == nil,
+		Paused:     t.Paused,
 	}
 	if !r.upTo && d.OK {
 		res.Taken = r.count

@@ -529,6 +529,11 @@ func (m *Limit[TTx]) setFields(h http.Header, res txlimit.MultiResult) int {
 	i := binding(res)
 	ru, b := m.rules[i], res.Results[i]
 	h.Set("RateLimit-Policy", ru.header)
+	if b.Paused {
+		// No quota until the pause ends, whatever the tokens.
+		h.Set("RateLimit", fmt.Sprintf("%s;r=0;t=%d", ru.policy, retrySeconds(b.RetryAfter)))
+		return i
+	}
 	field := fmt.Sprintf("%s;r=%d", ru.policy, sfInteger(math.Floor(max(b.Remaining, 0))))
 	if b.NextToken > 0 {
 		t := int64(b.NextToken / time.Second)

@@ -381,6 +381,26 @@ func run[TTx any](t *testing.T, b backend[TTx]) {
 		_, err = httplimit.ValueHandler(limiter, "sharded", userKey, nil)
 		require.NoError(t, err)
 	})
+
+	t.Run("APausedKey", func(t *testing.T) {
+		// A pause (an upstream's Retry-After) denies the key with its
+		// Retry-After, and RateLimit says no quota until it ends, whatever
+		// the tokens; another key is served.
+		lim, err := httplimit.New(limiter, "fw", userKey, nil)
+		require.NoError(t, err)
+		until, err := httplimit.RetryAfter("90", clk.Now())
+		require.NoError(t, err)
+		require.NoError(t, limiter.Pause(ctx, "fw", "paused-user", until))
+		w := get(t, lim.Handler(ok), "/", "paused-user")
+		require.Equal(t, http.StatusTooManyRequests, w.Code)
+		require.Equal(t, "90", w.Header().Get("Retry-After"))
+		require.Equal(t, `"fw";r=0;t=90`, w.Header().Get("RateLimit"))
+		require.Equal(t, http.StatusOK, get(t, lim.Handler(ok), "/", "other-user").Code)
+		clk.Advance(90 * time.Second)
+		w = get(t, lim.Handler(ok), "/", "paused-user")
+		require.Equal(t, http.StatusOK, w.Code)
+		require.Empty(t, w.Header().Get("Retry-After"))
+	})
 }
 
 func itoa(n int64) string {

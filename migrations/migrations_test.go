@@ -38,8 +38,8 @@ func TestUpDownAndVersionTable(t *testing.T) {
 		goose   goose.Dialect
 		version int64
 	}{
-		{migrations.SQLite, sqliteDB, goose.DialectSQLite3, 5},       // 2: the sliding window's prev, 3: txlimit_holder, 5: txlimit_idempotency
-		{migrations.Postgres, postgresDB, goose.DialectPostgres, 12}, // 2: escrow mode's tables, 3: the arithmetic's functions, 4: prev, 5: txlimit_deny, 6: fillfactor, 7: no shard checks, 8: escrow's tables settled and dropped, 9: shards and the lean takes' functions, 10: txlimit_holder, 12: txlimit_idempotency
+		{migrations.SQLite, sqliteDB, goose.DialectSQLite3, 5},       // 2: the sliding window's prev, 3: txlimit_holder, 4: paused_until, 5: txlimit_idempotency
+		{migrations.Postgres, postgresDB, goose.DialectPostgres, 12}, // 2: escrow mode's tables, 3: the arithmetic's functions, 4: prev, 5: txlimit_deny, 6: fillfactor, 7: no shard checks, 8: escrow's tables settled and dropped, 9: shards and the lean takes' functions, 10: txlimit_holder, 11: paused_until, 12: txlimit_idempotency
 	} {
 		t.Run(string(tc.dialect), func(t *testing.T) {
 			db := tc.open(t)

@@ -69,12 +69,21 @@ func put(l driver.Limit, shard int32, s algo.State) rowWrite {
 }
 
 // isPlaceholder reports whether r is exactly a row ensure created for l:
-// full, the same as no row (no write stamps the full state's time, years
-// before any clock). The locked path counts it as missing, so that a key
-// with fewer rows than l's Shards is resharded rather than taken as l's.
+// full and without a pause, the same as no row (no write stamps the full
+// state's time, years before any clock). The locked path counts it as
+// missing, so that a key with fewer rows than l's Shards is resharded
+// rather than taken as l's.
 func isPlaceholder(l driver.Limit, r driver.Row) bool {
 	full := put(l, r.Shard, l.Full()).state
-	return r.Value == full.Value && r.Prev == full.Prev && r.TS.UnixMicro() == full.TS
+	return r.Value == full.Value && r.Prev == full.Prev && r.TS.UnixMicro() == full.TS && r.Paused.IsZero()
+}
+
+// pausedOf is the pause of a row read with its paused_until.
+func pausedOf(t sql.NullTime) time.Time {
+	if !t.Valid {
+		return time.Time{}
+	}
+	return t.Time
 }
 
 // shards is from..to-1.
@@ -111,7 +120,7 @@ func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *
 	}
 	all := make([]driver.Row, len(rows))
 	for i, r := range rows {
-		all[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}
+		all[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts, Paused: pausedOf(r.PausedUntil)}
 		if err := checkUTC(r.Ts, r.Clock); err != nil {
 			return engine.Locked{}, err
 		}
@@ -144,11 +153,12 @@ func clockOr(now *time.Time, server time.Time) time.Time {
 	return server
 }
 
-// rowWrite is the new state of one row.
+// rowWrite is the new state of one row, and its pause (zero: none).
 type rowWrite struct {
 	name, key string
 	shard     int32
 	state     algo.State
+	paused    time.Time
 }
 
 func (w rowWrite) MarshalJSON() ([]byte, error) {
@@ -157,9 +167,17 @@ func (w rowWrite) MarshalJSON() ([]byte, error) {
 	}
 	// A DATETIME(6) literal in UTC, and the shortest decimals that read back
 	// as the same float64s.
-	ts := time.UnixMicro(w.state.TS).UTC().Format("2006-01-02 15:04:05.000000")
+	ts := datetime(time.UnixMicro(w.state.TS))
 	value, prev := strconv.FormatFloat(w.state.Value, 'g', -1, 64), strconv.FormatFloat(w.state.Prev, 'g', -1, 64)
-	return json.Marshal([]any{hexOf(w.name), hexOf(w.key), w.shard, value, ts, prev})
+	return json.Marshal([]any{hexOf(w.name), hexOf(w.key), w.shard, value, ts, prev, datetime(w.paused)})
+}
+
+// datetime is t as a DATETIME(6) literal in UTC, "" for the zero time.
+func datetime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2006-01-02 15:04:05.000000")
 }
 
 // jsonRef is a key, or with a shard one of its rows, in the JSON lists of
@@ -180,7 +198,9 @@ func (s *backend) Write(ctx context.Context, tx *sql.Tx, writes []engine.KeyWrit
 	var ws []rowWrite
 	for _, w := range writes {
 		for i, st := range w.States {
-			ws = append(ws, put(w.Limit, int32(i), st))
+			rw := put(w.Limit, int32(i), st)
+			rw.paused = w.Paused
+			ws = append(ws, rw)
 		}
 	}
 	if err := write(ctx, tx, ws); err != nil {
@@ -201,7 +221,9 @@ func write(ctx context.Context, tx *sql.Tx, writes []rowWrite) error {
 			return err
 		}
 		return wrap(ctx, tx, "write the limit's rows", queries.WriteShard(ctx, tx, gen.WriteShardParams{
-			Value: w.state.Value, Prev: w.state.Prev, Ts: time.UnixMicro(w.state.TS).UTC(), Name: []byte(w.name), Key: []byte(w.key), Shard: w.shard,
+			Value: w.state.Value, Prev: w.state.Prev, Ts: time.UnixMicro(w.state.TS).UTC(),
+			PausedUntil: sql.NullTime{Time: w.paused.UTC(), Valid: !w.paused.IsZero()},
+			Name:        []byte(w.name), Key: []byte(w.key), Shard: w.shard,
 		}))
 	}
 	_, err := execList(ctx, tx, writeRowsSQL, "write the limit's rows", writes)
@@ -244,7 +266,7 @@ func (s *backend) TryShard(ctx context.Context, tx *sql.Tx, p driver.TakeParams,
 		if err := checkUTC(r.Ts, r.Clock); err != nil {
 			return engine.Tried{}, err
 		}
-		return engine.Tried{Row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, Locked: true,
+		return engine.Tried{Row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts, Paused: pausedOf(r.PausedUntil)}, Locked: true,
 			Top: int32(p.Shards - 1), Now: clockOr(p.Now, r.Clock)}, nil
 	}
 	return engine.Tried{}, nil
@@ -268,7 +290,7 @@ func (s *backend) TryShards(ctx context.Context, tx *sql.Tx, p driver.TakeParams
 	}
 	rows := make([]driver.Row, len(free))
 	for i, r := range free {
-		rows[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}
+		rows[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts, Paused: pausedOf(r.PausedUntil)}
 	}
 	return rows, nil
 }
@@ -282,7 +304,7 @@ func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (dr
 	}
 	out := driver.ReadResult{Rows: make([]driver.Row, len(rows))}
 	for i, r := range rows {
-		out.Rows[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}
+		out.Rows[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts, Paused: pausedOf(r.PausedUntil)}
 		if err := checkUTC(r.Ts); err != nil {
 			return driver.ReadResult{}, err
 		}

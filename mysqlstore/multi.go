@@ -92,9 +92,11 @@ func lockRows(ctx context.Context, tx *sql.Tx, query, op string, keys []driver.K
 	for rows.Next() {
 		var i int
 		var r driver.Row
-		if err := rows.Scan(&i, &r.Shard, &r.Value, &r.Prev, &r.TS, &at); err != nil {
+		var paused sql.NullTime
+		if err := rows.Scan(&i, &r.Shard, &r.Value, &r.Prev, &r.TS, &paused, &at); err != nil {
 			return nil, at, wrap(ctx, tx, op, err)
 		}
+		r.Paused = pausedOf(paused)
 		if err := checkUTC(r.TS, at); err != nil {
 			return nil, at, err
 		}

@@ -181,6 +181,10 @@ func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error 
 	return wrap(ctx, tx, "delete the limit's rows", queries.DeleteKey(ctx, tx, gen.DeleteKeyParams{Name: []byte(k.Name), Key: []byte(k.Key)}))
 }
 
+func (s *backend) Pause(ctx context.Context, tx *sql.Tx, p driver.PauseParams) error {
+	return engine.Pause(ctx, s, tx, p)
+}
+
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
 	err = s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
 		res, err = engine.Prune(ctx, s, tx, p)

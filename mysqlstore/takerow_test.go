@@ -190,3 +190,55 @@ func storedRows(ctx context.Context, t *testing.T, db *sql.DB, l driver.Limit) [
 	require.NoError(t, rows.Err())
 	return out
 }
+
+// A paused key's row is left to the Go path by every form of the
+// one-statement take, which writes nothing, and so is a row whose pause has
+// ended, until the Go path's write clears it (paused_until NULL): the next
+// take is one statement again.
+func TestTakeRowLeavesPausesToGo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mysqltest.Database(t, 2)
+	store := driver.OpsOf[*sql.Tx](mysqlstore.New(db))
+	now := time.UnixMicro(1_700_000_000_000_000).UTC()
+	for _, kind := range []algo.Kind{algo.TokenBucket, algo.FixedWindow} {
+		for _, form := range []struct{ reserve, serverClock bool }{{false, false}, {true, false}, {false, true}} {
+			l := driver.Limit{Name: fmt.Sprintf("pause-%d-%+v", kind, form), Key: "k", Shards: 1,
+				Config: algo.Config{Kind: kind, Rate: 8, Period: 3_600_000_000, Capacity: 8}}
+			p := driver.TakeParams{Limit: l, Count: 1, Reserve: form.reserve, Now: &now}
+			_, err := db.ExecContext(ctx, "INSERT INTO txlimit (name, `key`, shard, value, ts, paused_until) VALUES (?, ?, 0, 4, ?, ?)",
+				[]byte(l.Name), []byte(l.Key), now.Add(-time.Second), now.Add(time.Minute))
+			require.NoError(t, err)
+			takeRow := func() bool {
+				tx, err := db.BeginTx(ctx, nil)
+				require.NoError(t, err)
+				defer func() { require.NoError(t, tx.Rollback()) }()
+				clock := &now
+				if form.serverClock {
+					_, err := tx.ExecContext(ctx, fmt.Sprintf("SET timestamp = %d", now.Unix()))
+					require.NoError(t, err)
+					defer func() { _, err := tx.ExecContext(ctx, "SET timestamp = DEFAULT"); require.NoError(t, err) }()
+					clock = nil
+				}
+				r, err := takerow.Run(ctx, tx, p, clock, false)
+				require.NoError(t, err)
+				return r.Read && r.Granted
+			}
+			require.False(t, takeRow(), "a paused key taken in one statement")
+			_, err = db.ExecContext(ctx, "UPDATE txlimit SET paused_until = ? WHERE name = ? AND `key` = ?", now, []byte(l.Name), []byte(l.Key))
+			require.NoError(t, err)
+			require.False(t, takeRow(), "a pause that has ended is the Go path's to clear")
+			require.NoError(t, store.InTx(ctx, false, func(tx *sql.Tx) error {
+				res, err := store.Take(ctx, tx, p)
+				require.True(t, res.Decision.OK)
+				require.False(t, res.Paused)
+				return err
+			}))
+			var cleared bool
+			require.NoError(t, db.QueryRowContext(ctx, "SELECT paused_until IS NULL FROM txlimit WHERE name = ? AND `key` = ?",
+				[]byte(l.Name), []byte(l.Key)).Scan(&cleared))
+			require.True(t, cleared)
+			require.True(t, takeRow(), "the key is taken in one statement again")
+		}
+	}
+}

@@ -113,6 +113,14 @@ func wrap(ctx context.Context, q sqltx.Querier, op string, err error) error {
 	return fmt.Errorf("txlimit/sqlitestore: %s: %w", op, err)
 }
 
+// pausedOf is the pause of a row read with its paused_until (µs).
+func pausedOf(us sql.NullInt64) time.Time {
+	if !us.Valid {
+		return time.Time{}
+	}
+	return time.UnixMicro(us.Int64)
+}
+
 // clock returns now, or the process clock when now is nil, in microseconds.
 func clock(now *time.Time) time.Time {
 	if now != nil {
@@ -154,6 +162,10 @@ func (s *backend) Reset(ctx context.Context, tx *sql.Tx, k driver.KeyRef) error 
 	return wrap(ctx, tx, "delete key", s.queries.DeleteKey(ctx, s.on(tx), gen.DeleteKeyParams{Name: k.Name, Key: k.Key}))
 }
 
+func (s *backend) Pause(ctx context.Context, tx *sql.Tx, p driver.PauseParams) error {
+	return engine.Pause(ctx, s, tx, p)
+}
+
 // Prune implements driver.Ops. The batch takes the write lock, waiting up
 // to busy_timeout like every writer, and then holds every row.
 func (s *backend) Prune(ctx context.Context, p driver.PruneParams) (res driver.PruneResult, err error) {
@@ -178,7 +190,7 @@ func (s *backend) Read(ctx context.Context, tx *sql.Tx, p driver.ReadParams) (dr
 	}
 	out := driver.ReadResult{Rows: make([]driver.Row, len(rows)), At: clock(p.Now)}
 	for i, r := range rows {
-		out.Rows[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts)}
+		out.Rows[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts), Paused: pausedOf(r.PausedUntil)}
 	}
 	return out, nil
 }
@@ -203,7 +215,7 @@ func (s *backend) LockKey(ctx context.Context, tx *sql.Tx, l driver.Limit, now *
 	}
 	out := engine.Locked{Had: make([]driver.Row, len(rows)), At: clock(now)}
 	for i, r := range rows {
-		out.Had[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts)}
+		out.Had[i] = driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts), Paused: pausedOf(r.PausedUntil)}
 	}
 	return out, nil
 }
@@ -223,15 +235,16 @@ func (s *backend) LockKeys(ctx context.Context, tx *sql.Tx, ls []driver.Limit, n
 
 func (s *backend) Write(ctx context.Context, tx *sql.Tx, writes []engine.KeyWrite, deletes []engine.RowRef) (int64, error) {
 	for _, w := range writes {
+		paused := sql.NullInt64{Int64: w.Paused.UnixMicro(), Valid: !w.Paused.IsZero()}
 		for i, st := range w.States {
 			var err error
 			if w.Locked.Holds(int32(i)) {
 				err = s.queries.WriteShard(ctx, s.on(tx), gen.WriteShardParams{
-					Name: w.Name, Key: w.Key, Shard: int64(i), Value: st.Value, Prev: st.Prev, Ts: st.TS,
+					Name: w.Name, Key: w.Key, Shard: int64(i), Value: st.Value, Prev: st.Prev, Ts: st.TS, PausedUntil: paused,
 				})
 			} else {
 				_, err = s.queries.InsertShard(ctx, s.on(tx), gen.InsertShardParams{
-					Name: w.Name, Key: w.Key, Shard: int64(i), Value: st.Value, Prev: st.Prev, Ts: st.TS,
+					Name: w.Name, Key: w.Key, Shard: int64(i), Value: st.Value, Prev: st.Prev, Ts: st.TS, PausedUntil: paused,
 				})
 			}
 			if err != nil {
@@ -281,7 +294,7 @@ func (s *backend) LockIdle(ctx context.Context, tx *sql.Tx, keys []engine.Key, n
 	}
 	for _, r := range rows {
 		if i, ok := index[driver.KeyRef{Name: r.Name, Key: r.Key}]; ok {
-			held[i].Rows = append(held[i].Rows, driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts)})
+			held[i].Rows = append(held[i].Rows, driver.Row{Shard: int32(r.Shard), Value: r.Value, Prev: r.Prev, TS: time.UnixMicro(r.Ts), Paused: pausedOf(r.PausedUntil)})
 		}
 	}
 	return held, clock(now), nil

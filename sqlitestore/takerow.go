@@ -15,8 +15,9 @@ import (
 // refills the row (or the full state full_value at full_ts) to the clock
 // at, decides and writes as algo.Take does, and returns the new state. It
 // returns no row, writing nothing, when the call is not granted, the stored
-// value is not finite or the key has rows beyond shard 0: the Go path then
-// decides. Being a write, it takes the write lock before it reads the row.
+// value is not finite, or the key has rows beyond shard 0 or a pause
+// (paused_until, ended or not): the Go path then decides. Being a write,
+// it takes the write lock before it reads the row.
 //
 // The arithmetic is algo's, operation for operation, on REAL and INTEGER
 // microseconds, so that the state written is algo's bit for bit
@@ -33,7 +34,8 @@ WITH c AS (
            CAST(:max_reserved AS REAL) AS max_reserved, CAST(:count AS REAL) AS count,
            CAST(:reserve AS INTEGER) AS reserve, CAST(:eps AS REAL) AS eps,
            CAST(:full_value AS REAL) AS full_value, CAST(:full_ts AS INTEGER) AS full_ts,
-           EXISTS (SELECT 1 FROM txlimit AS x WHERE x.name = :name AND x.key = :key AND x.shard > 0) AS resharded
+           EXISTS (SELECT 1 FROM txlimit AS x WHERE x.name = :name AND x.key = :key
+                   AND (x.shard > 0 OR x.paused_until IS NOT NULL)) AS aside
 ), s AS (
     SELECT COALESCE(r.value, c.full_value) AS v, COALESCE(r.ts, c.full_ts) AS ts,
            c.at - COALESCE(r.ts, c.full_ts) AS e
@@ -63,7 +65,7 @@ SELECT :name, :key, :shard,
        END,
        d.ts
 FROM d, c
-WHERE NOT c.resharded AND d.old_value BETWEEN -1e300 AND 1e300
+WHERE NOT c.aside AND d.old_value BETWEEN -1e300 AND 1e300
   AND (d.left_over >= -d.tol OR (c.reserve AND (c.max_reserved = 0 OR d.reserve_room >= -d.tol)
        AND (-d.left_over / c.rate + 2) * CAST(c.period AS REAL) + CAST(max(-d.e, 0) AS REAL) < 2e15))
 ON CONFLICT (name, key, shard) DO UPDATE SET value = excluded.value, ts = excluded.ts

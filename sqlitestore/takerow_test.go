@@ -126,3 +126,44 @@ func TestTakeRowLeavesReshardToGo(t *testing.T) {
 		return nil
 	}))
 }
+
+// A paused key's row is left to the Go path by takeRowSQL, which writes
+// nothing, and so is a row whose pause has ended, until the Go path's write
+// clears it (paused_until NULL): the next take is one statement again.
+func TestTakeRowLeavesPausesToGo(t *testing.T) {
+	ctx := context.Background()
+	s := newBackend(openTestDB(t))
+	now := time.UnixMicro(1_700_000_000_000_000)
+	for _, kind := range []algo.Kind{algo.TokenBucket, algo.FixedWindow} {
+		for _, reserve := range []bool{false, true} {
+			l := driver.Limit{Name: fmt.Sprintf("pause-%d-%v", kind, reserve), Key: "k", Shards: 1,
+				Config: algo.Config{Kind: kind, Rate: 8, Period: 3_600_000_000, Capacity: 8}}
+			p := driver.TakeParams{Limit: l, Count: 1, Reserve: reserve, Now: &now}
+			_, err := s.db.ExecContext(ctx, `INSERT INTO txlimit (name, key, shard, value, ts, paused_until) VALUES (?, ?, 0, 4, ?, ?)`,
+				l.Name, l.Key, now.Add(-time.Second).UnixMicro(), now.Add(time.Minute).UnixMicro())
+			require.NoError(t, err)
+			takeRow := func() bool {
+				var ok bool
+				require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) (err error) {
+					_, ok, err = s.TakeRow(ctx, tx, p)
+					return err
+				}))
+				return ok
+			}
+			require.False(t, takeRow(), "a paused key taken in one statement")
+			_, err = s.db.ExecContext(ctx, `UPDATE txlimit SET paused_until = ? WHERE name = ? AND key = ?`, now.UnixMicro(), l.Name, l.Key)
+			require.NoError(t, err)
+			require.False(t, takeRow(), "a pause that has ended is the Go path's to clear")
+			require.NoError(t, s.InTx(ctx, false, func(tx *sql.Tx) error {
+				res, err := s.Take(ctx, tx, p)
+				require.True(t, res.Decision.OK)
+				require.False(t, res.Paused)
+				return err
+			}))
+			var cleared bool
+			require.NoError(t, s.db.QueryRowContext(ctx, `SELECT paused_until IS NULL FROM txlimit WHERE name = ? AND key = ?`, l.Name, l.Key).Scan(&cleared))
+			require.True(t, cleared)
+			require.True(t, takeRow(), "the key is taken in one statement again")
+		}
+	}
+}

@@ -83,6 +83,12 @@ func dispatch[TTx any](ctx context.Context, inv *invocation, db *database[TTx], 
 		return release(ctx, inv, db, w)
 	case "change":
 		return change(ctx, inv, db, w)
+	case "pause":
+		return pause(ctx, inv, db, w)
+	case "lift":
+		return lift(ctx, inv, db, w)
+	case "paused":
+		return paused(ctx, inv, db, w)
 	}
 	return usageError{fmt.Errorf("unknown command %q", inv.command)}
 }

@@ -106,10 +106,11 @@ func rowsWhere(name string, key *string, ph func(int) string, keyColumn string, 
 }
 
 // selectRows reads every column the library's state has: prev is the
-// previous window's count of a sliding window (0 for the other kinds).
-// keyColumn is key, quoted where the dialect reserves the word.
+// previous window's count of a sliding window (0 for the other kinds),
+// paused_until the key's pause (NULL for none). keyColumn is key, quoted
+// where the dialect reserves the word.
 func selectRows(keyColumn string) string {
-	return "SELECT name, " + keyColumn + ", shard, value, prev, ts FROM txlimit"
+	return "SELECT name, " + keyColumn + ", shard, value, prev, ts, paused_until FROM txlimit"
 }
 
 func asString(s string) any { return s }
@@ -155,7 +156,11 @@ func openPostgres(ctx context.Context, dsn string) (*database[pgx.Tx], error) {
 			}
 			return pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 				var x row
-				err := r.Scan(&x.Name, &x.Key, &x.Shard, &x.Value, &x.Prev, &x.TS)
+				var paused *time.Time
+				err := r.Scan(&x.Name, &x.Key, &x.Shard, &x.Value, &x.Prev, &x.TS, &paused)
+				if paused != nil {
+					x.Paused = *paused
+				}
 				return x, err
 			})
 		},
@@ -213,11 +218,15 @@ func openSQLite(dsn string, create bool) (*database[*sql.Tx], error) {
 			var out []row
 			for rs.Next() {
 				var x row
-				var ts int64 // microseconds since the epoch
-				if err := rs.Scan(&x.Name, &x.Key, &x.Shard, &x.Value, &x.Prev, &ts); err != nil {
+				var ts int64 // microseconds since the epoch, as paused_until
+				var paused sql.NullInt64
+				if err := rs.Scan(&x.Name, &x.Key, &x.Shard, &x.Value, &x.Prev, &ts, &paused); err != nil {
 					return nil, err
 				}
 				x.TS = time.UnixMicro(ts).UTC()
+				if paused.Valid {
+					x.Paused = time.UnixMicro(paused.Int64).UTC()
+				}
 				out = append(out, x)
 			}
 			return out, rs.Err()
@@ -324,10 +333,14 @@ func openMySQL(ctx context.Context, dsn string) (*database[*sql.Tx], error) {
 			var out []row
 			for rs.Next() {
 				var x row
-				if err := rs.Scan(&x.Name, &x.Key, &x.Shard, &x.Value, &x.Prev, &x.TS); err != nil {
+				var paused sql.NullTime
+				if err := rs.Scan(&x.Name, &x.Key, &x.Shard, &x.Value, &x.Prev, &x.TS, &paused); err != nil {
 					return nil, err
 				}
 				x.TS = x.TS.UTC()
+				if paused.Valid {
+					x.Paused = paused.Time.UTC()
+				}
 				out = append(out, x)
 			}
 			return out, rs.Err()

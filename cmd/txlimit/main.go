@@ -2,8 +2,9 @@
 // PostgreSQL, MySQL, MariaDB or SQLite database: it runs the migrations,
 // shows the tokens a limit holds, per shard and in total, lists the keys
 // that have state, emptiest first, resets a key and prunes full limits;
-// it lists the holders of a concurrency limit's key and releases one; and
-// it shows what a new config would make of a limit's keys before it is
+// it lists the holders of a concurrency limit's key and releases one; it
+// pauses a key until an instant, lists the paused keys and lifts a pause;
+// and it shows what a new config would make of a limit's keys before it is
 // deployed, and converts them. The form of the DSN selects the store
 // (pgstore, mysqlstore, sqlitestore), which the command names on stderr.
 //
@@ -16,6 +17,9 @@
 //	txlimit keys -config limits.json
 //	txlimit holders exports acme
 //	txlimit release exports acme job-42
+//	txlimit pause sendMessage alice 2h -kind token_bucket -rate 10 -period 1m -capacity 20
+//	txlimit paused
+//	txlimit lift sendMessage alice
 //
 // Run txlimit -help for every command and flag. It is a module of its own, so
 // that its dependencies stay out of the library's.
@@ -83,6 +87,16 @@ Commands:
                      of the capacity), additive (plus what the capacity grew) or reset
                      (full). -apply converts each key so, in a transaction of its own,
                      on the new config's windows and shards (docs/config-changes.md).
+  pause NAME KEY UNTIL
+                     Deny every call of NAME for KEY until UNTIL, an RFC 3339 instant
+                     (2026-12-24T18:00:00Z) or a duration from now (2h, 90m), whatever
+                     its tokens, as the application's Pause does; pausing again
+                     replaces the instant. Needs the limit's config (flags below, or
+                     -config): a key without state gets its rows, full.
+  lift NAME KEY      Lift the pause of NAME for KEY: its calls are decided by its tokens
+                     again. Needs no config.
+  paused [NAME]      The keys paused now (of limit NAME, or of every limit), the
+                     soonest to end first. Needs no config.
 
 The database keeps no copy of the limits' configs (they live in your code), so the
 commands that compute tokens take them from a JSON file (-config) or, for one limit,
@@ -119,7 +133,7 @@ Flags (before or after the arguments):
                    SQLite (sqlitestore): anything else, a file path (which must exist,
                      but for migrate up) or a file: URI.
   -config FILE     Limits' configs, JSON as above.
-  -kind KIND       One limit's config, for value and keys NAME: token_bucket,
+  -kind KIND       One limit's config, for value, pause and keys NAME: token_bucket,
                    fixed_window, sliding_window, daily, weekly, monthly or yearly.
   -rate N          tokens per period (per calendar window)
   -period D        e.g. 1m, 24h; none for daily, weekly, monthly and yearly
@@ -132,7 +146,7 @@ Flags (before or after the arguments):
   -week-start DAY  the first day of a weekly window: sunday … saturday (default sunday)
   -n N             keys and change: show at most N keys (default 20; 0 for all)
   -batch N         prune: keys per transaction (default 1000)
-  -json            value, keys, holders and change: print JSON instead of a table
+  -json            value, keys, holders, paused and change: print JSON instead of a table
   -to FILE         change: the new configs
   -inherit S       change: as_is, proportionally, additive or reset
   -apply           change: convert the keys (with -inherit)
@@ -158,6 +172,9 @@ Examples:
   txlimit holders exports acme -dsn app.db
   txlimit release exports acme job-42 -dsn app.db
   txlimit change sendMessage -dsn app.db -config limits.json -to new-limits.json -inherit as_is
+  txlimit pause sendMessage alice 2026-12-24T18:00:00Z -dsn app.db -config limits.json
+  txlimit paused -dsn app.db
+  txlimit lift sendMessage alice -dsn app.db
 `
 
 func main() {

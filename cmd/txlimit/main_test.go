@@ -328,14 +328,14 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	// before it, the function a take at commit raises with, the table's
 	// fillfactor, the shard checks' removal, the escrow tables' drop and
 	// the shards column after it. Then txlimit_holder, the holders of
-	// concurrency limits, everywhere; the last creates txlimit_idempotency,
-	// the keys of idempotent takes.
-	holders, last := 3, 5
+	// concurrency limits, everywhere, then the pauses' column, and last
+	// txlimit_idempotency, the keys of idempotent takes.
+	holders, paused, last := 3, 4, 5
 	switch storeOf(dsn) {
 	case mysqlStore:
-		holders, last = 2, 4
+		holders, paused, last = 2, 3, 4
 	case postgresStore:
-		holders, last = 10, 12
+		holders, paused, last = 10, 11, 12
 		require.Contains(t, out, "applied 00002_create_txlimit_escrow.sql")
 		require.Contains(t, out, "applied 00003_create_txlimit_functions.sql")
 		require.Contains(t, out, "applied 00004_add_txlimit_prev.sql")
@@ -347,6 +347,7 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	}
 	require.Contains(t, out, fmt.Sprintf("applied %05d_create_txlimit_holder.sql", holders))
 	require.Contains(t, out, fmt.Sprintf("applied %05d_create_txlimit_idempotency.sql", last))
+	require.Contains(t, out, fmt.Sprintf("applied %05d_add_txlimit_paused_until.sql", paused))
 	require.Contains(t, out, fmt.Sprintf("version %d (recorded in txlimit_goose_version)", last))
 	require.Contains(t, ok(t, "migrate", "up", "-dsn", dsn), "up to date: nothing to apply")
 	require.Regexp(t, `1\s+applied\s+\d{4}-\d\d-\d\dT.*00001_create_txlimit.sql`, ok(t, "migrate", "status", "-dsn", dsn))
@@ -439,6 +440,7 @@ func exercise[TTx any](t *testing.T, dsn string, open func(*testing.T) *txlimit.
 	require.Equal(t, []string{"tb/dave", "send/alice", "gone/y"}, names(keysJSON(t, "-dsn", dsn, "-config", config)))
 
 	exerciseHolders(t, dsn, l)
+	exercisePause(t, dsn, config, l)
 
 	// migrate down drops the table; the commands that read it then fail.
 	// Down to the first migration (the versions may have gaps).

@@ -21,7 +21,7 @@ var errHelp = errors.New("help")
 
 // invocation is a parsed command line.
 type invocation struct {
-	command string   // migrate, value, reset, keys, prune, holders, release, change
+	command string   // migrate, value, reset, keys, prune, holders, release, change, pause, lift, paused
 	args    []string // the command's positional arguments
 	dsn     string
 	config  string // -config file
@@ -104,12 +104,12 @@ func parse(args []string) (*invocation, error) {
 	inv.command, inv.args = positional[0], positional[1:]
 	want := map[string][2]int{ // the command's fewest and most arguments
 		"help": {0, 0}, "migrate": {1, 1}, "value": {2, 2}, "reset": {2, 2}, "keys": {0, 1}, "prune": {0, 0},
-		"holders": {2, 2}, "release": {3, 3}, "change": {1, 1},
+		"holders": {2, 2}, "release": {3, 3}, "change": {1, 1}, "pause": {3, 3}, "lift": {2, 2}, "paused": {0, 1},
 	}
 	n, ok := want[inv.command]
 	switch {
 	case !ok:
-		return nil, fmt.Errorf("unknown command %q; the commands are migrate, value, reset, keys, prune, holders, release and change", inv.command)
+		return nil, fmt.Errorf("unknown command %q; the commands are migrate, value, reset, keys, prune, holders, release, change, pause, lift and paused", inv.command)
 	case inv.command == "help":
 		return nil, errHelp
 	case len(inv.args) < n[0] || len(inv.args) > n[1]:
@@ -137,8 +137,8 @@ func parse(args []string) (*invocation, error) {
 	if inv.timeout <= 0 {
 		return nil, fmt.Errorf("-timeout must be > 0, got %v", inv.timeout)
 	}
-	if inv.limit.given() && !(inv.command == "value" || inv.command == "change" || inv.command == "keys" && len(inv.args) == 1) {
-		return nil, errors.New("the config flags (-kind, -rate, …) define the limit NAME of value, keys NAME and change NAME; for other commands use -config")
+	if inv.limit.given() && !(inv.command == "value" || inv.command == "change" || inv.command == "pause" || inv.command == "keys" && len(inv.args) == 1) {
+		return nil, errors.New("the config flags (-kind, -rate, …) define the limit NAME of value, pause, keys NAME and change NAME; for other commands use -config")
 	}
 	return inv, inv.checkChange()
 }
@@ -171,6 +171,9 @@ var argsWanted = map[string]string{
 	"holders": "two arguments, NAME KEY",
 	"release": "three arguments, NAME KEY HOLDER",
 	"change":  "one argument, NAME",
+	"pause":   "three arguments, NAME KEY UNTIL",
+	"lift":    "two arguments, NAME KEY",
+	"paused":  "at most one argument, NAME",
 }
 
 var configFlags = []string{"kind", "rate", "period", "capacity", "max-reserved", "shards", "start", "calendar", "zone", "week-start"}

@@ -72,6 +72,9 @@ func (p TakeParams) take(states []algo.State, now int64) (next []algo.State, d a
 func Decide(p TakeParams, rows []Row, now time.Time) (TakeResult, bool) {
 	at := now.UnixMicro()
 	states, resharded := p.States(rows, at)
+	if res, paused := pausedResult(rows, states, now); paused {
+		return res, resharded
+	}
 	next, d, taken := p.take(states, at)
 	if !d.OK {
 		next = states
@@ -84,6 +87,9 @@ func Decide(p TakeParams, rows []Row, now time.Time) (TakeResult, bool) {
 func Check(p TakeParams, read ReadResult) TakeResult {
 	at := read.At.UnixMicro()
 	states, _ := p.States(read.Rows, at)
+	if res, paused := pausedResult(read.Rows, states, read.At); paused {
+		return res
+	}
 	_, d, taken := p.take(states, at)
 	return TakeResult{Decision: d, At: read.At, States: states, Taken: taken}
 }
@@ -101,6 +107,11 @@ func DecideAll(p TakeAllParams, rows [][]Row, now time.Time) (TakeAllResult, [][
 	least := math.Inf(1)
 	for i, t := range p.Takes {
 		current[i], resharded[i] = t.States(rows[i], at)
+		if res, paused := pausedResult(rows[i], nil, now); paused {
+			// Nothing of a paused key is taken, so none of the others.
+			out.Results[i], out.OK = res, false
+			continue
+		}
 		var d algo.Decision
 		var taken float64
 		nexts[i], d, taken = t.take(current[i], at)
@@ -183,6 +194,9 @@ func (p PruneParams) Full(name, key string, rows []Row, now time.Time) bool {
 	c, ok := p.Limits[name]
 	if !ok {
 		return false
+	}
+	if !LivePause(rows, now).IsZero() {
+		return false // a pause is kept until it ends
 	}
 	l := c.Limit(name, key)
 	at := now.UnixMicro()

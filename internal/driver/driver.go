@@ -108,8 +108,14 @@ type Ops[TTx any] interface {
 	// locking every row of it.
 	Credit(ctx context.Context, tx TTx, p CreditParams) error
 
-	// Reset deletes every row of k.
+	// Reset deletes every row of k (a pause too).
 	Reset(ctx context.Context, tx TTx, k KeyRef) error
+
+	// Pause sets (or lifts) the pause of p's key: it locks every row of the
+	// key in shard order and writes them as a take of nothing would (in
+	// p.Limit's layout, created full for a key without rows), each with the
+	// pause (engine.Pause).
+	Pause(ctx context.Context, tx TTx, p PauseParams) error
 
 	// Prune runs one batch of Prune in a short transaction of its own: it
 	// examines up to p.Max keys after p.After, in the store's key order,
@@ -266,6 +272,10 @@ type Row struct {
 	Value float64
 	Prev  float64 // algo.State.Prev
 	TS    time.Time
+	// Paused is the instant until which the key is paused (the column
+	// paused_until), zero for none. Every row of a paused key holds it
+	// (PauseParams).
+	Paused time.Time
 }
 
 // State is the row's state.
@@ -301,6 +311,9 @@ type TakeResult struct {
 	LockWait time.Duration // in the statements that lock rows, with TimeLocks
 	// Taken is how many tokens the call took (for Check, would take).
 	Taken float64
+	// Paused reports a denial because the key is paused (Paused): the
+	// Decision's RetryAfter is the time until the pause ends.
+	Paused bool
 }
 
 // TakeAllParams is one TakeAll. The (Name, Key) pairs of Takes are

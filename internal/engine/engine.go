@@ -119,6 +119,10 @@ type KeyWrite struct {
 	driver.Limit
 	States []algo.State
 	Locked Locked
+	// Paused is the pause every written row gets (paused_until): the key's
+	// pause when it is still on (driver.LivePause), zero (NULL) otherwise,
+	// which clears one that has ended.
+	Paused time.Time
 }
 
 // RowRef names one row.
@@ -278,6 +282,18 @@ func takeOneShard[TTx any](ctx context.Context, sl SkipLocker[TTx], rel Releaser
 		// A savepoint may be open: the transaction has failed anyway.
 		return driver.TakeResult{}, false, err
 	}
+	if t.Locked && t.Row.Paused.After(t.Now) {
+		// Every row of a paused key holds its pause.
+		res := driver.TakeResult{Decision: driver.PausedDecision(t.Row.Paused, t.Now), At: t.Now, Paused: true, States: snapshot}
+		if res.States == nil && p.ReadAll {
+			res.States, _ = p.States(t.All, t.Now.UnixMicro())
+		}
+		res.Partial = res.States == nil
+		if rel != nil {
+			return res, true, rel.LetGo(ctx, tx)
+		}
+		return res, true, nil
+	}
 	if t.Locked && t.Top == int32(p.Shards-1) {
 		next, d := algo.Take(p.Shard(p.Shards), t.Row.State(), t.Now.UnixMicro(), p.Count, false)
 		if d.OK {
@@ -389,7 +405,7 @@ func TakeAll[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.Take
 			deletes = append(deletes, refs(t.Limit, keys[i].Created)...)
 			continue
 		}
-		kw = append(kw, KeyWrite{Limit: t.Limit, States: out.Results[i].States, Locked: keys[i]})
+		kw = append(kw, KeyWrite{Limit: t.Limit, States: out.Results[i].States, Locked: keys[i], Paused: driver.LivePause(keys[i].Had, at)})
 		deletes = append(deletes, extra(t.Limit, keys[i].Had)...)
 	}
 	if len(kw) > 0 || len(deletes) > 0 {
@@ -458,7 +474,35 @@ func Prune[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.PruneP
 // store writes states to rows 0..Shards-1 of l's key, of which the
 // transaction holds k, and deletes the rows beyond them.
 func store[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, l driver.Limit, k Locked, states []algo.State) error {
-	_, err := d.Write(ctx, tx, []KeyWrite{{Limit: l, States: states, Locked: k}}, extra(l, k.Had))
+	_, err := d.Write(ctx, tx, []KeyWrite{{Limit: l, States: states, Locked: k, Paused: driver.LivePause(k.Had, k.At)}}, extra(l, k.Had))
+	return err
+}
+
+// Pause is driver.Ops.Pause on d: it locks the key's rows (creating those
+// of p's layout, full, for a pause of a key without rows) and writes them
+// with the pause, as a take of nothing would write them (resharded to p's
+// Shards, projected to the clock), so that no decision changes. A pause
+// that is not after the clock lifts; lifting a key without rows writes
+// nothing.
+func Pause[TTx any](ctx context.Context, d Dialect[TTx], tx TTx, p driver.PauseParams) error {
+	k, err := d.LockKey(ctx, tx, p.Limit, p.Now, !p.Until.IsZero())
+	if err != nil || k.None {
+		return err
+	}
+	until := p.Until
+	if !until.After(k.At) {
+		until = time.Time{}
+	}
+	if len(k.Had) == 0 && until.IsZero() {
+		return forget(ctx, d, tx, p.Limit, k)
+	}
+	at := k.At.UnixMicro()
+	states, _ := p.States(k.Had, at)
+	c := p.Shard(p.Shards)
+	for i, s := range states {
+		states[i] = algo.Project(c, s, at)
+	}
+	_, err = d.Write(ctx, tx, []KeyWrite{{Limit: p.Limit, States: states, Locked: k, Paused: until}}, extra(p.Limit, k.Had))
 	return err
 }
 

@@ -11,13 +11,14 @@ import (
 )
 
 type Txlimit struct {
-	Name   string
-	Key    string
-	Shard  int32
-	Value  float64
-	Ts     time.Time
-	Prev   float64
-	Shards int32
+	Name        string
+	Key         string
+	Shard       int32
+	Value       float64
+	Ts          time.Time
+	Prev        float64
+	Shards      int32
+	PausedUntil *time.Time
 }
 
 type TxlimitHolder struct {

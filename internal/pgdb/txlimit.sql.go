@@ -238,7 +238,7 @@ func (q *Queries) InsertShards(ctx context.Context, db DBTX, arg InsertShardsPar
 }
 
 const LockIdle = `-- name: LockIdle :many
-SELECT t.name, t.key, t.shard, t.value, t.prev, t.ts,
+SELECT t.name, t.key, t.shard, t.value, t.prev, t.ts, t.paused_until,
        (SELECT count(*) FROM txlimit AS c WHERE c.name = t.name AND c.key = t.key) AS total,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
@@ -258,14 +258,15 @@ type LockIdleParams struct {
 }
 
 type LockIdleRow struct {
-	Name  string
-	Key   string
-	Shard int32
-	Value float64
-	Prev  float64
-	Ts    time.Time
-	Total int64
-	Clock time.Time
+	Name        string
+	Key         string
+	Shard       int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil *time.Time
+	Total       int64
+	Clock       time.Time
 }
 
 // Locks the rows of the given keys that no other transaction holds, without
@@ -287,6 +288,7 @@ func (q *Queries) LockIdle(ctx context.Context, db DBTX, arg LockIdleParams) ([]
 			&i.Value,
 			&i.Prev,
 			&i.Ts,
+			&i.PausedUntil,
 			&i.Total,
 			&i.Clock,
 		); err != nil {
@@ -301,7 +303,7 @@ func (q *Queries) LockIdle(ctx context.Context, db DBTX, arg LockIdleParams) ([]
 }
 
 const LockIdleKey = `-- name: LockIdleKey :many
-SELECT t.shard, t.value, t.prev, t.ts,
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until,
        (SELECT count(*) FROM txlimit AS c WHERE c.name = $1 AND c.key = $2) AS total,
        CAST(COALESCE($3::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
@@ -317,12 +319,13 @@ type LockIdleKeyParams struct {
 }
 
 type LockIdleKeyRow struct {
-	Shard int32
-	Value float64
-	Prev  float64
-	Ts    time.Time
-	Total int64
-	Clock time.Time
+	Shard       int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil *time.Time
+	Total       int64
+	Clock       time.Time
 }
 
 // LockIdle for one key.
@@ -340,6 +343,7 @@ func (q *Queries) LockIdleKey(ctx context.Context, db DBTX, arg LockIdleKeyParam
 			&i.Value,
 			&i.Prev,
 			&i.Ts,
+			&i.PausedUntil,
 			&i.Total,
 			&i.Clock,
 		); err != nil {
@@ -354,7 +358,7 @@ func (q *Queries) LockIdleKey(ctx context.Context, db DBTX, arg LockIdleKeyParam
 }
 
 const LockKeys = `-- name: LockKeys :many
-SELECT t.name, t.key, t.shard, t.value, t.prev, t.ts,
+SELECT t.name, t.key, t.shard, t.value, t.prev, t.ts, t.paused_until,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
 JOIN (
@@ -373,13 +377,14 @@ type LockKeysParams struct {
 }
 
 type LockKeysRow struct {
-	Name  string
-	Key   string
-	Shard int32
-	Value float64
-	Prev  float64
-	Ts    time.Time
-	Clock time.Time
+	Name        string
+	Key         string
+	Shard       int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil *time.Time
+	Clock       time.Time
 }
 
 // Returns every row of several keys, with the clock. InsertKeys has locked
@@ -403,6 +408,7 @@ func (q *Queries) LockKeys(ctx context.Context, db DBTX, arg LockKeysParams) ([]
 			&i.Value,
 			&i.Prev,
 			&i.Ts,
+			&i.PausedUntil,
 			&i.Clock,
 		); err != nil {
 			return nil, err
@@ -417,7 +423,7 @@ func (q *Queries) LockKeys(ctx context.Context, db DBTX, arg LockKeysParams) ([]
 
 const LockShards = `-- name: LockShards :many
 
-SELECT shard, value, prev, ts,
+SELECT shard, value, prev, ts, paused_until,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit
 WHERE name = $2 AND key = $3
@@ -432,11 +438,12 @@ type LockShardsParams struct {
 }
 
 type LockShardsRow struct {
-	Shard int32
-	Value float64
-	Prev  float64
-	Ts    time.Time
-	Clock time.Time
+	Shard       int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil *time.Time
+	Clock       time.Time
 }
 
 // The statements of pgstore and pgsqlstore, which both run the code sqlc
@@ -463,6 +470,7 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 			&i.Value,
 			&i.Prev,
 			&i.Ts,
+			&i.PausedUntil,
 			&i.Clock,
 		); err != nil {
 			return nil, err
@@ -476,7 +484,7 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 }
 
 const ProbeTable = `-- name: ProbeTable :exec
-SELECT name, key, shard, value, prev, ts, shards FROM txlimit LIMIT 0
+SELECT name, key, shard, value, prev, ts, shards, paused_until FROM txlimit LIMIT 0
 `
 
 // Reads no row, but fails when the table or one of its columns is missing:
@@ -487,7 +495,7 @@ func (q *Queries) ProbeTable(ctx context.Context, db DBTX) error {
 }
 
 const ReadShards = `-- name: ReadShards :many
-SELECT t.shard, t.value, t.prev, t.ts, c.clock
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until, c.clock
 FROM (SELECT CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS c
 LEFT JOIN txlimit AS t ON t.name = $2 AND t.key = $3
 ORDER BY t.shard
@@ -500,11 +508,12 @@ type ReadShardsParams struct {
 }
 
 type ReadShardsRow struct {
-	Shard *int32
-	Value *float64
-	Prev  *float64
-	Ts    *time.Time
-	Clock time.Time
+	Shard       *int32
+	Value       *float64
+	Prev        *float64
+	Ts          *time.Time
+	PausedUntil *time.Time
+	Clock       time.Time
 }
 
 // Reads the committed rows of (name, key) without locking. The clock comes
@@ -523,6 +532,7 @@ func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams)
 			&i.Value,
 			&i.Prev,
 			&i.Ts,
+			&i.PausedUntil,
 			&i.Clock,
 		); err != nil {
 			return nil, err
@@ -583,7 +593,7 @@ ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8),
                                $8::float8) - $9::float8),
     ts = txlimit_bucket_ts(t.ts, COALESCE($5::timestamptz, EXCLUDED.ts))
-WHERE (t.shards = 1 AND t.value <= 1e300
+WHERE (t.shards = 1 AND t.paused_until IS NULL AND t.value <= 1e300
        AND t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8) >= $10::float8) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE($5::timestamptz, statement_timestamp()) AS timestamptz) AS clock
 `
@@ -685,7 +695,7 @@ SET value = greatest(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESC
                     CASE WHEN t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8) >= $10::float8
                          THEN 0 ELSE CAST('-Infinity' AS float8) END),
     ts = txlimit_bucket_ts(t.ts, COALESCE($5::timestamptz, EXCLUDED.ts))
-WHERE (t.shards = 1 AND t.value BETWEEN -1e300 AND 1e300
+WHERE (t.shards = 1 AND t.paused_until IS NULL AND t.value BETWEEN -1e300 AND 1e300
        AND t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8) >= $11::float8
        AND (t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8) >= $10::float8
             OR txlimit_wait_short(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE($5::timestamptz, EXCLUDED.ts), t.ts), $6::float8, $7::float8),
@@ -753,7 +763,7 @@ SET value = txlimit_kept(least(t.value + txlimit_window_gain(txlimit_elapsed(COA
                                $8::float8) - $9::float8),
     ts = txlimit_window_start(t.ts, txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts),
                               $6::bigint)
-WHERE (t.shards = 1 AND t.value <= 1e300
+WHERE (t.shards = 1 AND t.paused_until IS NULL AND t.value <= 1e300
        AND t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint) >= $10::float8) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE($5::timestamptz, statement_timestamp()) AS timestamptz) AS clock
 `
@@ -812,7 +822,7 @@ SET value = greatest(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESC
                          THEN 0 ELSE CAST('-Infinity' AS float8) END),
     ts = txlimit_window_start(t.ts, txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts),
                               $6::bigint)
-WHERE (t.shards = 1 AND t.value BETWEEN -1e300 AND 1e300
+WHERE (t.shards = 1 AND t.paused_until IS NULL AND t.value BETWEEN -1e300 AND 1e300
        AND t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint) >= $11::float8
        AND (t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint) >= $10::float8
             OR txlimit_wait_bounded(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESCE($5::timestamptz, statement_timestamp()), t.ts), $7::float8, $6::bigint),
@@ -864,28 +874,28 @@ func (q *Queries) TakeWindowReserve(ctx context.Context, db DBTX, arg TakeWindow
 
 const TryLockShard = `-- name: TryLockShard :one
 WITH from_start AS (
-    SELECT f.shard, f.value, f.prev, f.ts, f.shards FROM txlimit AS f
+    SELECT f.shard, f.value, f.prev, f.ts, f.shards, f.paused_until FROM txlimit AS f
     WHERE f.name = $2 AND f.key = $3 AND f.shard >= $4::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), below_start AS (
-    SELECT b.shard, b.value, b.prev, b.ts, b.shards FROM txlimit AS b
+    SELECT b.shard, b.value, b.prev, b.ts, b.shards, b.paused_until FROM txlimit AS b
     WHERE b.name = $2 AND b.key = $3 AND b.shard < $4::integer
     ORDER BY b.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
-SELECT l.shard, l.value, l.prev, l.ts,
+SELECT l.shard, l.value, l.prev, l.ts, l.paused_until,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
        -- The highest shard of the locked row's layout (shards, migration
        -- 00009): rows written under another Shards (a redeployed config)
        -- make the caller reshard on every row.
        l.shards - 1 AS top_shard
 FROM (
-    SELECT shard, value, prev, ts, shards FROM from_start
+    SELECT shard, value, prev, ts, shards, paused_until FROM from_start
     UNION ALL
-    SELECT shard, value, prev, ts, shards FROM below_start
+    SELECT shard, value, prev, ts, shards, paused_until FROM below_start
     LIMIT 1
 ) AS l
 `
@@ -898,12 +908,13 @@ type TryLockShardParams struct {
 }
 
 type TryLockShardRow struct {
-	Shard    int32
-	Value    float64
-	Prev     float64
-	Ts       time.Time
-	Clock    time.Time
-	TopShard int32
+	Shard       int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil *time.Time
+	Clock       time.Time
+	TopShard    int32
 }
 
 // Locks the first row of (name, key) that no other transaction holds,
@@ -927,6 +938,7 @@ func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardPar
 		&i.Value,
 		&i.Prev,
 		&i.Ts,
+		&i.PausedUntil,
 		&i.Clock,
 		&i.TopShard,
 	)
@@ -935,25 +947,26 @@ func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardPar
 
 const TryLockShardAndRead = `-- name: TryLockShardAndRead :many
 WITH from_start AS (
-    SELECT f.shard, f.value, f.prev, f.ts FROM txlimit AS f
+    SELECT f.shard, f.value, f.prev, f.ts, f.paused_until FROM txlimit AS f
     WHERE f.name = $2 AND f.key = $3 AND f.shard >= $4::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), below_start AS (
-    SELECT b.shard, b.value, b.prev, b.ts FROM txlimit AS b
+    SELECT b.shard, b.value, b.prev, b.ts, b.paused_until FROM txlimit AS b
     WHERE b.name = $2 AND b.key = $3 AND b.shard < $4::integer
     ORDER BY b.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), l AS (
-    SELECT shard, value, prev, ts FROM from_start
+    SELECT shard, value, prev, ts, paused_until FROM from_start
     UNION ALL
-    SELECT shard, value, prev, ts FROM below_start
+    SELECT shard, value, prev, ts, paused_until FROM below_start
     LIMIT 1
 )
-SELECT t.shard, t.value, t.prev, t.ts, c.clock,
-       l.shard AS locked_shard, l.value AS locked_value, l.prev AS locked_prev, l.ts AS locked_ts
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until, c.clock,
+       l.shard AS locked_shard, l.value AS locked_value, l.prev AS locked_prev, l.ts AS locked_ts,
+       l.paused_until AS locked_paused_until
 FROM (SELECT CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS c
 LEFT JOIN l ON true
 LEFT JOIN txlimit AS t ON t.name = $2 AND t.key = $3
@@ -968,15 +981,17 @@ type TryLockShardAndReadParams struct {
 }
 
 type TryLockShardAndReadRow struct {
-	Shard       *int32
-	Value       *float64
-	Prev        *float64
-	Ts          *time.Time
-	Clock       time.Time
-	LockedShard *int32
-	LockedValue *float64
-	LockedPrev  *float64
-	LockedTs    *time.Time
+	Shard             *int32
+	Value             *float64
+	Prev              *float64
+	Ts                *time.Time
+	PausedUntil       *time.Time
+	Clock             time.Time
+	LockedShard       *int32
+	LockedValue       *float64
+	LockedPrev        *float64
+	LockedTs          *time.Time
+	LockedPausedUntil *time.Time
 }
 
 // TryLockShard, reading every row of (name, key) in the same statement: one
@@ -1005,11 +1020,13 @@ func (q *Queries) TryLockShardAndRead(ctx context.Context, db DBTX, arg TryLockS
 			&i.Value,
 			&i.Prev,
 			&i.Ts,
+			&i.PausedUntil,
 			&i.Clock,
 			&i.LockedShard,
 			&i.LockedValue,
 			&i.LockedPrev,
 			&i.LockedTs,
+			&i.LockedPausedUntil,
 		); err != nil {
 			return nil, err
 		}
@@ -1022,7 +1039,7 @@ func (q *Queries) TryLockShardAndRead(ctx context.Context, db DBTX, arg TryLockS
 }
 
 const WaitShard = `-- name: WaitShard :one
-SELECT w.shard, w.value, w.prev, w.ts,
+SELECT w.shard, w.value, w.prev, w.ts, w.paused_until,
        CAST(COALESCE($1::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
        w.shards - 1 AS top_shard
 FROM txlimit AS w
@@ -1038,12 +1055,13 @@ type WaitShardParams struct {
 }
 
 type WaitShardRow struct {
-	Shard    int32
-	Value    float64
-	Prev     float64
-	Ts       time.Time
-	Clock    time.Time
-	TopShard int32
+	Shard       int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil *time.Time
+	Clock       time.Time
+	TopShard    int32
 }
 
 // Locks one row of (name, key), waiting for the transaction that holds it:
@@ -1062,6 +1080,7 @@ func (q *Queries) WaitShard(ctx context.Context, db DBTX, arg WaitShardParams) (
 		&i.Value,
 		&i.Prev,
 		&i.Ts,
+		&i.PausedUntil,
 		&i.Clock,
 		&i.TopShard,
 	)
@@ -1098,23 +1117,25 @@ func (q *Queries) WriteFastShard(ctx context.Context, db DBTX, arg WriteFastShar
 
 const WriteKeyShards = `-- name: WriteKeyShards :exec
 UPDATE txlimit AS t
-SET value = u.value, prev = u.prev, ts = u.ts, shards = cardinality($1::text::integer[])
+SET value = u.value, prev = u.prev, ts = u.ts, shards = cardinality($1::text::integer[]),
+    paused_until = $2::timestamptz
 FROM (
     SELECT unnest($1::text::integer[]) AS shard,
-           unnest($4::text::double precision[]) AS value,
-           unnest($5::text::double precision[]) AS prev,
-           unnest($6::text::timestamptz[]) AS ts
+           unnest($5::text::double precision[]) AS value,
+           unnest($6::text::double precision[]) AS prev,
+           unnest($7::text::timestamptz[]) AS ts
 ) AS u
-WHERE t.name = $2 AND t.key = $3 AND t.shard = u.shard
+WHERE t.name = $3 AND t.key = $4 AND t.shard = u.shard
 `
 
 type WriteKeyShardsParams struct {
-	Shards string
-	Name   string
-	Key    string
-	Vals   string
-	Prevs  string
-	Tss    string
+	Shards      string
+	PausedUntil *time.Time
+	Name        string
+	Key         string
+	Vals        string
+	Prevs       string
+	Tss         string
 }
 
 // Stores the new state of several rows of one (name, key) that the
@@ -1125,6 +1146,7 @@ type WriteKeyShardsParams struct {
 func (q *Queries) WriteKeyShards(ctx context.Context, db DBTX, arg WriteKeyShardsParams) error {
 	_, err := db.Exec(ctx, WriteKeyShards,
 		arg.Shards,
+		arg.PausedUntil,
 		arg.Name,
 		arg.Key,
 		arg.Vals,
@@ -1135,17 +1157,19 @@ func (q *Queries) WriteKeyShards(ctx context.Context, db DBTX, arg WriteKeyShard
 }
 
 const WriteShard = `-- name: WriteShard :exec
-UPDATE txlimit SET value = $1, prev = $2, ts = $3, shards = 1
-WHERE name = $4 AND key = $5 AND shard = $6
+UPDATE txlimit SET value = $1, prev = $2, ts = $3, shards = 1,
+                   paused_until = $4::timestamptz
+WHERE name = $5 AND key = $6 AND shard = $7
 `
 
 type WriteShardParams struct {
-	Value float64
-	Prev  float64
-	Ts    time.Time
-	Name  string
-	Key   string
-	Shard int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil *time.Time
+	Name        string
+	Key         string
+	Shard       int32
 }
 
 // Stores the new state of one row the transaction holds, the only row of
@@ -1157,6 +1181,7 @@ func (q *Queries) WriteShard(ctx context.Context, db DBTX, arg WriteShardParams)
 		arg.Value,
 		arg.Prev,
 		arg.Ts,
+		arg.PausedUntil,
 		arg.Name,
 		arg.Key,
 		arg.Shard,

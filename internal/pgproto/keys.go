@@ -52,7 +52,7 @@ func (d dialect) LockKeys(ctx context.Context, db DB, ls []driver.Limit, now *ti
 			calls = append(calls, func(q pgdb.DBTX) error {
 				rows, err := queries.LockShards(ctx, q, pgdb.LockShardsParams{Name: l.Name, Key: l.Key, Now: now})
 				for _, r := range rows {
-					locked(l.Name, l.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, r.Clock)
+					locked(l.Name, l.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts, Paused: paused(r.PausedUntil)}, r.Clock)
 				}
 				return err
 			})
@@ -78,7 +78,7 @@ func (d dialect) LockKeys(ctx context.Context, db DB, ls []driver.Limit, now *ti
 		}, func(q pgdb.DBTX) error {
 			rows, err := queries.LockKeys(ctx, q, pgdb.LockKeysParams{Now: now, Names: names.String(), Keys: keys.String()})
 			for _, r := range rows {
-				locked(r.Name, r.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, r.Clock)
+				locked(r.Name, r.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts, Paused: paused(r.PausedUntil)}, r.Clock)
 			}
 			return err
 		}}
@@ -107,7 +107,8 @@ func (d dialect) Write(ctx context.Context, db DB, writes []engine.KeyWrite, del
 		if len(w.States) == 1 {
 			s := w.States[0]
 			calls = append(calls, func(q pgdb.DBTX) error {
-				return queries.WriteShard(ctx, q, pgdb.WriteShardParams{Name: w.Name, Key: w.Key, Shard: 0, Value: s.Value, Prev: s.Prev, Ts: time.UnixMicro(s.TS)})
+				return queries.WriteShard(ctx, q, pgdb.WriteShardParams{Name: w.Name, Key: w.Key, Shard: 0, Value: s.Value, Prev: s.Prev, Ts: time.UnixMicro(s.TS),
+					PausedUntil: pausedArg(w.Paused)})
 			})
 			continue
 		}
@@ -121,6 +122,7 @@ func (d dialect) Write(ctx context.Context, db DB, writes []engine.KeyWrite, del
 		calls = append(calls, func(q pgdb.DBTX) error {
 			return queries.WriteKeyShards(ctx, q, pgdb.WriteKeyShardsParams{
 				Name: w.Name, Key: w.Key, Shards: shards.String(), Vals: vals.String(), Prevs: prevs.String(), Tss: tss.String(),
+				PausedUntil: pausedArg(w.Paused),
 			})
 		})
 	}
@@ -202,7 +204,7 @@ func (d dialect) LockIdle(ctx context.Context, db DB, keys []engine.Key, now *ti
 			calls = append(calls, func(q pgdb.DBTX) error {
 				rows, err := queries.LockIdleKey(ctx, q, pgdb.LockIdleKeyParams{Name: k.Name, Key: k.Key, Now: now})
 				for _, r := range rows {
-					add(k.Name, k.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, r.Total, r.Clock)
+					add(k.Name, k.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts, Paused: paused(r.PausedUntil)}, r.Total, r.Clock)
 				}
 				return err
 			})
@@ -216,7 +218,7 @@ func (d dialect) LockIdle(ctx context.Context, db DB, keys []engine.Key, now *ti
 		calls = []Call{func(q pgdb.DBTX) error {
 			rows, err := queries.LockIdle(ctx, q, pgdb.LockIdleParams{Now: now, Names: names.String(), Keys: ks.String()})
 			for _, r := range rows {
-				add(r.Name, r.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, r.Total, r.Clock)
+				add(r.Name, r.Key, driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts, Paused: paused(r.PausedUntil)}, r.Total, r.Clock)
 			}
 			return err
 		}}

@@ -233,6 +233,10 @@ func (o *Ops[TTx]) Reset(ctx context.Context, tx TTx, k driver.KeyRef) error {
 	return o.Err(ctx, tx, queries.DeleteKey(ctx, o.AsDB(tx), pgdb.DeleteKeyParams{Name: k.Name, Key: k.Key}))
 }
 
+func (o *Ops[TTx]) Pause(ctx context.Context, tx TTx, p driver.PauseParams) error {
+	return o.Err(ctx, tx, engine.Pause[DB](ctx, dialect(o.Proto), o.AsDB(tx), p))
+}
+
 // ClockRange is driver.ClockRanger's: timestamptz holds 4713 BC to 294276
 // AD, and the instants are microseconds in an int64, which end before that.
 func (o *Ops[TTx]) ClockRange() (first, last time.Time) {

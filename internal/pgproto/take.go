@@ -248,7 +248,7 @@ func tryLockShard(ctx context.Context, db DB, p driver.TakeParams, start int32) 
 		case err != nil:
 			return err
 		}
-		out = tried{row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, locked: true, top: r.TopShard, now: r.Clock}
+		out = tried{row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts, Paused: paused(r.PausedUntil)}, locked: true, top: r.TopShard, now: r.Clock}
 		return nil
 	}
 	if p.ReadAll {
@@ -258,11 +258,11 @@ func tryLockShard(ctx context.Context, db DB, p driver.TakeParams, start int32) 
 			for _, r := range rows {
 				out.now = r.Clock
 				if r.Shard != nil {
-					out.all = append(out.all, driver.Row{Shard: *r.Shard, Value: *r.Value, Prev: *r.Prev, TS: *r.Ts})
+					out.all = append(out.all, driver.Row{Shard: *r.Shard, Value: *r.Value, Prev: *r.Prev, TS: *r.Ts, Paused: paused(r.PausedUntil)})
 					out.top = max(out.top, *r.Shard)
 				}
 				if r.LockedShard != nil {
-					out.row = driver.Row{Shard: *r.LockedShard, Value: *r.LockedValue, Prev: *r.LockedPrev, TS: *r.LockedTs}
+					out.row = driver.Row{Shard: *r.LockedShard, Value: *r.LockedValue, Prev: *r.LockedPrev, TS: *r.LockedTs, Paused: paused(r.LockedPausedUntil)}
 					out.locked = true
 				}
 			}
@@ -283,7 +283,7 @@ func waitShard(ctx context.Context, db DB, p driver.TakeParams, shard int32) (tr
 	case err != nil:
 		return tried{}, err
 	}
-	return tried{row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}, locked: true, top: r.TopShard, now: r.Clock}, nil
+	return tried{row: driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts, Paused: paused(r.PausedUntil)}, locked: true, top: r.TopShard, now: r.Clock}, nil
 }
 
 // lockShards runs LockShards: every row of l's key, locked, and the latest
@@ -297,12 +297,28 @@ func lockShards(ctx context.Context, db DB, l driver.Limit, now *time.Time) ([]d
 	out := make([]driver.Row, len(rows))
 	var at time.Time
 	for i, r := range rows {
-		out[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts}
+		out[i] = driver.Row{Shard: r.Shard, Value: r.Value, Prev: r.Prev, TS: r.Ts, Paused: paused(r.PausedUntil)}
 		if r.Clock.After(at) {
 			at = r.Clock
 		}
 	}
 	return out, at, nil
+}
+
+// paused is the pause of a row read with its paused_until.
+func paused(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
+// pausedArg is paused_until for a pause, NULL for the zero time.
+func pausedArg(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 // insertShards runs InsertShards for l, its rows full.
@@ -324,7 +340,7 @@ func (dialect) Read(ctx context.Context, db DB, p driver.ReadParams) (driver.Rea
 	for _, r := range rows {
 		out.At = r.Clock
 		if r.Shard != nil {
-			out.Rows = append(out.Rows, driver.Row{Shard: *r.Shard, Value: *r.Value, Prev: *r.Prev, TS: *r.Ts})
+			out.Rows = append(out.Rows, driver.Row{Shard: *r.Shard, Value: *r.Value, Prev: *r.Prev, TS: *r.Ts, Paused: paused(r.PausedUntil)})
 		}
 	}
 	return out, nil

@@ -257,3 +257,45 @@ func TestLeastGranting(t *testing.T) {
 	require.Equal(t, math.Inf(1), leastGranting(c, 11), "beyond the capacity nothing fits")
 	require.Equal(t, math.Inf(-1), debtAt(c, 11), "no cap on the debt")
 }
+
+// A paused key's row is left to the Go path by every one-statement take,
+// which writes nothing, and so is a row whose pause has ended, until the Go
+// path's write clears it (paused_until NULL, migration 00011): the next take
+// is one statement again.
+func TestTakeRowLeavesPausesToGo(t *testing.T) {
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.Schema(t), pgx.QueryExecModeCacheStatement, 2)
+	now := time.UnixMicro(1_700_000_000_000_000)
+	for _, kind := range []algo.Kind{algo.TokenBucket, algo.FixedWindow} {
+		for _, reserve := range []bool{false, true} {
+			l := driver.Limit{Name: fmt.Sprintf("pause-%d-%v", kind, reserve), Key: "k", Shards: 1,
+				Config: algo.Config{Kind: kind, Rate: 8, Period: 3_600_000_000, Capacity: 8}}
+			p := driver.TakeParams{Limit: l, Count: 1, Reserve: reserve, Now: &now}
+			_, err := pool.Exec(ctx, `INSERT INTO txlimit (name, key, shard, value, ts, paused_until) VALUES ($1, $2, 0, 4, $3, $4)`,
+				l.Name, l.Key, now.Add(-time.Second), now.Add(time.Minute))
+			require.NoError(t, err)
+			takeRow := func() bool {
+				var ok bool
+				require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+					_, _, ok, err = TakeRow(ctx, tx, p, false)
+					return err
+				}))
+				return ok
+			}
+			require.False(t, takeRow(), "a paused key taken in one statement")
+			_, err = pool.Exec(ctx, `UPDATE txlimit SET paused_until = $3 WHERE name = $1 AND key = $2`, l.Name, l.Key, now)
+			require.NoError(t, err)
+			require.False(t, takeRow(), "a pause that has ended is the Go path's to clear")
+			require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				res, err := Protocol{}.Take(ctx, tx, p)
+				require.True(t, res.Decision.OK)
+				require.False(t, res.Paused)
+				return err
+			}))
+			var cleared bool
+			require.NoError(t, pool.QueryRow(ctx, `SELECT paused_until IS NULL FROM txlimit WHERE name = $1 AND key = $2`, l.Name, l.Key).Scan(&cleared))
+			require.True(t, cleared)
+			require.True(t, takeRow(), "the key is taken in one statement again")
+		}
+	}
+}

@@ -102,7 +102,7 @@ func TestQueuer(t *testing.T) {
 	b := &pgx.Batch{}
 	require.NoError(t, queued(queries.WriteShard(ctx, queuer{b}, pgdb.WriteShardParams{Name: "n", Key: "k", Shard: 2, Value: 1.5, Ts: time.UnixMicro(7)})))
 	require.Len(t, b.QueuedQueries, 1)
-	require.Equal(t, []any{1.5, 0.0, time.UnixMicro(7), "n", "k", int32(2)}, b.QueuedQueries[0].Arguments,
-		"the generated argument order: value, prev, ts, name, key, shard")
+	require.Equal(t, []any{1.5, 0.0, time.UnixMicro(7), (*time.Time)(nil), "n", "k", int32(2)}, b.QueuedQueries[0].Arguments,
+		"the generated argument order: value, prev, ts, paused_until, name, key, shard")
 	require.Error(t, queued(nil), "a nil error means the statement was sent, not queued")
 }

@@ -25,7 +25,7 @@
 -- name: ReadShards :many
 -- Every row of (name, key) as the transaction sees them (its snapshot, and
 -- its own writes), locking nothing: Check, and the engine before it locks.
-SELECT t.shard, t.value, t.prev, t.ts FROM txlimit AS t
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until FROM txlimit AS t
 WHERE t.name = sqlc.arg(name) AND t.`key` = sqlc.arg(key_)
 ORDER BY t.shard;
 
@@ -43,7 +43,7 @@ SELECT TIMESTAMPADD(MICROSECOND, MICROSECOND(NOW(6)), UTC_TIMESTAMP()) AS clock;
 -- snapshot has it: a locking read clause does not reach into a subquery, so
 -- it locks nothing (rows beyond the config's Shards, left by another
 -- config, which the store then locks too).
-SELECT t.shard, t.value, t.prev, t.ts,
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until,
        TIMESTAMPADD(MICROSECOND, MICROSECOND(NOW(6)), UTC_TIMESTAMP()) AS clock,
        CAST(COALESCE((SELECT MAX(m.shard) FROM txlimit AS m
                       WHERE m.name = sqlc.arg(name) AND m.`key` = sqlc.arg(key_)), -1) AS SIGNED) AS top
@@ -56,7 +56,7 @@ FOR UPDATE;
 -- Locks one shard of (name, key) unless another transaction holds it
 -- (SKIP LOCKED: no row then), for the sharded fast path, which chose a
 -- shard that its snapshot says exists.
-SELECT t.shard, t.value, t.prev, t.ts, TIMESTAMPADD(MICROSECOND, MICROSECOND(NOW(6)), UTC_TIMESTAMP()) AS clock
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until, TIMESTAMPADD(MICROSECOND, MICROSECOND(NOW(6)), UTC_TIMESTAMP()) AS clock
 FROM txlimit AS t FORCE INDEX (PRIMARY)
 WHERE t.name = sqlc.arg(name) AND t.`key` = sqlc.arg(key_) AND t.shard = sqlc.arg(shard)
 FOR UPDATE SKIP LOCKED;
@@ -64,15 +64,15 @@ FOR UPDATE SKIP LOCKED;
 -- name: TryLockShards :many
 -- TryLockShard for several shards at once: the ones no other transaction
 -- holds.
-SELECT t.shard, t.value, t.prev, t.ts
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until
 FROM txlimit AS t FORCE INDEX (PRIMARY)
 WHERE t.name = sqlc.arg(name) AND t.`key` = sqlc.arg(key_) AND t.shard IN (sqlc.slice(shards))
 ORDER BY t.shard
 FOR UPDATE SKIP LOCKED;
 
 -- name: WriteShard :exec
--- Stores the new state of one row the transaction holds.
-UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts)
+-- Stores the new state of one row the transaction holds, and its pause.
+UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts), paused_until = sqlc.narg(paused_until)
 WHERE name = sqlc.arg(name) AND `key` = sqlc.arg(key_) AND shard = sqlc.arg(shard);
 
 -- name: DeleteShards :execrows
@@ -100,7 +100,7 @@ LIMIT ?;
 -- name: ProbeTable :exec
 -- Reads no row, but fails when the table or one of its columns is missing:
 -- the check behind Limiter.Ping.
-SELECT name, `key`, shard, value, prev, ts FROM txlimit LIMIT 0;
+SELECT name, `key`, shard, value, prev, ts, paused_until FROM txlimit LIMIT 0;
 
 -- name: Version :one
 -- The server's version: Ping's check of what it is, and the store's of

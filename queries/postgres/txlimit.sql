@@ -10,7 +10,7 @@
 -- clock is the argument now or, when it is NULL, the server's, read for each
 -- row before that row's lock is taken: the store takes the latest reading,
 -- and algo never loses or doubles refill for a clock behind a row's time.
-SELECT shard, value, prev, ts,
+SELECT shard, value, prev, ts, paused_until,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key)
@@ -27,28 +27,28 @@ FOR UPDATE;
 -- scanned on demand without AS MATERIALIZED, which YugabyteDB before 2025.1
 -- (PostgreSQL 11) rejects; the plan is the same as with it.
 WITH from_start AS (
-    SELECT f.shard, f.value, f.prev, f.ts, f.shards FROM txlimit AS f
+    SELECT f.shard, f.value, f.prev, f.ts, f.shards, f.paused_until FROM txlimit AS f
     WHERE f.name = sqlc.arg(name) AND f.key = sqlc.arg(key) AND f.shard >= sqlc.arg(start)::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), below_start AS (
-    SELECT b.shard, b.value, b.prev, b.ts, b.shards FROM txlimit AS b
+    SELECT b.shard, b.value, b.prev, b.ts, b.shards, b.paused_until FROM txlimit AS b
     WHERE b.name = sqlc.arg(name) AND b.key = sqlc.arg(key) AND b.shard < sqlc.arg(start)::integer
     ORDER BY b.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
-SELECT l.shard, l.value, l.prev, l.ts,
+SELECT l.shard, l.value, l.prev, l.ts, l.paused_until,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
        -- The highest shard of the locked row's layout (shards, migration
        -- 00009): rows written under another Shards (a redeployed config)
        -- make the caller reshard on every row.
        l.shards - 1 AS top_shard
 FROM (
-    SELECT shard, value, prev, ts, shards FROM from_start
+    SELECT shard, value, prev, ts, shards, paused_until FROM from_start
     UNION ALL
-    SELECT shard, value, prev, ts, shards FROM below_start
+    SELECT shard, value, prev, ts, shards, paused_until FROM below_start
     LIMIT 1
 ) AS l;
 
@@ -61,25 +61,26 @@ FROM (
 -- MATERIALIZED, as in TryLockShard; l, which locks nothing itself, is
 -- inlined, over the two locking CTEs that stay scans of their own.
 WITH from_start AS (
-    SELECT f.shard, f.value, f.prev, f.ts FROM txlimit AS f
+    SELECT f.shard, f.value, f.prev, f.ts, f.paused_until FROM txlimit AS f
     WHERE f.name = sqlc.arg(name) AND f.key = sqlc.arg(key) AND f.shard >= sqlc.arg(start)::integer
     ORDER BY f.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), below_start AS (
-    SELECT b.shard, b.value, b.prev, b.ts FROM txlimit AS b
+    SELECT b.shard, b.value, b.prev, b.ts, b.paused_until FROM txlimit AS b
     WHERE b.name = sqlc.arg(name) AND b.key = sqlc.arg(key) AND b.shard < sqlc.arg(start)::integer
     ORDER BY b.shard
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), l AS (
-    SELECT shard, value, prev, ts FROM from_start
+    SELECT shard, value, prev, ts, paused_until FROM from_start
     UNION ALL
-    SELECT shard, value, prev, ts FROM below_start
+    SELECT shard, value, prev, ts, paused_until FROM below_start
     LIMIT 1
 )
-SELECT t.shard, t.value, t.prev, t.ts, c.clock,
-       l.shard AS locked_shard, l.value AS locked_value, l.prev AS locked_prev, l.ts AS locked_ts
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until, c.clock,
+       l.shard AS locked_shard, l.value AS locked_value, l.prev AS locked_prev, l.ts AS locked_ts,
+       l.paused_until AS locked_paused_until
 FROM (SELECT CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS c
 LEFT JOIN l ON true
 LEFT JOIN txlimit AS t ON t.name = sqlc.arg(name) AND t.key = sqlc.arg(key)
@@ -89,7 +90,7 @@ ORDER BY t.shard;
 -- Locks one row of (name, key), waiting for the transaction that holds it:
 -- the sharded fast path when every shard was busy. top_shard as in
 -- TryLockShard.
-SELECT w.shard, w.value, w.prev, w.ts,
+SELECT w.shard, w.value, w.prev, w.ts, w.paused_until,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock,
        w.shards - 1 AS top_shard
 FROM txlimit AS w
@@ -99,7 +100,7 @@ FOR UPDATE OF w;
 -- name: ReadShards :many
 -- Reads the committed rows of (name, key) without locking. The clock comes
 -- from a one-row subquery so that it is returned even when there is no row.
-SELECT t.shard, t.value, t.prev, t.ts, c.clock
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until, c.clock
 FROM (SELECT CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock) AS c
 LEFT JOIN txlimit AS t ON t.name = sqlc.arg(name) AND t.key = sqlc.arg(key)
 ORDER BY t.shard;
@@ -123,7 +124,8 @@ ON CONFLICT (name, key, shard) DO UPDATE SET value = EXCLUDED.value WHERE false;
 -- an unsharded limit: the rows beyond it, if any, are deleted in the same
 -- transaction, so the layout is of one shard (shards, migration 00009) and
 -- the next call can take in one statement again.
-UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts), shards = 1
+UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts), shards = 1,
+                   paused_until = sqlc.narg(paused_until)::timestamptz
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 
 -- name: WriteFastShard :exec
@@ -139,7 +141,8 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 -- where unnesting them too made it replan at every call. The rows are those
 -- of the layout, 0 to the number of shards - 1 (shards, migration 00009).
 UPDATE txlimit AS t
-SET value = u.value, prev = u.prev, ts = u.ts, shards = cardinality(sqlc.arg(shards)::text::integer[])
+SET value = u.value, prev = u.prev, ts = u.ts, shards = cardinality(sqlc.arg(shards)::text::integer[]),
+    paused_until = sqlc.narg(paused_until)::timestamptz
 FROM (
     SELECT unnest(sqlc.arg(shards)::text::integer[]) AS shard,
            unnest(sqlc.arg(vals)::text::double precision[]) AS value,
@@ -187,7 +190,7 @@ RETURNING name, key, shard;
 -- them, left by a config with more shards, come after them in the same
 -- canonical order. FOR UPDATE makes a REPEATABLE READ transaction fail with a
 -- serialization error rather than read a stale row.
-SELECT t.name, t.key, t.shard, t.value, t.prev, t.ts,
+SELECT t.name, t.key, t.shard, t.value, t.prev, t.ts, t.paused_until,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
 JOIN (
@@ -220,7 +223,7 @@ LIMIT sqlc.arg(max_keys);
 -- Locks the rows of the given keys that no other transaction holds, without
 -- waiting (SKIP LOCKED), for Prune, with the number of rows each key has in
 -- all, so that Prune can tell whether it holds every row of a key.
-SELECT t.name, t.key, t.shard, t.value, t.prev, t.ts,
+SELECT t.name, t.key, t.shard, t.value, t.prev, t.ts, t.paused_until,
        (SELECT count(*) FROM txlimit AS c WHERE c.name = t.name AND c.key = t.key) AS total,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
@@ -250,7 +253,7 @@ RETURNING shard;
 
 -- name: LockIdleKey :many
 -- LockIdle for one key.
-SELECT t.shard, t.value, t.prev, t.ts,
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until,
        (SELECT count(*) FROM txlimit AS c WHERE c.name = sqlc.arg(name) AND c.key = sqlc.arg(key)) AS total,
        CAST(COALESCE(sqlc.narg(now)::timestamptz, clock_timestamp()) AS timestamptz) AS clock
 FROM txlimit AS t
@@ -266,7 +269,7 @@ WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = ANY (sqlc.arg(sh
 -- name: ProbeTable :exec
 -- Reads no row, but fails when the table or one of its columns is missing:
 -- the check behind Limiter.Ping.
-SELECT name, key, shard, value, prev, ts, shards FROM txlimit LIMIT 0;
+SELECT name, key, shard, value, prev, ts, shards, paused_until FROM txlimit LIMIT 0;
 
 -- name: TakeBucket :one
 -- One admitted call of a token bucket that is not a reservation, in one
@@ -326,7 +329,7 @@ ON CONFLICT (name, key, shard) DO UPDATE
 SET value = txlimit_kept(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8),
                                sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
     ts = txlimit_bucket_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts))
-WHERE (t.shards = 1 AND t.value <= 1e300
+WHERE (t.shards = 1 AND t.paused_until IS NULL AND t.value <= 1e300
        AND t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8) >= sqlc.arg(fits_at)::float8) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
 
@@ -345,7 +348,7 @@ SET value = txlimit_kept(least(t.value + txlimit_window_gain(txlimit_elapsed(COA
                                sqlc.arg(capacity)::float8) - sqlc.arg(count)::float8),
     ts = txlimit_window_start(t.ts, txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts),
                               sqlc.arg(period)::bigint)
-WHERE (t.shards = 1 AND t.value <= 1e300
+WHERE (t.shards = 1 AND t.paused_until IS NULL AND t.value <= 1e300
        AND t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint) >= sqlc.arg(fits_at)::float8) /*must*/
 RETURNING t.value, t.ts, CAST(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()) AS timestamptz) AS clock;
 
@@ -367,7 +370,7 @@ SET value = greatest(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESC
                     CASE WHEN t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8) >= sqlc.arg(fits_at)::float8
                          THEN 0 ELSE CAST('-Infinity' AS float8) END),
     ts = txlimit_bucket_ts(t.ts, COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts))
-WHERE (t.shards = 1 AND t.value BETWEEN -1e300 AND 1e300
+WHERE (t.shards = 1 AND t.paused_until IS NULL AND t.value BETWEEN -1e300 AND 1e300
        AND t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8) >= sqlc.arg(debt_at)::float8
        AND (t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8) >= sqlc.arg(fits_at)::float8
             OR txlimit_wait_short(least(t.value + txlimit_bucket_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, EXCLUDED.ts), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::float8),
@@ -390,7 +393,7 @@ SET value = greatest(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESC
                          THEN 0 ELSE CAST('-Infinity' AS float8) END),
     ts = txlimit_window_start(t.ts, txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts),
                               sqlc.arg(period)::bigint)
-WHERE (t.shards = 1 AND t.value BETWEEN -1e300 AND 1e300
+WHERE (t.shards = 1 AND t.paused_until IS NULL AND t.value BETWEEN -1e300 AND 1e300
        AND t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint) >= sqlc.arg(debt_at)::float8
        AND (t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint) >= sqlc.arg(fits_at)::float8
             OR txlimit_wait_bounded(least(t.value + txlimit_window_gain(txlimit_elapsed(COALESCE(sqlc.narg(now)::timestamptz, statement_timestamp()), t.ts), sqlc.arg(rate)::float8, sqlc.arg(period)::bigint),

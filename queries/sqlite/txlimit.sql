@@ -15,14 +15,14 @@ UPDATE txlimit SET value = value WHERE name = sqlc.arg(name) AND key = sqlc.arg(
 -- name: LockShards :many
 -- The rows of (name, key) in ascending shard order. Run after TouchKey, in
 -- the same transaction, so that they are read under the write lock.
-SELECT shard, value, prev, ts FROM txlimit
+SELECT shard, value, prev, ts, paused_until FROM txlimit
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key)
 ORDER BY shard;
 
 -- name: ReadShards :many
 -- The rows of (name, key) as the transaction sees them (its own snapshot),
 -- without taking the write lock.
-SELECT shard, value, prev, ts FROM txlimit
+SELECT shard, value, prev, ts, paused_until FROM txlimit
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key)
 ORDER BY shard;
 
@@ -31,13 +31,13 @@ ORDER BY shard;
 -- per shard, in shard order, where PostgreSQL's InsertShards is one
 -- statement: sqlc's SQLite engine rejects a recursive CTE, and json_each
 -- would make the parameter untyped. Statements are in-process calls here.
-INSERT INTO txlimit (name, key, shard, value, prev, ts)
-VALUES (sqlc.arg(name), sqlc.arg(key), sqlc.arg(shard), sqlc.arg(value), sqlc.arg(prev), sqlc.arg(ts))
+INSERT INTO txlimit (name, key, shard, value, prev, ts, paused_until)
+VALUES (sqlc.arg(name), sqlc.arg(key), sqlc.arg(shard), sqlc.arg(value), sqlc.arg(prev), sqlc.arg(ts), sqlc.narg(paused_until))
 ON CONFLICT (name, key, shard) DO NOTHING;
 
 -- name: WriteShard :exec
--- Stores the new state of one row the transaction holds.
-UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts)
+-- Stores the new state of one row the transaction holds, and its pause.
+UPDATE txlimit SET value = sqlc.arg(value), prev = sqlc.arg(prev), ts = sqlc.arg(ts), paused_until = sqlc.narg(paused_until)
 WHERE name = sqlc.arg(name) AND key = sqlc.arg(key) AND shard = sqlc.arg(shard);
 
 -- name: DeleteKey :exec
@@ -60,7 +60,7 @@ LIMIT sqlc.arg(max_keys);
 -- The rows of the keys from (first_name, first_key) to (last_name,
 -- last_key), both included, in primary-key order: the rows of a batch of
 -- ScanKeys in one indexed range scan.
-SELECT name, key, shard, value, prev, ts FROM txlimit
+SELECT name, key, shard, value, prev, ts, paused_until FROM txlimit
 WHERE (name, key) >= (sqlc.arg(first_name), sqlc.arg(first_key))
   AND (name, key) <= (sqlc.arg(last_name), sqlc.arg(last_key))
 ORDER BY name, key, shard;
@@ -68,4 +68,4 @@ ORDER BY name, key, shard;
 -- name: ProbeTable :exec
 -- Reads no row, but fails when the table or one of its columns is missing:
 -- the check behind Limiter.Ping.
-SELECT name, key, shard, value, prev, ts FROM txlimit LIMIT 0;
+SELECT name, key, shard, value, prev, ts, paused_until FROM txlimit LIMIT 0;

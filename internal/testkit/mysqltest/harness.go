@@ -105,7 +105,7 @@ const errNoSuchThread = 1094
 // time to the microsecond.
 func Rows(t *testing.T, db *sql.DB, name, key string) []string {
 	t.Helper()
-	rows, err := db.Query("SELECT shard, value, prev, ts FROM txlimit WHERE name = ? AND `key` = ? ORDER BY shard", []byte(name), []byte(key))
+	rows, err := db.Query("SELECT shard, value, prev, ts, paused_until FROM txlimit WHERE name = ? AND `key` = ? ORDER BY shard", []byte(name), []byte(key))
 	require.NoError(t, err)
 	defer rows.Close()
 	var out []string
@@ -113,9 +113,14 @@ func Rows(t *testing.T, db *sql.DB, name, key string) []string {
 		var shard int
 		var value, prev float64
 		var ts time.Time
-		require.NoError(t, rows.Scan(&shard, &value, &prev, &ts))
-		out = append(out, fmt.Sprintf("%d %s %s %s", shard, strconv.FormatFloat(value, 'g', -1, 64),
-			strconv.FormatFloat(prev, 'g', -1, 64), ts.Format("2006-01-02 15:04:05.000000")))
+		var paused sql.NullTime
+		require.NoError(t, rows.Scan(&shard, &value, &prev, &ts, &paused))
+		row := fmt.Sprintf("%d %s %s %s", shard, strconv.FormatFloat(value, 'g', -1, 64),
+			strconv.FormatFloat(prev, 'g', -1, 64), ts.Format("2006-01-02 15:04:05.000000"))
+		if paused.Valid {
+			row += " paused until " + paused.Time.Format("2006-01-02 15:04:05.000000")
+		}
+		out = append(out, row)
 	}
 	require.NoError(t, rows.Err())
 	return out

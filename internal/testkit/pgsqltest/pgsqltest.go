@@ -114,7 +114,7 @@ func Harness(db *sql.DB, conns int, opts ...pgsqlstore.Option) storetest.Harness
 		},
 		Rows: func(t *testing.T, name, key string) []string {
 			rows, err := db.Query(
-				`SELECT format('%s %s %s %s', ctid, shard, value, ts) FROM txlimit WHERE name = $1 AND key = $2 ORDER BY shard`,
+				`SELECT format('%s %s %s %s %s', ctid, shard, value, ts, paused_until) FROM txlimit WHERE name = $1 AND key = $2 ORDER BY shard`,
 				name, key)
 			require.NoError(t, err)
 			defer rows.Close()

@@ -49,7 +49,7 @@ func Harness(pool *pgxpool.Pool, store driver.Store[pgx.Tx]) storetest.Harness[p
 		},
 		Rows: func(t *testing.T, name, key string) []string {
 			rows, err := pool.Query(context.Background(),
-				`SELECT format('%s %s %s %s', ctid, shard, value, ts) FROM txlimit WHERE name = $1 AND key = $2 ORDER BY shard`,
+				`SELECT format('%s %s %s %s %s', ctid, shard, value, ts, paused_until) FROM txlimit WHERE name = $1 AND key = $2 ORDER BY shard`,
 				name, key)
 			require.NoError(t, err)
 			out, err := pgx.CollectRows(rows, pgx.RowTo[string])

@@ -10,6 +10,9 @@
 // (sliding and calendar windows, UpTo, and the calls that must write
 // nothing), config-change (each row of docs/config-changes.md: what a key
 // holds when its limit's config changes), commit (CommitTx and Commit), wait (Limiter.Wait), concurrency
+// nothing), commit (CommitTx and Commit), wait (Limiter.Wait), pause
+// (Limiter.Pause: denials until the instant, across Limiters, in LimitAll,
+// reservations, Prune, lifting, rollback), concurrency
 // (Concurrency limits: exactly Capacity of 64 concurrent acquirers at every
 // isolation level, release, extend, reclaim, and a holder whose process is
 // killed), idempotent (idempotent takes: a repeat returns the first
@@ -139,6 +142,7 @@ func Run[TTx any](t *testing.T, newHarness func(t *testing.T, conns int32) Harne
 		{"config-change", runConfigChange[TTx]},
 		{"commit", runCommit[TTx]},
 		{"wait", runWait[TTx]},
+		{"pause", runPause[TTx]},
 		{"concurrency", func(t *testing.T, h Harness[TTx]) { runConcurrency(t, h, newHarness) }},
 		{"idempotent", func(t *testing.T, h Harness[TTx]) { runIdempotent(t, h, newHarness) }},
 		{"soak", runSoak[TTx]},

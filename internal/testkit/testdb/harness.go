@@ -72,7 +72,7 @@ func SQLiteHarness(db *sql.DB, store driver.Store[*sql.Tx]) storetest.Harness[*s
 			return errors.As(err, &coded) && coded.Code()&0xff == sqliteBusy
 		},
 		Rows: func(t *testing.T, name, key string) []string {
-			rows, err := db.Query(`SELECT printf('%d %!.17g %d %s', shard, value, ts, typeof(value))
+			rows, err := db.Query(`SELECT printf('%d %!.17g %d %s %s', shard, value, ts, typeof(value), paused_until)
 				FROM txlimit WHERE name = ? AND key = ? ORDER BY shard`, name, key)
 			require.NoError(t, err)
 			defer rows.Close()

@@ -10,12 +10,13 @@ import (
 )
 
 type Txlimit struct {
-	Name  []byte
-	Key   []byte
-	Shard int32
-	Value float64
-	Prev  float64
-	Ts    time.Time
+	Name        []byte
+	Key         []byte
+	Shard       int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil sql.NullTime
 }
 
 type TxlimitHolder struct {

@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"time"
 )
@@ -87,7 +88,7 @@ func (q *Queries) Echo(ctx context.Context, db DBTX, one int64) (int64, error) {
 }
 
 const LockShards = `-- name: LockShards :many
-SELECT t.shard, t.value, t.prev, t.ts,
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until,
        TIMESTAMPADD(MICROSECOND, MICROSECOND(NOW(6)), UTC_TIMESTAMP()) AS clock,
        CAST(COALESCE((SELECT MAX(m.shard) FROM txlimit AS m
                       WHERE m.name = ? AND m.` + "`" + `key` + "`" + ` = ?), -1) AS SIGNED) AS top
@@ -104,12 +105,13 @@ type LockShardsParams struct {
 }
 
 type LockShardsRow struct {
-	Shard int32
-	Value float64
-	Prev  float64
-	Ts    time.Time
-	Clock time.Time
-	Top   int64
+	Shard       int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil sql.NullTime
+	Clock       time.Time
+	Top         int64
 }
 
 // Locks the listed shards of (name, key), which exist (the store created
@@ -149,6 +151,7 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 			&i.Value,
 			&i.Prev,
 			&i.Ts,
+			&i.PausedUntil,
 			&i.Clock,
 			&i.Top,
 		); err != nil {
@@ -182,7 +185,7 @@ func (q *Queries) ProbeFoundRows(ctx context.Context, db DBTX) (int64, error) {
 }
 
 const ProbeTable = `-- name: ProbeTable :exec
-SELECT name, ` + "`" + `key` + "`" + `, shard, value, prev, ts FROM txlimit LIMIT 0
+SELECT name, ` + "`" + `key` + "`" + `, shard, value, prev, ts, paused_until FROM txlimit LIMIT 0
 `
 
 // Reads no row, but fails when the table or one of its columns is missing:
@@ -194,7 +197,7 @@ func (q *Queries) ProbeTable(ctx context.Context, db DBTX) error {
 
 const ReadShards = `-- name: ReadShards :many
 
-SELECT t.shard, t.value, t.prev, t.ts FROM txlimit AS t
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until FROM txlimit AS t
 WHERE t.name = ? AND t.` + "`" + `key` + "`" + ` = ?
 ORDER BY t.shard
 `
@@ -205,10 +208,11 @@ type ReadShardsParams struct {
 }
 
 type ReadShardsRow struct {
-	Shard int32
-	Value float64
-	Prev  float64
-	Ts    time.Time
+	Shard       int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil sql.NullTime
 }
 
 // The statements of mysqlstore that sqlc's MySQL engine compiles. The
@@ -250,6 +254,7 @@ func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams)
 			&i.Value,
 			&i.Prev,
 			&i.Ts,
+			&i.PausedUntil,
 		); err != nil {
 			return nil, err
 		}
@@ -322,7 +327,7 @@ func (q *Queries) ScanKeys(ctx context.Context, db DBTX, arg ScanKeysParams) ([]
 }
 
 const TryLockShard = `-- name: TryLockShard :one
-SELECT t.shard, t.value, t.prev, t.ts, TIMESTAMPADD(MICROSECOND, MICROSECOND(NOW(6)), UTC_TIMESTAMP()) AS clock
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until, TIMESTAMPADD(MICROSECOND, MICROSECOND(NOW(6)), UTC_TIMESTAMP()) AS clock
 FROM txlimit AS t FORCE INDEX (PRIMARY)
 WHERE t.name = ? AND t.` + "`" + `key` + "`" + ` = ? AND t.shard = ?
 FOR UPDATE SKIP LOCKED
@@ -335,11 +340,12 @@ type TryLockShardParams struct {
 }
 
 type TryLockShardRow struct {
-	Shard int32
-	Value float64
-	Prev  float64
-	Ts    time.Time
-	Clock time.Time
+	Shard       int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil sql.NullTime
+	Clock       time.Time
 }
 
 // Locks one shard of (name, key) unless another transaction holds it
@@ -353,13 +359,14 @@ func (q *Queries) TryLockShard(ctx context.Context, db DBTX, arg TryLockShardPar
 		&i.Value,
 		&i.Prev,
 		&i.Ts,
+		&i.PausedUntil,
 		&i.Clock,
 	)
 	return i, err
 }
 
 const TryLockShards = `-- name: TryLockShards :many
-SELECT t.shard, t.value, t.prev, t.ts
+SELECT t.shard, t.value, t.prev, t.ts, t.paused_until
 FROM txlimit AS t FORCE INDEX (PRIMARY)
 WHERE t.name = ? AND t.` + "`" + `key` + "`" + ` = ? AND t.shard IN (/*SLICE:shards*/?)
 ORDER BY t.shard
@@ -373,10 +380,11 @@ type TryLockShardsParams struct {
 }
 
 type TryLockShardsRow struct {
-	Shard int32
-	Value float64
-	Prev  float64
-	Ts    time.Time
+	Shard       int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil sql.NullTime
 }
 
 // TryLockShard for several shards at once: the ones no other transaction
@@ -407,6 +415,7 @@ func (q *Queries) TryLockShards(ctx context.Context, db DBTX, arg TryLockShardsP
 			&i.Value,
 			&i.Prev,
 			&i.Ts,
+			&i.PausedUntil,
 		); err != nil {
 			return nil, err
 		}
@@ -436,25 +445,27 @@ func (q *Queries) Version(ctx context.Context, db DBTX) (string, error) {
 }
 
 const WriteShard = `-- name: WriteShard :exec
-UPDATE txlimit SET value = ?, prev = ?, ts = ?
+UPDATE txlimit SET value = ?, prev = ?, ts = ?, paused_until = ?
 WHERE name = ? AND ` + "`" + `key` + "`" + ` = ? AND shard = ?
 `
 
 type WriteShardParams struct {
-	Value float64
-	Prev  float64
-	Ts    time.Time
-	Name  []byte
-	Key   []byte
-	Shard int32
+	Value       float64
+	Prev        float64
+	Ts          time.Time
+	PausedUntil sql.NullTime
+	Name        []byte
+	Key         []byte
+	Shard       int32
 }
 
-// Stores the new state of one row the transaction holds.
+// Stores the new state of one row the transaction holds, and its pause.
 func (q *Queries) WriteShard(ctx context.Context, db DBTX, arg WriteShardParams) error {
 	_, err := db.ExecContext(ctx, WriteShard,
 		arg.Value,
 		arg.Prev,
 		arg.Ts,
+		arg.PausedUntil,
 		arg.Name,
 		arg.Key,
 		arg.Shard,

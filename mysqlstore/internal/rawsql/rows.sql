@@ -28,12 +28,16 @@ ON DUPLICATE KEY UPDATE shard = txlimit.shard
 
 -- name: WriteRows
 -- Stores the new state of several rows the transaction holds (or creates
--- one that is missing). Rows: [name, key, shard, value, ts, prev].
-INSERT INTO txlimit (name, `key`, shard, value, prev, ts)
-SELECT UNHEX(j.n), UNHEX(j.k), j.s, CAST(j.v AS DOUBLE), CAST(j.p AS DOUBLE), j.t
+-- one that is missing), and their pause: paused_until as a DATETIME(6)
+-- literal, '' for none (NULL). Rows: [name, key, shard, value, ts, prev,
+-- paused_until].
+INSERT INTO txlimit (name, `key`, shard, value, prev, ts, paused_until)
+SELECT UNHEX(j.n), UNHEX(j.k), j.s, CAST(j.v AS DOUBLE), CAST(j.p AS DOUBLE), j.t, CAST(NULLIF(j.u, '') AS DATETIME(6))
 FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]',
-                                   v VARCHAR(32) PATH '$[3]', t DATETIME(6) PATH '$[4]', p VARCHAR(32) PATH '$[5]')) AS j
-ON DUPLICATE KEY UPDATE value = CAST(j.v AS DOUBLE), prev = CAST(j.p AS DOUBLE), ts = j.t
+                                   v VARCHAR(32) PATH '$[3]', t DATETIME(6) PATH '$[4]', p VARCHAR(32) PATH '$[5]',
+                                   u VARCHAR(32) PATH '$[6]')) AS j
+ON DUPLICATE KEY UPDATE value = CAST(j.v AS DOUBLE), prev = CAST(j.p AS DOUBLE), ts = j.t,
+                        paused_until = CAST(NULLIF(j.u, '') AS DATETIME(6))
 
 -- name: DeleteRows
 -- Deletes the listed rows, which the transaction holds, by their primary
@@ -54,7 +58,7 @@ ORDER BY j.i
 -- name: LockRows
 -- Locks the listed rows, which exist, waiting for the transactions that hold
 -- them, and reads them with the clock. Rows: [name, key, shard].
-SELECT j.i, t.shard, t.value, t.prev, t.ts, UTC_TIMESTAMP(6) AS clock
+SELECT j.i, t.shard, t.value, t.prev, t.ts, t.paused_until, UTC_TIMESTAMP(6) AS clock
 FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]')) AS j
 STRAIGHT_JOIN txlimit AS t FORCE INDEX (PRIMARY)
     ON t.name = UNHEX(j.n) AND t.`key` = UNHEX(j.k) AND t.shard = j.s
@@ -65,7 +69,7 @@ FOR UPDATE
 -- LockRows for the listed rows that no other transaction holds, without
 -- waiting (SKIP LOCKED): a batch of Prune never waits for a row live traffic
 -- holds, and locks no gap that live traffic's inserts would wait for.
-SELECT j.i, t.shard, t.value, t.prev, t.ts, UTC_TIMESTAMP(6) AS clock
+SELECT j.i, t.shard, t.value, t.prev, t.ts, t.paused_until, UTC_TIMESTAMP(6) AS clock
 FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(512) PATH '$[0]', k VARCHAR(4096) PATH '$[1]', s INT PATH '$[2]')) AS j
 STRAIGHT_JOIN txlimit AS t FORCE INDEX (PRIMARY)
     ON t.name = UNHEX(j.n) AND t.`key` = UNHEX(j.k) AND t.shard = j.s

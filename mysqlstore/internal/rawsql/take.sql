@@ -55,7 +55,8 @@
 -- The grant: a finite stored value of a row no sharded config wrote
 -- (mysqlstore marks row 0 of a sharded limit with its number of shards in
 -- prev, which the kinds served here leave 0: its other shards must be
--- pooled), and the count fits, or, when :reserve, is a reservation within
+-- pooled) and no pause has marked (paused_until, ended or not: the Go path
+-- decides on it, and clears one that has ended), and the count fits, or, when :reserve, is a reservation within
 -- MaxReserved (:capped, :target = Count - MaxReserved) whose wait is surely
 -- below 2e15 µs (63 years, a bound from above: a longer one is left to the
 -- Go path, which refuses waits a Decision cannot hold). What is left is
@@ -91,7 +92,7 @@ ON DUPLICATE KEY UPDATE
                OR (@txlimit_p := IF(@txlimit_e <= 0, LEAST(value, CAST(:capacity AS DOUBLE)),
                                     LEAST(value + @txlimit_e * CAST(:rate AS DOUBLE) / CAST(:period_f AS DOUBLE), CAST(:capacity AS DOUBLE)))) IS NULL
                OR (@txlimit_l := @txlimit_p - CAST(:count AS DOUBLE)) IS NULL
-               OR NOT (@txlimit_ok := (value BETWEEN -1e300 AND 1e300 AND prev = 0 AND @txlimit_l >= -CAST(:tol AS DOUBLE))),
+               OR NOT (@txlimit_ok := (value BETWEEN -1e300 AND 1e300 AND prev = 0 AND paused_until IS NULL AND @txlimit_l >= -CAST(:tol AS DOUBLE))),
                value, IF(@txlimit_l > 0, @txlimit_l, 0e0)),
     ts = IF(@txlimit_ok AND @txlimit_e > 0, UTC_TIMESTAMP(6), ts),
     prev = IF(@txlimit_ok, 0e0, prev)
@@ -112,7 +113,7 @@ ON DUPLICATE KEY UPDATE
                OR (@txlimit_p := IF(@txlimit_e < :period, LEAST(value, CAST(:capacity AS DOUBLE)),
                                     LEAST(value + CAST(:rate AS DOUBLE) * (@txlimit_e DIV :period), CAST(:capacity AS DOUBLE)))) IS NULL
                OR (@txlimit_l := @txlimit_p - CAST(:count AS DOUBLE)) IS NULL
-               OR NOT (@txlimit_ok := (value BETWEEN -1e300 AND 1e300 AND prev = 0 AND @txlimit_l >= -CAST(:tol AS DOUBLE))),
+               OR NOT (@txlimit_ok := (value BETWEEN -1e300 AND 1e300 AND prev = 0 AND paused_until IS NULL AND @txlimit_l >= -CAST(:tol AS DOUBLE))),
                value, IF(@txlimit_l > 0, @txlimit_l, 0e0)),
     ts = IF(@txlimit_ok AND @txlimit_e >= :period, TIMESTAMPADD(MICROSECOND, -(@txlimit_e MOD :period), UTC_TIMESTAMP(6)), ts),
     prev = IF(@txlimit_ok, 0e0, prev)
@@ -129,7 +130,7 @@ ON DUPLICATE KEY UPDATE
                OR (@txlimit_p := IF(@txlimit_e <= 0, LEAST(value, CAST(:capacity AS DOUBLE)),
                                     LEAST(value + @txlimit_e * CAST(:rate AS DOUBLE) / CAST(:period_f AS DOUBLE), CAST(:capacity AS DOUBLE)))) IS NULL
                OR (@txlimit_l := @txlimit_p - CAST(:count AS DOUBLE)) IS NULL
-               OR NOT (@txlimit_ok := (value BETWEEN -1e300 AND 1e300 AND prev = 0 AND (@txlimit_l >= -CAST(:tol AS DOUBLE)
+               OR NOT (@txlimit_ok := (value BETWEEN -1e300 AND 1e300 AND prev = 0 AND paused_until IS NULL AND (@txlimit_l >= -CAST(:tol AS DOUBLE)
                    OR (:reserve AND (:capped = 0 OR @txlimit_p - CAST(:target AS DOUBLE) >= -CAST(:tol AS DOUBLE))
                        AND (-@txlimit_l / CAST(:rate AS DOUBLE) + 2) * CAST(:period_f AS DOUBLE) + CAST(GREATEST(-@txlimit_e, 0) AS DOUBLE) < 2e15)))),
                value, IF(@txlimit_l >= -CAST(:tol AS DOUBLE), IF(@txlimit_l > 0, @txlimit_l, 0e0), @txlimit_l)),
@@ -149,7 +150,7 @@ ON DUPLICATE KEY UPDATE
                OR (@txlimit_p := IF(@txlimit_e < :period, LEAST(value, CAST(:capacity AS DOUBLE)),
                                     LEAST(value + CAST(:rate AS DOUBLE) * (@txlimit_e DIV :period), CAST(:capacity AS DOUBLE)))) IS NULL
                OR (@txlimit_l := @txlimit_p - CAST(:count AS DOUBLE)) IS NULL
-               OR NOT (@txlimit_ok := (value BETWEEN -1e300 AND 1e300 AND prev = 0 AND (@txlimit_l >= -CAST(:tol AS DOUBLE)
+               OR NOT (@txlimit_ok := (value BETWEEN -1e300 AND 1e300 AND prev = 0 AND paused_until IS NULL AND (@txlimit_l >= -CAST(:tol AS DOUBLE)
                    OR (:reserve AND (:capped = 0 OR @txlimit_p - CAST(:target AS DOUBLE) >= -CAST(:tol AS DOUBLE))
                        AND (-@txlimit_l / CAST(:rate AS DOUBLE) + 2) * CAST(:period_f AS DOUBLE) + CAST(GREATEST(-@txlimit_e, 0) AS DOUBLE) < 2e15)))),
                value, IF(@txlimit_l >= -CAST(:tol AS DOUBLE), IF(@txlimit_l > 0, @txlimit_l, 0e0), @txlimit_l)),

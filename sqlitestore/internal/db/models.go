@@ -9,12 +9,13 @@ import (
 )
 
 type Txlimit struct {
-	Name  string
-	Key   string
-	Shard int64
-	Value float64
-	Ts    int64
-	Prev  float64
+	Name        string
+	Key         string
+	Shard       int64
+	Value       float64
+	Ts          int64
+	Prev        float64
+	PausedUntil sql.NullInt64
 }
 
 type TxlimitHolder struct {

@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"database/sql"
 )
 
 const deleteKey = `-- name: DeleteKey :exec
@@ -44,18 +45,19 @@ func (q *Queries) DeleteShard(ctx context.Context, db DBTX, arg DeleteShardParam
 }
 
 const insertShard = `-- name: InsertShard :execrows
-INSERT INTO txlimit (name, key, shard, value, prev, ts)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+INSERT INTO txlimit (name, key, shard, value, prev, ts, paused_until)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
 ON CONFLICT (name, key, shard) DO NOTHING
 `
 
 type InsertShardParams struct {
-	Name  string
-	Key   string
-	Shard int64
-	Value float64
-	Prev  float64
-	Ts    int64
+	Name        string
+	Key         string
+	Shard       int64
+	Value       float64
+	Prev        float64
+	Ts          int64
+	PausedUntil sql.NullInt64
 }
 
 // Creates one row of (name, key) unless it exists. The store runs it once
@@ -70,6 +72,7 @@ func (q *Queries) InsertShard(ctx context.Context, db DBTX, arg InsertShardParam
 		arg.Value,
 		arg.Prev,
 		arg.Ts,
+		arg.PausedUntil,
 	)
 	if err != nil {
 		return 0, err
@@ -78,7 +81,7 @@ func (q *Queries) InsertShard(ctx context.Context, db DBTX, arg InsertShardParam
 }
 
 const lockShards = `-- name: LockShards :many
-SELECT shard, value, prev, ts FROM txlimit
+SELECT shard, value, prev, ts, paused_until FROM txlimit
 WHERE name = ?1 AND key = ?2
 ORDER BY shard
 `
@@ -89,10 +92,11 @@ type LockShardsParams struct {
 }
 
 type LockShardsRow struct {
-	Shard int64
-	Value float64
-	Prev  float64
-	Ts    int64
+	Shard       int64
+	Value       float64
+	Prev        float64
+	Ts          int64
+	PausedUntil sql.NullInt64
 }
 
 // The rows of (name, key) in ascending shard order. Run after TouchKey, in
@@ -111,6 +115,7 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 			&i.Value,
 			&i.Prev,
 			&i.Ts,
+			&i.PausedUntil,
 		); err != nil {
 			return nil, err
 		}
@@ -126,7 +131,7 @@ func (q *Queries) LockShards(ctx context.Context, db DBTX, arg LockShardsParams)
 }
 
 const probeTable = `-- name: ProbeTable :exec
-SELECT name, key, shard, value, prev, ts FROM txlimit LIMIT 0
+SELECT name, key, shard, value, prev, ts, paused_until FROM txlimit LIMIT 0
 `
 
 // Reads no row, but fails when the table or one of its columns is missing:
@@ -137,7 +142,7 @@ func (q *Queries) ProbeTable(ctx context.Context, db DBTX) error {
 }
 
 const readShards = `-- name: ReadShards :many
-SELECT shard, value, prev, ts FROM txlimit
+SELECT shard, value, prev, ts, paused_until FROM txlimit
 WHERE name = ?1 AND key = ?2
 ORDER BY shard
 `
@@ -148,10 +153,11 @@ type ReadShardsParams struct {
 }
 
 type ReadShardsRow struct {
-	Shard int64
-	Value float64
-	Prev  float64
-	Ts    int64
+	Shard       int64
+	Value       float64
+	Prev        float64
+	Ts          int64
+	PausedUntil sql.NullInt64
 }
 
 // The rows of (name, key) as the transaction sees them (its own snapshot),
@@ -170,6 +176,7 @@ func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams)
 			&i.Value,
 			&i.Prev,
 			&i.Ts,
+			&i.PausedUntil,
 		); err != nil {
 			return nil, err
 		}
@@ -185,7 +192,7 @@ func (q *Queries) ReadShards(ctx context.Context, db DBTX, arg ReadShardsParams)
 }
 
 const rowsBetween = `-- name: RowsBetween :many
-SELECT name, key, shard, value, prev, ts FROM txlimit
+SELECT name, key, shard, value, prev, ts, paused_until FROM txlimit
 WHERE (name, key) >= (?1, ?2)
   AND (name, key) <= (?3, ?4)
 ORDER BY name, key, shard
@@ -199,12 +206,13 @@ type RowsBetweenParams struct {
 }
 
 type RowsBetweenRow struct {
-	Name  string
-	Key   string
-	Shard int64
-	Value float64
-	Prev  float64
-	Ts    int64
+	Name        string
+	Key         string
+	Shard       int64
+	Value       float64
+	Prev        float64
+	Ts          int64
+	PausedUntil sql.NullInt64
 }
 
 // The rows of the keys from (first_name, first_key) to (last_name,
@@ -231,6 +239,7 @@ func (q *Queries) RowsBetween(ctx context.Context, db DBTX, arg RowsBetweenParam
 			&i.Value,
 			&i.Prev,
 			&i.Ts,
+			&i.PausedUntil,
 		); err != nil {
 			return nil, err
 		}
@@ -314,25 +323,27 @@ func (q *Queries) TouchKey(ctx context.Context, db DBTX, arg TouchKeyParams) err
 }
 
 const writeShard = `-- name: WriteShard :exec
-UPDATE txlimit SET value = ?1, prev = ?2, ts = ?3
-WHERE name = ?4 AND key = ?5 AND shard = ?6
+UPDATE txlimit SET value = ?1, prev = ?2, ts = ?3, paused_until = ?4
+WHERE name = ?5 AND key = ?6 AND shard = ?7
 `
 
 type WriteShardParams struct {
-	Value float64
-	Prev  float64
-	Ts    int64
-	Name  string
-	Key   string
-	Shard int64
+	Value       float64
+	Prev        float64
+	Ts          int64
+	PausedUntil sql.NullInt64
+	Name        string
+	Key         string
+	Shard       int64
 }
 
-// Stores the new state of one row the transaction holds.
+// Stores the new state of one row the transaction holds, and its pause.
 func (q *Queries) WriteShard(ctx context.Context, db DBTX, arg WriteShardParams) error {
 	_, err := db.ExecContext(ctx, writeShard,
 		arg.Value,
 		arg.Prev,
 		arg.Ts,
+		arg.PausedUntil,
 		arg.Name,
 		arg.Key,
 		arg.Shard,
