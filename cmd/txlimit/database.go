@@ -174,6 +174,10 @@ func openPostgres(ctx context.Context, dsn string) (*database[pgx.Tx], error) {
 	}, nil
 }
 
+// sqliteBusy is SQLITE_BUSY, the primary code of SQLite's busy errors
+// (modernc.org/sqlite's Error.Code carries the extended code).
+const sqliteBusy = 5
+
 // openSQLite opens dsn, a file: URI used as given or a path. A path must
 // exist unless create: a mistyped path would otherwise become a new, empty
 // database.
@@ -206,7 +210,23 @@ func openSQLite(dsn string, create bool) (*database[*sql.Tx], error) {
 			return inTx(ctx, &sql.TxOptions{ReadOnly: true}, fn)
 		},
 		write: func(ctx context.Context, fn func(*sql.Tx) error) error {
-			return inTx(ctx, nil, fn)
+			// busy_timeout waits for the application's writers, but SQLite's
+			// busy handler is not fair: a steady stream of them can keep the
+			// write lock from this transaction past it. A failed transaction
+			// rolled back whole, so an operator's command runs it again until
+			// its -timeout rather than fail.
+			for {
+				err := inTx(ctx, nil, fn)
+				var coded interface{ Code() int }
+				if err == nil || !errors.As(err, &coded) || coded.Code()&0xff != sqliteBusy {
+					return err
+				}
+				select {
+				case <-ctx.Done():
+					return err
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
 		},
 		rows: func(ctx context.Context, tx *sql.Tx, name string, key *string, _ bool) ([]row, error) {
 			where, args := rowsWhere(name, key, func(int) string { return "?" }, "key", asString)
