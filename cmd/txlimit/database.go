@@ -18,6 +18,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/sqltx"
 	"github.com/txlimit/txlimit/migrations"
 	"github.com/txlimit/txlimit/mysqlstore"
 	"github.com/txlimit/txlimit/pgstore"
@@ -174,10 +175,6 @@ func openPostgres(ctx context.Context, dsn string) (*database[pgx.Tx], error) {
 	}, nil
 }
 
-// sqliteBusy is SQLITE_BUSY, the primary code of SQLite's busy errors
-// (modernc.org/sqlite's Error.Code carries the extended code).
-const sqliteBusy = 5
-
 // openSQLite opens dsn, a file: URI used as given or a path. A path must
 // exist unless create: a mistyped path would otherwise become a new, empty
 // database.
@@ -217,8 +214,7 @@ func openSQLite(dsn string, create bool) (*database[*sql.Tx], error) {
 			// its -timeout rather than fail.
 			for {
 				err := inTx(ctx, nil, fn)
-				var coded interface{ Code() int }
-				if err == nil || !errors.As(err, &coded) || coded.Code()&0xff != sqliteBusy {
+				if err == nil || !sqltx.SQLiteBusy(err) {
 					return err
 				}
 				select {

@@ -179,3 +179,13 @@ func BrokenConn(err error) bool {
 		// connection under a statement.
 		strings.Contains(err.Error(), "invalid connection")
 }
+
+// SQLiteBusy reports whether err is SQLITE_BUSY (another connection held
+// the write lock past busy_timeout) from a driver whose errors carry
+// SQLite's extended code (modernc.org/sqlite's Error.Code), whose low byte
+// is the primary code.
+func SQLiteBusy(err error) bool {
+	const busy = 5 // SQLITE_BUSY
+	var coded interface{ Code() int }
+	return errors.As(err, &coded) && coded.Code()&0xff == busy
+}

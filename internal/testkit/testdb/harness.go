@@ -3,12 +3,12 @@ package testdb
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlimit/txlimit/internal/driver"
+	"github.com/txlimit/txlimit/internal/sqltx"
 	"github.com/txlimit/txlimit/internal/testkit/storetest"
 	"github.com/txlimit/txlimit/migrations"
 )
@@ -67,10 +67,7 @@ func SQLiteHarness(db *sql.DB, store driver.Store[*sql.Tx]) storetest.Harness[*s
 		// Writers queue on SQLite's one write lock through busy_timeout,
 		// which is not a queue: under load (or -race) a writer can wait
 		// longer than the timeout, and the application retries.
-		Retryable: func(err error) bool {
-			var coded interface{ Code() int }
-			return errors.As(err, &coded) && coded.Code()&0xff == sqliteBusy
-		},
+		Retryable: sqltx.SQLiteBusy,
 		Rows: func(t *testing.T, name, key string) []string {
 			rows, err := db.Query(`SELECT printf('%d %!.17g %d %s %s', shard, value, ts, typeof(value), paused_until)
 				FROM txlimit WHERE name = ? AND key = ? ORDER BY shard`, name, key)
@@ -115,10 +112,6 @@ func QueryString(t *testing.T, db *sql.DB, query string) string {
 	require.NoError(t, db.QueryRow(query).Scan(&s))
 	return s
 }
-
-// sqliteBusy is SQLITE_BUSY, the primary code of SQLite's busy errors
-// (modernc.org/sqlite's Error.Code carries the extended code).
-const sqliteBusy = 5
 
 // SQLExec and SQLQueryInt are Harness.Exec and Harness.QueryInt on
 // database/sql.
