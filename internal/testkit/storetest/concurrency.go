@@ -569,40 +569,21 @@ func exactlyCapacity[TTx any](t *testing.T, h Harness[TTx], level sql.IsolationL
 		}
 		return ok, h.Commit(tx)
 	}
-	var granted, denied, retried atomic.Int64
+	var granted, denied atomic.Int64
 	var grantedTo sync.Map
-	start := make(chan struct{})
-	errs := make(chan error, acquirers)
-	var wg sync.WaitGroup
-	for i := range acquirers {
-		wg.Go(func() {
-			<-start
-			holder := fmt.Sprintf("h%02d", i)
-			for attempt := 1; ; attempt++ {
-				ok, err := once(holder, i%2 == 1)
-				switch {
-				case err == nil && ok:
-					granted.Add(1)
-					grantedTo.Store(holder, true)
-					return
-				case err == nil:
-					denied.Add(1)
-					return
-				case !h.Retryable(err) || attempt == 200:
-					errs <- fmt.Errorf("%s, attempt %d: %w", holder, attempt, err)
-					return
-				}
-				retried.Add(1)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	t.Logf("%s: %d granted, %d denied, %d retryable failures run again", levelName(level), granted.Load(), denied.Load(), retried.Load())
+	retried := together(t, h, acquirers, func(i int) error {
+		holder := fmt.Sprintf("h%02d", i)
+		ok, err := once(holder, i%2 == 1)
+		switch {
+		case err == nil && ok:
+			granted.Add(1)
+			grantedTo.Store(holder, true)
+		case err == nil:
+			denied.Add(1)
+		}
+		return err
+	})
+	t.Logf("%s: %d granted, %d denied, %d retryable failures run again", levelName(level), granted.Load(), denied.Load(), retried)
 	require.EqualValues(t, capacity, granted.Load(), "exactly Capacity admitted")
 	require.EqualValues(t, acquirers-capacity, denied.Load())
 
@@ -815,4 +796,39 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// together runs call(0) … call(n-1) on goroutines of their own, released at
+// once, and runs a call again while it fails with an error the store calls
+// retryable (a serialization failure, a deadlock, a busy SQLite database),
+// as an application runs its transaction again, at most 200 times. It
+// fails t on any other error and returns how many failures ran again.
+func together[TTx any](t *testing.T, h Harness[TTx], n int, call func(i int) error) int64 {
+	var retried atomic.Int64
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			for attempt := 1; ; attempt++ {
+				err := call(i)
+				switch {
+				case err == nil:
+					return
+				case !h.Retryable(err) || attempt == 200:
+					errs <- fmt.Errorf("call %d, attempt %d: %w", i, attempt, err)
+					return
+				}
+				retried.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	return retried.Load()
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -368,34 +366,11 @@ func repeatsTakeOnce[TTx any](t *testing.T, h Harness[TTx], level *sql.Isolation
 		}
 	}
 	results := make([]txlimit.Result, repeaters)
-	var retried atomic.Int64
-	start := make(chan struct{})
-	errs := make(chan error, repeaters)
-	var wg sync.WaitGroup
-	for i := range repeaters {
-		wg.Go(func() {
-			<-start
-			for attempt := 1; ; attempt++ {
-				res, err := call()
-				switch {
-				case err == nil:
-					results[i] = res
-					return
-				case !h.Retryable(err) || attempt == 200:
-					errs <- fmt.Errorf("call %d, attempt %d: %w", i, attempt, err)
-					return
-				}
-				retried.Add(1)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	t.Logf("%d retryable failures run again", retried.Load())
+	retried := together(t, h, repeaters, func(i int) (err error) {
+		results[i], err = call()
+		return err
+	})
+	t.Logf("%d retryable failures run again", retried)
 	var first txlimit.Result
 	firsts := 0
 	for _, res := range results {
