@@ -84,14 +84,21 @@ func TestRunTx(t *testing.T) {
 		require.NoError(t, err)
 		// Two transactions lock the rows in opposite orders, each waiting
 		// for the other to hold its first row: PostgreSQL aborts one with
-		// 40P01 after deadlock_timeout, and RunTx runs it again.
+		// 40P01 after deadlock_timeout, and RunTx runs it again. The
+		// second waits with a deadlock_timeout of a minute: each waiting
+		// backend looks for a deadlock on its own timer, and two checks
+		// that run together may each abort their own transaction, so that
+		// which one (or both) is chosen would be left to timing.
 		var holding sync.WaitGroup
 		holding.Add(2)
 		var attempts, deadlocks atomic.Int64
-		run := func(first, second int) error {
+		run := func(first, second int, setup string) error {
 			var once sync.Once
 			return pgstore.RunTx(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 				attempts.Add(1)
+				if _, err := tx.Exec(ctx, setup); err != nil {
+					return err
+				}
 				if _, err := tx.Exec(ctx, "UPDATE runtx_rows SET n = n + 1 WHERE id = $1", first); err != nil {
 					return err
 				}
@@ -104,8 +111,8 @@ func TestRunTx(t *testing.T) {
 			})
 		}
 		errc := make(chan error, 2)
-		go func() { errc <- run(1, 2) }()
-		go func() { errc <- run(2, 1) }()
+		go func() { errc <- run(1, 2, "SELECT 1") }()
+		go func() { errc <- run(2, 1, "SET LOCAL deadlock_timeout = '1min'") }()
 		require.NoError(t, <-errc)
 		require.NoError(t, <-errc)
 		require.EqualValues(t, 1, deadlocks.Load())
